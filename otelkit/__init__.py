@@ -1,0 +1,27 @@
+"""otelkit: see where the time goes in inference as a service, per request and for the fleet.
+
+>>> import otelkit
+>>> otelkit.configure(service_name="tracking-client")   # OTEL_* / OTELKIT_* env vars work too
+>>> otelkit.inject(headers)                              # W3C traceparent, tracestate, baggage
+
+The whole public API is listed in ``__all__``; everything else is private or in a named
+subpackage (``otelkit.analysis``, ``otelkit.semconv``, ``otelkit.receiver``).
+"""
+
+from __future__ import annotations
+
+from otelkit.errors import ConfigError, MissingExtraError, OtelkitError
+from otelkit.propagation import extract, inject
+from otelkit.telemetry import Telemetry, configure, flush, shutdown
+
+__all__ = [
+    "ConfigError",
+    "MissingExtraError",
+    "OtelkitError",
+    "Telemetry",
+    "configure",
+    "extract",
+    "flush",
+    "inject",
+    "shutdown",
+]

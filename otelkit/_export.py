@@ -1,0 +1,280 @@
+"""The export pipeline otelkit owns: a batching span processor and a metric pusher.
+
+The SDK's BatchSpanProcessor drops spans when its queue is full and only logs; it keeps
+exporting with a client it built before a fork. Ours counts every span it loses, by reason,
+logs the losses at most once per interval, rebuilds its exporter in a forked child, and never
+blocks the thread that ends a span.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, MetricsData
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otelkit import semconv
+
+__all__ = ["BatchExportProcessor", "LossCounter", "MetricPusher", "PullReader"]
+
+logger = logging.getLogger("otelkit")
+
+
+class LossCounter:
+    """Counts telemetry lost, by reason, and logs it at most once per ``interval_s``."""
+
+    def __init__(self, interval_s: float, what: str, metric: semconv.MetricSpec) -> None:
+        self.interval_s = interval_s
+        self.what = what
+        self.metric_name = semconv.prometheus_name(metric)
+        self.totals: collections.Counter[str] = collections.Counter()
+        self._unlogged: collections.Counter[str] = collections.Counter()
+        self._last_log = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, reason: str, count: int) -> None:
+        if count <= 0:
+            return
+        with self._lock:
+            self.totals[reason] += count
+            self._unlogged[reason] += count
+            due = time.monotonic() - self._last_log >= self.interval_s
+        if due:
+            self.log()
+
+    def log(self) -> None:
+        """Log what was lost since the last log line, if anything."""
+        with self._lock:
+            unlogged, self._unlogged = self._unlogged, collections.Counter()
+            self._last_log = time.monotonic()
+        if unlogged:
+            detail = ", ".join(f"{reason}: {n}" for reason, n in sorted(unlogged.items()))
+            logger.warning(
+                "otelkit: lost %d %s (%s); totals are in the %s metric",
+                sum(unlogged.values()), self.what, detail, self.metric_name,
+            )  # fmt: skip
+
+
+class BatchExportProcessor(SpanProcessor):
+    """Queues ended, sampled spans and exports them in batches from one worker thread."""
+
+    def __init__(
+        self,
+        make_exporter: Callable[[], SpanExporter],
+        *,
+        max_queue_size: int,
+        max_batch_size: int,
+        schedule_delay_s: float,
+        loss: LossCounter,
+    ) -> None:
+        self._make_exporter = make_exporter
+        self._exporter = make_exporter()
+        self._max_queue_size = max_queue_size
+        self._max_batch_size = max_batch_size
+        self._delay_s = schedule_delay_s
+        self.loss = loss
+        self.exported = 0
+        self.export_errors = 0
+        self._init_threading()
+        self._shutdown = False
+        self_ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _call(self_ref, "_after_fork_in_child"))
+
+    def _init_threading(self) -> None:
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._wake = threading.Event()
+        self._flush_requests: list[threading.Event] = []
+        self._worker: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def _after_fork_in_child(self) -> None:
+        # The parent exports what it had queued; the child starts empty with its own client.
+        self._init_threading()
+        try:
+            self._exporter = self._make_exporter()
+        except Exception:
+            logger.exception("otelkit: could not rebuild the span exporter after fork")
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not span.context.trace_flags.sampled:
+            return
+        if self._shutdown:
+            self.loss.add(semconv.DROP_REASON_SHUTDOWN, 1)
+            return
+        if len(self._queue) >= self._max_queue_size:
+            self.loss.add(semconv.DROP_REASON_QUEUE_FULL, 1)
+            return
+        self._queue.append(span)
+        if self._worker is None:
+            self._start_worker()
+        if len(self._queue) >= self._max_batch_size:
+            self._wake.set()
+
+    def _start_worker(self) -> None:
+        with self._start_lock:
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._run, name="otelkit-span-export", daemon=True
+                )
+                self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._delay_s)
+            self._wake.clear()
+            requests, self._flush_requests = self._flush_requests, []
+            self._drain()
+            for request in requests:
+                request.set()
+            if self._shutdown and not self._queue:
+                return
+
+    def _drain(self) -> None:
+        while self._queue:
+            batch: list[ReadableSpan] = []
+            while self._queue and len(batch) < self._max_batch_size:
+                batch.append(self._queue.popleft())
+            self._export(batch)
+
+    def _export(self, batch: Sequence[ReadableSpan]) -> None:
+        try:
+            result = self._exporter.export(batch)
+        except Exception:
+            logger.exception("otelkit: span exporter raised; %d spans lost", len(batch))
+            result = SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(batch)
+        else:
+            self.export_errors += 1
+            self.loss.add(semconv.DROP_REASON_EXPORT_FAILED, len(batch))
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        if self._worker is None or not self._worker.is_alive():
+            return not self._queue
+        done = threading.Event()
+        self._flush_requests.append(done)
+        self._wake.set()
+        return done.wait(timeout_millis / 1000)
+
+    def shutdown(self, timeout_millis: int = 30_000) -> None:
+        if self._shutdown:
+            return
+        self._shutdown = True
+        worker = self._worker
+        if worker is not None and worker.is_alive():
+            self._wake.set()
+            worker.join(timeout_millis / 1000)
+        self.loss.add(semconv.DROP_REASON_SHUTDOWN, len(self._queue))
+        self._queue.clear()
+        try:
+            self._exporter.shutdown()
+        except Exception:
+            logger.exception("otelkit: span exporter failed to shut down")
+        self.loss.log()
+
+
+class PullReader(MetricReader):
+    """A metric reader that collects only when asked and returns what it collected."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._latest: MetricsData | None = None
+        self._read_lock = threading.Lock()
+
+    def _receive_metrics(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
+    ) -> None:
+        self._latest = metrics_data
+
+    def read(self, timeout_millis: float = 10_000) -> MetricsData | None:
+        with self._read_lock:
+            self._latest = None
+            self.collect(timeout_millis=timeout_millis)
+            return self._latest
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        return None
+
+
+class MetricPusher:
+    """Pushes the metrics of a ``PullReader`` to an exporter every ``interval_s``.
+
+    Like the span processor, it restarts its thread and rebuilds its exporter in a forked child.
+    """
+
+    def __init__(
+        self,
+        reader: PullReader,
+        make_exporter: Callable[[], MetricExporter],
+        interval_s: float,
+        loss: LossCounter,
+    ) -> None:
+        self.reader = reader
+        self._make_exporter = make_exporter
+        self._exporter = make_exporter()
+        self._interval_s = interval_s
+        self.loss = loss
+        self._stop = threading.Event()
+        self._start()
+        self_ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _call(self_ref, "_after_fork_in_child"))
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="otelkit-metric-push", daemon=True)
+        self._thread.start()
+
+    def _after_fork_in_child(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop = threading.Event()
+        self._exporter = self._make_exporter()
+        self._start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.push()
+
+    def push(self) -> bool:
+        """Collect and export once; a failure is counted, never raised."""
+        try:
+            data = self.reader.read()
+            if data is None:
+                return True
+            ok = self._exporter.export(data).name == "SUCCESS"
+        except Exception:
+            logger.exception("otelkit: metric export raised")
+            ok = False
+        if not ok:
+            self.loss.add(semconv.DROP_REASON_EXPORT_FAILED, 1)
+        return ok
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout_s)
+        self.push()
+        try:
+            self._exporter.shutdown()
+        except Exception:
+            logger.exception("otelkit: metric exporter failed to shut down")
+
+
+def _call(ref: weakref.ref[object], method: str) -> None:
+    target = ref()
+    if target is not None:
+        getattr(target, method)()

@@ -129,7 +129,7 @@ class _SwitchingInstrument:
 
 class _SwitchingMeter(metrics.Meter):
     def __init__(self, switch: ProviderSwitch, args: tuple[Any, ...], kwargs: dict[str, Any]):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args[:3], **{k: v for k, v in kwargs.items() if k != "attributes"})
         self._switch = switch
         self._args = args
         self._kwargs = kwargs

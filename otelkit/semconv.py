@@ -72,6 +72,11 @@ class MetricSpec:
     description: str
     buckets: tuple[float, ...] | None = None
 
+    def __post_init__(self) -> None:
+        # every duration shares one set of buckets so that panels can compare and sum them
+        if self.kind == "histogram" and self.unit == "s" and self.buckets != DURATION_BUCKETS_S:
+            raise ValueError(f"{self.name}: histograms in seconds use DURATION_BUCKETS_S")
+
 
 TELEMETRY_SPANS_EXPORTED = MetricSpec(
     f"{PREFIX}.telemetry.spans.exported", "counter", "{span}",

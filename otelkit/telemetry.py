@@ -23,6 +23,7 @@ from typing import Any
 
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
@@ -245,13 +246,18 @@ def _metric_exporters(settings: Settings) -> frozenset[str]:
 
 
 def _views() -> list[View]:
-    return [
-        View(
-            instrument_name=spec.name, aggregation=ExplicitBucketHistogramAggregation(spec.buckets)
-        )
-        for spec in semconv.METRICS
-        if spec.buckets is not None
-    ]
+    """Bucket boundaries: every histogram in seconds (users' too) gets ``DURATION_BUCKETS_S``.
+
+    The SDK's default buckets (0, 5, 10, ... 10000) suit milliseconds and would put every
+    sub-5-second call in one bucket. Other units get the buckets their ``semconv`` entry names.
+    """
+    seconds = ExplicitBucketHistogramAggregation(semconv.DURATION_BUCKETS_S)
+    views = [View(instrument_type=HistogramInstrument, instrument_unit="s", aggregation=seconds)]
+    for spec in semconv.METRICS:
+        if spec.kind == "histogram" and spec.unit != "s" and spec.buckets is not None:
+            aggregation = ExplicitBucketHistogramAggregation(spec.buckets)
+            views.append(View(instrument_name=spec.name, aggregation=aggregation))
+    return views
 
 
 def _build(settings: Settings) -> Telemetry:

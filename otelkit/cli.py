@@ -1,0 +1,80 @@
+"""The ``otelkit`` command.
+
+Each subcommand lives in the module of its concept, which provides ``add_arguments(parser)``
+and ``run(args) -> int``; this module only dispatches.
+
+    otelkit receive --port 4318 --out ./otelkit-traces   # embedded OTLP/HTTP receiver
+    otelkit config                                       # the settings configure() would use
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from importlib import metadata
+
+from otelkit.config import OPTIONS, resolve
+from otelkit.errors import ConfigError
+
+__all__ = ["main"]
+
+# subcommand -> (module, one-line help)
+_COMMANDS = {
+    "receive": ("otelkit.receiver", "run the embedded OTLP/HTTP trace receiver"),
+}
+
+
+def _config_add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Print the settings configure() would use here (arguments aside)."
+
+
+def _config_run(args: argparse.Namespace) -> int:
+    try:
+        settings = resolve({})
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    width = max(len(option.name) for option in OPTIONS)
+    for option in OPTIONS:
+        value = getattr(settings, option.name)
+        if isinstance(value, frozenset):
+            value = ",".join(sorted(value)) or "none"
+        if option.name == "headers" and value:
+            value = {key: "***" for key in value}  # never print credentials
+        print(f"{option.name:<{width}}  {value}    ({' > '.join(option.env_vars)})")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="otelkit", description="otelkit: observability for inference as a service"
+    )
+    parser.add_argument("--version", action="version", version=metadata.version("otelkit"))
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in _COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        module = importlib.import_module(module_name)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    config = commands.add_parser("config", help="print the resolved settings")
+    _config_add_arguments(config)
+    config.set_defaults(run=_config_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``otelkit`` console script."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    status: int = args.run(args)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,6 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, MetricsData
@@ -274,7 +275,7 @@ class MetricPusher:
             logger.exception("otelkit: metric exporter failed to shut down")
 
 
-def _call(ref: weakref.ref[object], method: str) -> None:
+def _call(ref: weakref.ref[Any], method: str) -> None:
     target = ref()
     if target is not None:
         getattr(target, method)()

@@ -13,6 +13,7 @@ import bisect
 import re
 import threading
 from collections.abc import Iterable, Iterator
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, HistogramDataPoint, Metric, Sum
@@ -59,9 +60,18 @@ def _exemplars(point: HistogramDataPoint) -> dict[int, Exemplar]:
     return by_bucket
 
 
+def _label_keys(points: Iterable[Any]) -> list[str]:
+    return sorted({key for point in points for key in (point.attributes or {})})
+
+
+def _label_values(point: Any, keys: list[str]) -> list[str]:
+    attributes = point.attributes or {}
+    return [str(attributes.get(key, "")) for key in keys]
+
+
 def _histogram(name: str, metric: Metric, data: Histogram) -> HistogramMetricFamily:
-    keys = sorted({key for point in data.data_points for key in point.attributes})
-    family = HistogramMetricFamily(name, metric.description, labels=[_label(k) for k in keys])
+    keys = _label_keys(data.data_points)
+    family = HistogramMetricFamily(name, metric.description or "", labels=[_label(k) for k in keys])
     for point in data.data_points:
         exemplars = _exemplars(point)
         buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
@@ -73,21 +83,20 @@ def _histogram(name: str, metric: Metric, data: Histogram) -> HistogramMetricFam
                 buckets.append((_bound(bound), cumulative, exemplars[index]))
             else:
                 buckets.append((_bound(bound), cumulative))
-        labels = [str(point.attributes.get(key, "")) for key in keys]
-        family.add_metric(labels, buckets, point.sum)
+        family.add_metric(_label_values(point, keys), buckets, point.sum)
     return family
 
 
 def _scalar(name: str, metric: Metric, data: Sum | Gauge) -> PromMetric:
-    keys = sorted({key for point in data.data_points for key in point.attributes})
+    keys = _label_keys(data.data_points)
     labels = [_label(k) for k in keys]
     family: CounterMetricFamily | GaugeMetricFamily
     if isinstance(data, Sum) and data.is_monotonic:
-        family = CounterMetricFamily(name, metric.description, labels=labels)
+        family = CounterMetricFamily(name, metric.description or "", labels=labels)
     else:
-        family = GaugeMetricFamily(name, metric.description, labels=labels)
+        family = GaugeMetricFamily(name, metric.description or "", labels=labels)
     for point in data.data_points:
-        family.add_metric([str(point.attributes.get(key, "")) for key in keys], point.value)
+        family.add_metric(_label_values(point, keys), point.value)
     return family
 
 
@@ -129,7 +138,7 @@ class PrometheusEndpoint:
 
     def __init__(self, reader: PullReader, host: str, port: int, resource: dict[str, str | int]):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Bridge(reader, resource))  # type: ignore[arg-type]
+        self.registry.register(_Bridge(reader, resource))
         server, thread = start_http_server(port, addr=host, registry=self.registry)
         self._server: WSGIServer = server
         self._thread: threading.Thread = thread

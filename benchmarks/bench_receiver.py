@@ -1,0 +1,223 @@
+"""Throughput of the embedded OTLP receiver under the OpenTelemetry SDK's own exporter.
+
+The receiver runs as its own process (through ``otelkit.receiver.run``, as ``otelkit receive``
+will), and this process drives it with ``OTLPSpanExporter`` (http/protobuf) from a few threads,
+each exporting pre-built batches of realistic inference spans for a fixed time. Afterwards the
+receiver's file is checked span by span: every span of every batch sent must be there exactly
+as many times as its batch was acknowledged. The last line printed is a JSON summary.
+
+    python benchmarks/bench_receiver.py [--seconds 10] [--threads 2] [--batch 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanKind, Tracer
+
+TARGET_SPANS_PER_S = 20_000
+RECEIVER = """
+import argparse, logging, sys
+from otelkit import receiver
+logging.basicConfig(level=logging.INFO, format="receiver: %(message)s")
+parser = argparse.ArgumentParser()
+receiver.add_arguments(parser)
+sys.exit(receiver.run(parser.parse_args(sys.argv[1:]), log_every=5.0))
+"""
+
+
+class _Keep(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+def build_batches(count: int, size: int, seed: int = 7) -> list[list[ReadableSpan]]:
+    """Distinct spans, ``count`` batches of ``size``, made by the SDK as in a traced call."""
+    rnd = random.Random(seed)
+    keep = _Keep()
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": "tracking-client", "host.name": "node-17"})
+    )
+    provider.add_span_processor(SimpleSpanProcessor(keep))
+    tracer = provider.get_tracer("otelkit.client", "0.1.0")
+    while len(keep.spans) < count * size:
+        _traced_call(tracer, rnd)
+    provider.shutdown()
+    spans = keep.spans[: count * size]
+    return [spans[i * size : (i + 1) * size] for i in range(count)]
+
+
+def _traced_call(tracer: Tracer, rnd: random.Random) -> None:
+    """A client call and what a traced Triton adds: request, model and compute spans with their
+    timestamp events, and the model's stage spans (9 spans)."""
+    with tracer.start_as_current_span("infer exatrkx", kind=SpanKind.CLIENT) as call:
+        call.set_attributes(
+            {
+                "rpc.system.name": "grpc",
+                "rpc.method": "inference.GRPCInferenceService/ModelInfer",
+                "server.address": "gpu-node-3",
+                "server.port": 8001,
+                "otelkit.model.name": "exatrkx",
+                "otelkit.request.bytes": rnd.randint(10_000, 2_000_000),
+            }
+        )
+        call.add_event("serialize.end", {"otelkit.bytes": rnd.randint(1000, 10**6)})
+        with (
+            tracer.start_as_current_span("InferRequest", kind=SpanKind.SERVER),
+            tracer.start_as_current_span("exatrkx") as model,
+        ):
+            model.set_attributes({"triton.model_name": "exatrkx", "triton.model_version": 1})
+            for event in ("REQUEST_START", "QUEUE_START", "REQUEST_END"):
+                model.add_event(event)
+            with tracer.start_as_current_span("compute") as compute:
+                for event in ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_END"):
+                    compute.add_event(event)
+                for stage in ("embed", "frnn", "filter", "gnn", "components"):
+                    with tracer.start_as_current_span(stage) as span:
+                        span.set_attributes(
+                            {
+                                "otelkit.stage": stage,
+                                "otelkit.edges": rnd.randint(1, 3000),
+                                "otelkit.score.cut": 0.75,
+                            }
+                        )
+
+
+def start_receiver(out_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the receiver process on a free port and wait until it accepts connections."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    cmd = [sys.executable, "-c", RECEIVER, "--port", str(port), "--out", str(out_dir)]
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"the receiver did not start (exit status {proc.poll()})")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drive(url: str, batches: list[list[ReadableSpan]], args: argparse.Namespace) -> list[int]:
+    """Export batches round-robin from ``args.threads`` threads; acknowledged sends per batch."""
+    acked = [0] * len(batches)
+    failed = [0]
+    lock = threading.Lock()
+    stop_at = time.monotonic() + args.seconds
+
+    def worker(offset: int) -> None:
+        exporter = OTLPSpanExporter(endpoint=url, timeout=60, compression=args.compression)
+        i = offset
+        while time.monotonic() < stop_at:
+            result = exporter.export(batches[i % len(batches)])
+            with lock:
+                if result is SpanExportResult.SUCCESS:
+                    acked[i % len(batches)] += 1
+                else:
+                    failed[0] += 1
+            i += args.threads
+        exporter.shutdown()  # type: ignore[no-untyped-call]
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(args.threads)]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        time.sleep(1.0)
+        sent = sum(acked) * args.batch
+        elapsed = time.monotonic() - start
+        print(f"  {elapsed:5.1f} s  {sent:8d} spans acknowledged  {sent / elapsed:8.0f} spans/s")
+    if failed[0]:
+        print(f"  {failed[0]} exports failed")
+    return acked
+
+
+def stored_span_ids(path: Path) -> collections.Counter[str]:
+    """How many times each span id occurs in the receiver's file."""
+    counts: collections.Counter[str] = collections.Counter()
+    with path.open() as lines:
+        for line in lines:
+            for rs in json.loads(line).get("resourceSpans", ()):
+                for ss in rs.get("scopeSpans", ()):
+                    counts.update(span["spanId"] for span in ss.get("spans", ()))
+    return counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--batches", type=int, default=8, help="distinct pre-built batches")
+    parser.add_argument("--compression", type=Compression, default=Compression.NoCompression)
+    args = parser.parse_args()
+
+    batches = build_batches(args.batches, args.batch)
+    print(f"built {args.batches} batches of {args.batch} spans")
+    with tempfile.TemporaryDirectory(prefix="bench-receiver-") as tmp:
+        proc, port = start_receiver(Path(tmp))
+        url = f"http://127.0.0.1:{port}/v1/traces"
+        print(f"receiver pid {proc.pid} on {url}; exporting for {args.seconds:g} s")
+        start = time.monotonic()
+        acked = drive(url, batches, args)
+        seconds = time.monotonic() - start
+        receiver_cpu = cpu_seconds(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=60)
+        stored = stored_span_ids(Path(tmp) / "traces.jsonl")
+
+    expected: collections.Counter[str] = collections.Counter()
+    for batch, times in zip(batches, acked, strict=True):
+        expected.update({format(span.context.span_id, "016x"): times for span in batch})
+    sent, kept = sum(expected.values()), sum(stored.values())
+    exact = +expected == +stored
+    print(f"receiver exit status {status}; file holds exactly the spans sent: {exact}")
+    summary = {
+        "spans_per_s": round(sent / seconds),
+        "spans_sent": sent,
+        "spans_stored": kept,
+        "dropped": sent - kept if exact else sum((expected - stored).values()),
+        "unexpected": sum((stored - expected).values()),
+        "batch": args.batch,
+        "threads": args.threads,
+        "seconds": round(seconds, 2),
+        "receiver_cpu_us_per_span": round(receiver_cpu / max(kept, 1) * 1e6, 1),
+        "target_spans_per_s": TARGET_SPANS_PER_S,
+    }
+    print(json.dumps(summary))
+    return 0 if exact and status == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

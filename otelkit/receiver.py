@@ -1,0 +1,330 @@
+"""An embedded OTLP/HTTP trace receiver: the local default sink, no Collector needed.
+
+``POST /v1/traces`` in protobuf or JSON, gzip, deflate or plain; each request becomes one OTLP
+JSON line of ``traces.jsonl``, which ``otelkit.analysis`` loads. Memory stays bounded: bodies
+over the size limits get 413; requests beyond the concurrency limit get 503 with
+``Retry-After``, which OTLP exporters retry, so a busy receiver slows clients, losing nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+import zlib
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from otelkit.otlp_json import JsonLinesWriter, normalize_json, request_to_json, span_count
+
+__all__ = ["Receiver", "add_arguments", "run"]
+
+_log = logging.getLogger("otelkit.receiver")
+
+TRACES_PATH = "/v1/traces"
+_PROTOBUF, _JSON = "application/x-protobuf", "application/json"
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # deflate is zlib-wrapped
+_DRAIN_LIMIT = 64 << 20  # a rejected body up to this size is read, to keep the connection
+
+
+class _Reject(Exception):
+    def __init__(self, status: HTTPStatus, message: str, *, close: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.close = status, close
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver serving on a background thread; a context manager.
+
+    ``max_body_bytes`` bounds a body as sent, ``max_decoded_bytes`` once inflated (a gzip bomb
+    stops there); ``max_concurrent`` bounds the requests decoded at once. A protobuf request
+    takes about 20 times its decoded size while converted: 1.3 GB at worst with the defaults.
+
+    >>> with Receiver("./otelkit-traces") as receiver:  # doctest: +SKIP
+    ...     print(receiver.traces_url)
+    http://127.0.0.1:40123/v1/traces
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_body_bytes: int = 16 << 20,
+        max_decoded_bytes: int = 16 << 20,
+        max_concurrent: int = 4,
+        max_file_bytes: int | None = None,
+    ) -> None:
+        self.out_dir, self.host, self._requested_port = Path(out_dir), host, port
+        self.out_path = self.out_dir / "traces.jsonl"
+        self.max_body_bytes, self.max_decoded_bytes = max_body_bytes, max_decoded_bytes
+        self.max_concurrent, self.max_file_bytes = max_concurrent, max_file_bytes
+        self._slots = threading.Semaphore(max_concurrent)
+        self._changed = threading.Condition()
+        self._spans_stored = self._requests_rejected = self._port = 0
+        self._server: _Server | None = None
+        self._writer: JsonLinesWriter | None = None
+
+    def start(self) -> Receiver:
+        """Bind, open ``out_dir/traces.jsonl`` for appending and serve on a daemon thread."""
+        server = _Server((self.host, self._requested_port), _Handler)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._writer = JsonLinesWriter(self.out_path, max_bytes=self.max_file_bytes)
+        except OSError:
+            server.server_close()
+            raise
+        self._server, server.receiver, server.connections = server, self, set()
+        self._port = int(server.server_address[1])
+        serve = threading.Thread(target=server.serve_forever, args=(0.1,), daemon=True)
+        serve.name = f"otelkit-receiver-{self.port}"
+        serve.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop accepting, let requests in progress finish, then flush and close the file."""
+        if self._server is None or self._writer is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        deadline = time.monotonic() + timeout
+        held = sum(  # every slot held: no request is in progress
+            self._slots.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            for _ in range(self.max_concurrent)
+        )
+        for connection in list(self._server.connections):  # wake idle keep-alive threads
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        self._writer.close()
+        self._server = self._writer = None
+        for _ in range(held):
+            self._slots.release()
+
+    def __enter__(self) -> Receiver:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port (the chosen one when constructed with ``port=0``)."""
+        if not self._port:
+            raise RuntimeError("the receiver is not started: call start() first")
+        return self._port
+
+    @property
+    def endpoint(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:4318``: what ``OTEL_EXPORTER_OTLP_ENDPOINT`` takes."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def traces_url(self) -> str:
+        """The traces URL, ``<endpoint>/v1/traces``: what ``OTLPSpanExporter(endpoint=)`` takes."""
+        return self.endpoint + TRACES_PATH
+
+    @property
+    def spans_stored(self) -> int:
+        """Spans written to the file so far."""
+        return self._spans_stored
+
+    @property
+    def requests_rejected(self) -> int:
+        """Requests answered with an error status (4xx or 5xx) so far."""
+        return self._requests_rejected
+
+    def wait_for_spans(self, n: int, timeout: float) -> bool:
+        """Block until at least ``n`` spans are stored; False if ``timeout`` seconds pass first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._spans_stored >= n, timeout)
+
+    def _store(self, body: bytes, content_type: str) -> None:
+        if content_type == _PROTOBUF:
+            try:
+                request = ExportTraceServiceRequest.FromString(body)
+            except DecodeError as exc:
+                raise _Reject(HTTPStatus.BAD_REQUEST, f"invalid protobuf body: {exc}") from exc
+            doc = request_to_json(request)
+        else:
+            try:
+                doc = normalize_json(json.loads(body))
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+                raise _Reject(HTTPStatus.BAD_REQUEST, f"invalid JSON body: {exc}") from exc
+        if spans := span_count(doc):
+            if self._writer is None:
+                raise _Reject(HTTPStatus.SERVICE_UNAVAILABLE, "the receiver is stopping")
+            self._writer.write(doc)
+        self._count(spans=spans)
+
+    def _count(self, spans: int = 0, rejected: int = 0) -> None:
+        with self._changed:
+            self._spans_stored += spans
+            self._requests_rejected += rejected
+            self._changed.notify_all()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    receiver: Receiver
+    connections: set[socket.socket]
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-request is routine; anything else is a bug worth a trace.
+        if isinstance(sys.exc_info()[1], OSError):
+            _log.debug("connection from %s dropped", client_address, exc_info=True)
+        else:
+            _log.exception("error serving %s", client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: OTel exporters reuse one connection
+    disable_nagle_algorithm = True  # headers and body go out in separate writes
+    timeout = 75  # idle keep-alive connections close; longer than the batch processor's 5 s
+    server: _Server
+    _unread = 0  # bytes of the request body not read yet
+
+    def do_POST(self) -> None:
+        receiver, self._unread = self.server.receiver, 0
+        try:
+            content_type, coding = self._check_headers(receiver)
+            if not receiver._slots.acquire(blocking=False):
+                raise _Reject(HTTPStatus.SERVICE_UNAVAILABLE, "receiver busy, retry later")
+            try:
+                body = self.rfile.read(self._unread)
+                if len(body) < self._unread:
+                    raise _Reject(HTTPStatus.BAD_REQUEST, "body cut short", close=True)
+                self._unread = 0
+                receiver._store(_decode(body, coding, receiver.max_decoded_bytes), content_type)
+            finally:
+                receiver._slots.release()
+        except Exception as exc:
+            if not isinstance(exc, _Reject):  # a full disk, say: 503, and the client retries
+                _log.exception("cannot store a request")
+                exc = _Reject(HTTPStatus.SERVICE_UNAVAILABLE, f"cannot store: {exc}")
+            receiver._count(rejected=1)
+            self._reject(exc)
+            return
+        self._reply(HTTPStatus.OK, b"" if content_type == _PROTOBUF else b"{}", content_type)
+
+    def do_GET(self) -> None:
+        traces = self.path.split("?")[0] == TRACES_PATH
+        status = HTTPStatus.METHOD_NOT_ALLOWED if traces else HTTPStatus.NOT_FOUND
+        self.server.receiver._count(rejected=1)
+        self._unread = 0
+        self._reject(_Reject(status, f"{self.command} {self.path}: only POST {TRACES_PATH}"))
+
+    def _check_headers(self, receiver: Receiver) -> tuple[str, str]:
+        length = self.headers.get("Content-Length", "")
+        if not length.strip().isdigit():
+            raise _Reject(HTTPStatus.LENGTH_REQUIRED, "Content-Length required", close=True)
+        self._unread = int(length)
+        if (path := self.path.split("?")[0]) != TRACES_PATH:
+            raise _Reject(HTTPStatus.NOT_FOUND, f"no such path {path}: use {TRACES_PATH}")
+        if self._unread > receiver.max_body_bytes:
+            raise _Reject(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"body of {self._unread} bytes exceeds the limit of {receiver.max_body_bytes}",
+            )
+        content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        coding = self.headers.get("Content-Encoding", "identity").strip().lower()
+        if content_type not in (_PROTOBUF, _JSON) or coding not in ("identity", *_WBITS):
+            raise _Reject(
+                HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                f"unsupported Content-Type {content_type!r} / Content-Encoding {coding!r}: "
+                f"send {_PROTOBUF} or {_JSON}, optionally gzip or deflate",
+            )
+        return content_type, coding
+
+    def _reject(self, reject: _Reject) -> None:
+        close = reject.close or self._unread > _DRAIN_LIMIT
+        while self._unread > 0 and not close:  # drop the body to keep the connection usable
+            chunk = self.rfile.read(min(self._unread, 1 << 16))
+            close, self._unread = not chunk, self._unread - len(chunk)
+        headers = {"Connection": "close"} if close else {}
+        if reject.status == HTTPStatus.SERVICE_UNAVAILABLE:
+            headers["Retry-After"] = "1"  # OTLP exporters wait this long, then retry
+        body = f"{reject.status.value} {reject.status.phrase}: {reject}\n".encode()
+        self._reply(reject.status, body, "text/plain; charset=utf-8", **headers)
+
+    def _reply(self, status: HTTPStatus, body: bytes, content_type: str, **headers: str) -> None:
+        self.send_response(status)
+        headers = {"Content-Type": content_type, "Content-Length": str(len(body)), **headers}
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        _log.debug("%s %s", self.address_string(), format % args)
+
+
+def _decode(body: bytes, coding: str, limit: int) -> bytes:
+    if coding == "identity":
+        return body
+    inflater = zlib.decompressobj(_WBITS[coding])
+    try:
+        data = inflater.decompress(body, limit + 1)  # never inflate more than the limit
+    except zlib.error as exc:
+        raise _Reject(HTTPStatus.BAD_REQUEST, f"invalid {coding} body: {exc}") from exc
+    if len(data) > limit:
+        raise _Reject(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body inflates past {limit} bytes")
+    if not inflater.eof:
+        raise _Reject(HTTPStatus.BAD_REQUEST, f"truncated {coding} body")
+    return data
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``otelkit receive`` options: ``--host``, ``--port`` and ``--out``."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=4318, help="TCP port (OTLP/HTTP: 4318)")
+    parser.add_argument("--out", default="./otelkit-traces", help="directory for traces.jsonl")
+
+
+def run(args: argparse.Namespace, *, log_every: float = 30.0) -> int:
+    """Serve until SIGTERM or SIGINT, then flush and return 0 (1 if it cannot start)."""
+    receiver, stop = Receiver(args.out, args.host, args.port), threading.Event()
+    try:
+        receiver.start()
+    except OSError as exc:
+        _log.error("cannot start the receiver on %s:%s: %s", args.host, args.port, exc)
+        return 1
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
+    _log.info(
+        "receiving OTLP/HTTP traces on %s, writing %s", receiver.traces_url, receiver.out_path
+    )
+    logged = (0, 0)
+    try:
+        while not stop.wait(log_every):
+            if (receiver.spans_stored, receiver.requests_rejected) != logged:
+                logged = (receiver.spans_stored, receiver.requests_rejected)
+                _log.info("%d spans stored, %d requests rejected", *logged)
+    finally:
+        receiver.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    stored, rejected = receiver.spans_stored, receiver.requests_rejected
+    _log.info(
+        "stopped: %d spans stored in %s, %d requests rejected", stored, receiver.out_path, rejected
+    )
+    return 0

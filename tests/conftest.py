@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Generator
+import time
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
+
+from otelkit.analysis import Span, load_spans
+from otelkit.receiver import Receiver
+from otelkit.tritonserver import TritonServer
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -33,3 +39,35 @@ def pytest_runtest_makereport(
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"skipped under CI, where only GPU tests may skip: {reason}"
+
+
+# -- real servers, started once per test session ---------------------------------------------
+
+MODELS = Path(__file__).parent / "models"
+
+
+@pytest.fixture(scope="session")
+def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
+    """The embedded OTLP receiver, as a sink every traced server of the session exports to."""
+    with Receiver(tmp_path_factory.mktemp("receiver")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def triton(receiver: Receiver) -> Iterator[TritonServer]:
+    """A real tritonserver (from nvidia-pytriton) serving tests/models, tracing every request."""
+    with TritonServer(
+        MODELS, trace_url=receiver.traces_url, trace_resource={"service.name": "triton-tests"}
+    ) as server:
+        yield server
+
+
+def wait_for_trace(directory: Path, trace_id: str, count: int, timeout: float = 15.0) -> list[Span]:
+    """The spans of one trace once ``count`` of them have arrived; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        spans = [s for s in load_spans(directory) if s.trace_id == trace_id]
+        if len(spans) >= count or time.monotonic() > deadline:
+            assert len(spans) >= count, f"trace {trace_id}: {len(spans)} of {count} spans arrived"
+            return spans
+        time.sleep(0.05)

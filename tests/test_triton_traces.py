@@ -68,4 +68,3 @@ def test_triton_spans_join_the_trace_whose_traceparent_we_sent(
     assert {"REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END"} <= events
     for parent, child in ((root, model), (model, tree.children(model)[0])):
         assert parent.start_ns <= child.start_ns <= child.end_ns <= parent.end_ns
-

@@ -1,0 +1,227 @@
+"""Building one configuration's pipeline: resource, sampler, exporters, readers, views.
+
+``build(settings)`` returns a ``Telemetry``: the providers and everything that feeds them.
+Nothing here touches process-wide state; ``otelkit.telemetry`` does that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
+
+from otelkit import resource as resource_detection
+from otelkit import semconv
+from otelkit._export import BatchExportProcessor, LossCounter, MetricPusher, PullReader
+from otelkit._exporters import JsonHttpSpanExporter, JsonLinesSpanExporter
+from otelkit._prometheus import PrometheusEndpoint
+from otelkit.config import Settings
+
+__all__ = ["Telemetry", "build"]
+
+_DEFAULT_PROMETHEUS_PORT = 9464  # the OpenTelemetry specification's default for Prometheus
+
+
+@dataclass
+class Telemetry:
+    """What ``configure()`` built: providers, exporters and where the telemetry goes."""
+
+    settings: Settings
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider
+    traces_destination: str
+    span_processor: BatchExportProcessor | None = None
+    metric_pusher: MetricPusher | None = None
+    prometheus: PrometheusEndpoint | None = None
+    span_loss: LossCounter = field(default_factory=lambda: _span_loss(60.0))
+
+    @property
+    def prometheus_url(self) -> str | None:
+        """URL of the scrape endpoint, or ``None`` when there is none."""
+        return self.prometheus.url if self.prometheus else None
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Export every span ended so far; ``False`` if that did not finish in time."""
+        ok = self.tracer_provider.force_flush(int(timeout_s * 1000))
+        if self.metric_pusher is not None:
+            ok = self.metric_pusher.push() and ok
+        return ok
+
+    def stats(self) -> dict[str, int]:
+        """Spans exported and lost so far, by reason: the figures behind the health metrics."""
+        processor = self.span_processor
+        counts = {"exported": processor.exported if processor else 0}
+        counts.update({f"dropped_{r}": n for r, n in self.span_loss.totals.items()})
+        return counts
+
+
+def _span_loss(interval_s: float) -> LossCounter:
+    return LossCounter(interval_s, "spans", semconv.TELEMETRY_SPANS_DROPPED)
+
+
+def _resource(settings: Settings) -> Resource:
+    attributes: dict[str, Any] = {
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "opentelemetry",
+        "telemetry.sdk.version": metadata.version("opentelemetry-sdk"),
+        semconv.TELEMETRY_DISTRO_VERSION: metadata.version("otelkit"),
+        **resource_detection.detect(),
+        **settings.resource_attributes,
+        semconv.SERVICE_NAME: settings.service_name,
+    }
+    return Resource(attributes)
+
+
+def _sampler(settings: Settings) -> Sampler:
+    name, ratio = settings.sampler, settings.sampler_arg
+    root = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF}.get(
+        name.removeprefix("parentbased_"), TraceIdRatioBased(ratio)
+    )
+    return ParentBased(root) if name.startswith("parentbased_") else root
+
+
+def _otlp_url(settings: Settings, specific: str | None, path: str) -> str | None:
+    if specific:
+        return specific
+    if settings.endpoint is None:
+        return None
+    return (
+        settings.endpoint if settings.protocol == "grpc" else settings.endpoint.rstrip("/") + path
+    )
+
+
+def _span_exporter(settings: Settings) -> tuple[Callable[[], SpanExporter] | None, str]:
+    """A factory for the configured span exporter, and where it sends spans, in words."""
+    url = _otlp_url(settings, settings.traces_endpoint, "/v1/traces")
+    kind = settings.traces_exporter or ("otlp" if url else "jsonl")
+    timeout_s = settings.export_timeout_ms / 1000
+    if kind == "none":
+        return None, "nowhere (traces_exporter=none)"
+    if kind == "console":
+        return ConsoleSpanExporter, "the console"
+    if kind == "jsonl":
+        exporter = JsonLinesSpanExporter(Path(settings.traces_dir).resolve(), settings.service_name)
+        return (lambda: exporter), f"OTLP-JSON lines in {exporter.path}"
+    if url is None:
+        url = (
+            "http://localhost:4317"
+            if settings.protocol == "grpc"
+            else "http://localhost:4318/v1/traces"
+        )
+    if settings.protocol == "http/json":
+        return (lambda: JsonHttpSpanExporter(url, settings.headers, timeout_s)), f"OTLP/JSON {url}"
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+
+        insecure = url.startswith("http://")
+        return (
+            lambda: Grpc(url, insecure=insecure, headers=settings.headers, timeout=timeout_s)
+        ), f"OTLP/gRPC {url}"
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+
+    return (lambda: Http(url, headers=settings.headers, timeout=timeout_s)), f"OTLP/HTTP {url}"
+
+
+def _metric_exporter(settings: Settings) -> Callable[[], MetricExporter]:
+    url = _otlp_url(settings, settings.metrics_endpoint, "/v1/metrics")
+    timeout_s = settings.export_timeout_ms / 1000
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as G
+
+        grpc_url = url or "http://localhost:4317"
+        insecure = grpc_url.startswith("http://")
+        return lambda: G(grpc_url, insecure=insecure, headers=settings.headers, timeout=timeout_s)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as H
+
+    http_url = url or "http://localhost:4318/v1/metrics"
+    return lambda: H(http_url, headers=settings.headers, timeout=timeout_s)
+
+
+def _metric_exporters(settings: Settings) -> frozenset[str]:
+    if settings.metrics_exporter is not None:
+        return settings.metrics_exporter
+    chosen = set()
+    if settings.metrics_endpoint or settings.endpoint:
+        chosen.add("otlp")
+    if settings.prometheus_port is not None:
+        chosen.add("prometheus")
+    return frozenset(chosen)
+
+
+def _views() -> list[View]:
+    """Bucket boundaries: every histogram in seconds (users' too) gets ``DURATION_BUCKETS_S``.
+
+    The SDK's default buckets (0, 5, 10, ... 10000) suit milliseconds and would put every
+    sub-5-second call in one bucket. Other units get the buckets their ``semconv`` entry names.
+    """
+    seconds = ExplicitBucketHistogramAggregation(semconv.DURATION_BUCKETS_S)
+    views = [View(instrument_type=HistogramInstrument, instrument_unit="s", aggregation=seconds)]
+    for spec in semconv.METRICS:
+        if spec.kind == "histogram" and spec.unit != "s" and spec.buckets is not None:
+            aggregation = ExplicitBucketHistogramAggregation(spec.buckets)
+            views.append(View(instrument_name=spec.name, aggregation=aggregation))
+    return views
+
+
+def build(settings: Settings) -> Telemetry:
+    """Everything one configuration needs, started; the caller installs it."""
+    resource = _resource(settings)
+    make_span_exporter, destination = _span_exporter(settings)
+    tracer_provider = TracerProvider(resource=resource, sampler=_sampler(settings))
+    loss = _span_loss(settings.drop_log_interval_s)
+    processor = None
+    if make_span_exporter is not None:
+        processor = BatchExportProcessor(
+            make_span_exporter,
+            max_queue_size=settings.bsp_max_queue_size,
+            max_batch_size=settings.bsp_max_export_batch_size,
+            schedule_delay_s=settings.bsp_schedule_delay_ms / 1000,
+            loss=loss,
+        )
+        tracer_provider.add_span_processor(processor)
+
+    exporters = _metric_exporters(settings)
+    readers: list[PullReader] = []
+    prometheus_reader = PullReader() if "prometheus" in exporters else None
+    push_reader = PullReader() if "otlp" in exporters else None
+    readers = [r for r in (prometheus_reader, push_reader) if r is not None]
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views())
+    state = Telemetry(
+        settings, tracer_provider, meter_provider, destination, processor, span_loss=loss
+    )
+    if push_reader is not None:
+        metric_loss = LossCounter(
+            settings.drop_log_interval_s, "metric exports", semconv.TELEMETRY_EXPORT_ERRORS
+        )
+        state.metric_pusher = MetricPusher(
+            push_reader,
+            _metric_exporter(settings),
+            settings.metric_export_interval_ms / 1000,
+            metric_loss,
+        )
+    if prometheus_reader is not None:
+        port = settings.prometheus_port
+        state.prometheus = PrometheusEndpoint(
+            prometheus_reader,
+            settings.prometheus_host,
+            _DEFAULT_PROMETHEUS_PORT if port is None else port,
+            {k: v for k, v in resource.attributes.items() if isinstance(v, (str, int))},
+        )
+    return state

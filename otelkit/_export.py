@@ -122,8 +122,8 @@ class BatchExportProcessor(SpanProcessor):
         self._queue.append(span)
         if self._worker is None:
             self._start_worker()
-        if len(self._queue) >= self._max_batch_size:
-            self._wake.set()
+        if len(self._queue) >= self._max_batch_size and not self._wake.is_set():
+            self._wake.set()  # Event.set takes a lock: only when the worker is not yet woken
 
     def _start_worker(self) -> None:
         with self._start_lock:

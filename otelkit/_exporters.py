@@ -6,7 +6,6 @@ Both write the same OTLP JSON as the embedded receiver and the Collector's file 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -18,7 +17,8 @@ import requests
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otelkit.otlp_json import JsonLinesWriter, spans_to_json
+from otelkit._jsonl import JsonLinesWriter
+from otelkit.otlp_json import dumps, spans_to_json
 
 __all__ = ["JsonHttpSpanExporter", "JsonLinesSpanExporter"]
 
@@ -77,7 +77,7 @@ class JsonHttpSpanExporter(SpanExporter):
         self._session = requests.Session()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        body = json.dumps(spans_to_json(spans), separators=(",", ":")).encode()
+        body = dumps(spans_to_json(spans))
         deadline = time.monotonic() + self._timeout_s
         delay = 0.1
         while True:

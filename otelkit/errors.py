@@ -2,12 +2,17 @@
 
 ``ConfigError`` is a ``ValueError``: a bad option or environment variable fails fast at
 ``configure()``. ``MissingExtraError`` is an ``ImportError`` that names the ``pip install``
-line for the optional integration that is missing.
+line for the optional integration that is missing. ``TritonStartError`` says why the
+``tritonserver`` launcher could not get a server ready.
 """
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "MissingExtraError", "OtelkitError"]
+from typing import Literal
+
+__all__ = ["ConfigError", "MissingExtraError", "OtelkitError", "StartFailure", "TritonStartError"]
+
+StartFailure = Literal["port_in_use", "model_failed", "not_found", "timeout", "exited"]
 
 
 class OtelkitError(Exception):
@@ -34,3 +39,27 @@ class MissingExtraError(OtelkitError, ImportError):
             f"otelkit: {feature} needs the '{module}' package: pip install 'otelkit[{extra}]'",
             name=module,
         )
+
+
+class TritonStartError(OtelkitError):
+    """``tritonserver`` could not start or never became ready.
+
+    ``reason`` is one of ``port_in_use`` (``port`` names it), ``model_failed`` (``model`` names
+    the first model that failed to load), ``not_found`` (binary or stub), ``timeout`` or
+    ``exited``; ``log_tail`` holds the server's last log lines.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: StartFailure,
+        log_tail: str = "",
+        model: str | None = None,
+        port: int | None = None,
+    ):
+        super().__init__(message)
+        self.reason: StartFailure = reason
+        self.log_tail = log_tail
+        self.model = model
+        self.port = port

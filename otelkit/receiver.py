@@ -26,7 +26,9 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otelkit.otlp_json import JsonLinesWriter, normalize_json, request_to_json, span_count
+from otelkit._jsonl import JsonLinesWriter
+from otelkit._otlp_validate import normalize_json
+from otelkit.otlp_json import request_to_json, span_count
 
 __all__ = ["Receiver", "add_arguments", "run"]
 

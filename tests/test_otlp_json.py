@@ -31,8 +31,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
+from otelkit._jsonl import JsonLinesWriter
 from otelkit.otlp_json import (
-    JsonLinesWriter,
     normalize_json,
     request_to_json,
     span_count,
@@ -397,7 +397,7 @@ def test_writer_loses_nothing_written_when_the_process_is_killed(tmp_path: Path)
     script = textwrap.dedent(
         """
         import os, signal, sys
-        from otelkit.otlp_json import JsonLinesWriter
+        from otelkit._jsonl import JsonLinesWriter
         writer = JsonLinesWriter(sys.argv[1])
         for n in range(3):
             writer.write({"n": n})

@@ -22,7 +22,7 @@ pytest.importorskip("pytriton", reason="needs nvidia-pytriton: pip install 'otel
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
 
-from otelkit import tritonserver  # noqa: E402
+from otelkit import _triton_install, tritonserver  # noqa: E402
 from otelkit.tritonserver import TritonServer, TritonStartError, free_port, triton_install  # noqa: E402
 
 pytestmark = pytest.mark.triton
@@ -223,7 +223,7 @@ def test_missing_binary_or_stub_is_named(tmp_path: Path, monkeypatch: pytest.Mon
     package = tmp_path / "pytriton"
     fake = types.ModuleType("pytriton")
     fake.__path__ = [str(package)]
-    monkeypatch.setattr(tritonserver, "require", lambda *args, **kwargs: fake)
+    monkeypatch.setattr(_triton_install, "require", lambda *args, **kwargs: fake)
     with pytest.raises(TritonStartError, match="tritonserver binary not found") as info:
         triton_install(cache_dir=tmp_path)
     assert info.value.reason == "not_found"

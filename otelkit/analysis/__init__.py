@@ -6,24 +6,9 @@
 
 from __future__ import annotations
 
-from otelkit.analysis.loader import (
-    Span,
-    SpanEvent,
-    SpanKind,
-    SpanLink,
-    StatusCode,
-    Trace,
-    build_traces,
-    load_spans,
-)
+from otelkit.analysis import loader
+from otelkit.analysis.loader import *  # noqa: F403 - the public names are loader's
 
-__all__ = [
-    "Span",
-    "SpanEvent",
-    "SpanKind",
-    "SpanLink",
-    "StatusCode",
-    "Trace",
-    "build_traces",
-    "load_spans",
-]
+# Built with `+=`, a form the typing spec lets type checkers follow into loader's list.
+__all__: list[str] = []
+__all__ += loader.__all__

@@ -23,7 +23,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, TextIO
 
-from otelkit.otlp_json import normalize_json
+from otelkit._otlp_validate import normalize_json
 
 __all__ = [
     "Span",

@@ -95,12 +95,71 @@ TELEMETRY_QUEUE_SIZE = MetricSpec(
     "Spans waiting in the export queue.",
 )  # fmt: skip
 
-METRICS: tuple[MetricSpec, ...] = (
+# -- client spans (OpenTelemetry RPC conventions, plus otelkit's inference attributes) ---------
+RPC_SYSTEM_NAME = "rpc.system.name"
+RPC_METHOD = "rpc.method"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+ERROR_TYPE = "error.type"
+RPC_SYSTEM_TRITON_GRPC = "grpc"
+RPC_SYSTEM_TRITON_HTTP = "kserve_v2_http"  # no RPC convention covers KServe's HTTP protocol
+RPC_METHOD_GRPC_INFER = "inference.GRPCInferenceService/ModelInfer"
+RPC_METHOD_GRPC_STREAM_INFER = "inference.GRPCInferenceService/ModelStreamInfer"
+RPC_METHOD_HTTP_INFER = "v2/models/infer"
+MODEL_NAME = f"{PREFIX}.model.name"
+MODEL_VERSION = f"{PREFIX}.model.version"
+REQUEST_ID = f"{PREFIX}.request.id"
+BATCH_SIZE = f"{PREFIX}.request.batch_size"
+INPUT_COUNT = f"{PREFIX}.request.inputs"
+OUTPUT_COUNT = f"{PREFIX}.request.outputs"
+REQUEST_BYTES = f"{PREFIX}.request.tensor_bytes"
+RESPONSE_BYTES = f"{PREFIX}.response.tensor_bytes"
+PROTOCOL = f"{PREFIX}.protocol"  # http, grpc; with an aio_ prefix for the asyncio clients
+CALL_STYLE = f"{PREFIX}.call"  # infer, async_infer, stream
+SERIALIZE_S = f"{PREFIX}.client.serialize_s"  # building the request body before the wire
+DESERIALIZE_S = f"{PREFIX}.client.deserialize_s"  # turning the response into a result
+WIRE_S = f"{PREFIX}.client.wire_s"  # on the wire and in the server, as the client saw it
+
+# metric attributes: short, Prometheus-friendly label names
+M_MODEL = "model"
+M_MODEL_VERSION = "model_version"
+M_SERVER = "server"
+M_PROTOCOL = "protocol"
+M_ERROR_TYPE = "error_type"
+
+CLIENT_DURATION = MetricSpec(
+    f"{PREFIX}.client.duration", "histogram", "s",
+    "Inference calls as the client saw them, from the call to its result.", DURATION_BUCKETS_S,
+)  # fmt: skip
+CLIENT_REQUEST_BYTES = MetricSpec(
+    f"{PREFIX}.client.request.size", "counter", "By", "Tensor bytes sent in inference requests.",
+)  # fmt: skip
+CLIENT_RESPONSE_BYTES = MetricSpec(
+    f"{PREFIX}.client.response.size", "counter", "By",
+    "Tensor bytes received in inference responses.",
+)  # fmt: skip
+CLIENT_IN_FLIGHT = MetricSpec(
+    f"{PREFIX}.client.in_flight", "up_down_counter", "{request}",
+    "Inference calls started and not yet finished.",
+)  # fmt: skip
+CLIENT_ERRORS = MetricSpec(
+    f"{PREFIX}.client.errors", "counter", "{error}", "Failed inference calls, by error_type.",
+)  # fmt: skip
+
+CLIENT_METRICS: tuple[MetricSpec, ...] = (
+    CLIENT_DURATION,
+    CLIENT_REQUEST_BYTES,
+    CLIENT_RESPONSE_BYTES,
+    CLIENT_IN_FLIGHT,
+    CLIENT_ERRORS,
+)
+TELEMETRY_METRICS: tuple[MetricSpec, ...] = (
     TELEMETRY_SPANS_EXPORTED,
     TELEMETRY_SPANS_DROPPED,
     TELEMETRY_EXPORT_ERRORS,
     TELEMETRY_QUEUE_SIZE,
 )
+METRICS: tuple[MetricSpec, ...] = CLIENT_METRICS + TELEMETRY_METRICS
 
 _UNIT_SUFFIXES = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "1": "ratio"}
 

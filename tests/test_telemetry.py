@@ -174,7 +174,7 @@ def test_telemetry_health_metric_names_come_from_semconv(tmp_path: Path) -> None
     assert telemetry.prometheus_url is not None
     exposition = scrape(telemetry.prometheus_url)
     names = {s.name for f in text_string_to_metric_families(exposition) for s in f.samples}
-    for spec in semconv.METRICS:
+    for spec in semconv.TELEMETRY_METRICS:
         assert semconv.prometheus_name(spec) in names
     exported = samples(exposition, semconv.prometheus_name(semconv.TELEMETRY_SPANS_EXPORTED))
     assert exported == {(): 2.0}

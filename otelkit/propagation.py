@@ -30,6 +30,7 @@ __all__ = [
     "extract",
     "format_traceparent",
     "format_tracestate",
+    "headers_for",
     "inject",
     "parse_traceparent",
     "parse_tracestate",
@@ -216,10 +217,14 @@ def _extract(fields: Mapping[str, str], context: Context | None) -> Context:
 def _fields(context: Context | None) -> tuple[list[tuple[str, str]], frozenset[str]]:
     """The headers to write for ``context`` and the names they replace."""
     context = get_current() if context is None else context
+    return _span_fields(trace.get_current_span(context).get_span_context(), context)
+
+
+def _span_fields(
+    span_context: SpanContext, context: Context
+) -> tuple[list[tuple[str, str]], frozenset[str]]:
     # One unpacking instead of four property calls: this runs on every inference call.
-    trace_id, span_id, _, flags, trace_state, is_valid = trace.get_current_span(
-        context
-    ).get_span_context()
+    trace_id, span_id, _, flags, trace_state, is_valid = span_context
     entries = baggage.get_all(context)
     baggage_header = format_baggage(entries) if entries else ""
     if not is_valid:
@@ -232,6 +237,17 @@ def _fields(context: Context | None) -> tuple[list[tuple[str, str]], frozenset[s
         return fields, _FIELDS
     # A tracestate left from another request would describe another trace: it goes too.
     return fields, _TRACE_ONLY
+
+
+def headers_for(span_context: SpanContext, context: Context | None = None) -> list[tuple[str, str]]:
+    """The headers that carry ``span_context`` (and the baggage of ``context``) to a server.
+
+    For instrumentation whose span is not the current one, such as a client call span.
+
+    >>> headers_for(SpanContext(0xAB, 0xCD, False, TraceFlags(1)))
+    [('traceparent', '00-000000000000000000000000000000ab-00000000000000cd-01')]
+    """
+    return _span_fields(span_context, get_current() if context is None else context)[0]
 
 
 def extract(carrier: Carrier, context: Context | None = None) -> Context:

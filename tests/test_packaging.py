@@ -1,0 +1,81 @@
+"""The package's promises to its users: lazy extras, the console script, CI's skip rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import otelkit
+from otelkit._extras import require
+from otelkit.analysis import load_spans
+from otelkit.errors import MissingExtraError
+
+pytest_plugins = ["pytester"]
+
+
+def test_missing_extra_names_the_pip_line() -> None:
+    with pytest.raises(ImportError) as caught:
+        require("otelkit_no_such_module", extra="gpu", feature="GPU telemetry")
+    assert isinstance(caught.value, MissingExtraError)
+    assert str(caught.value) == (
+        "otelkit: GPU telemetry needs the 'otelkit_no_such_module' package: "
+        "pip install 'otelkit[gpu]'"
+    )
+
+
+def test_public_api_is_the_documented_list() -> None:
+    assert sorted(otelkit.__all__) == sorted(
+        name for name in dir(otelkit) if not name.startswith("_") and name in otelkit.__all__
+    )
+    for name in otelkit.__all__:
+        assert getattr(otelkit, name).__doc__, f"otelkit.{name} has no docstring"
+
+
+def test_console_script_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "otelkit.cli", "config"], capture_output=True, text=True, check=True
+    )
+    assert "service_name" in done.stdout
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in done.stdout
+
+
+def test_spans_are_flushed_at_interpreter_exit(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import sys, otelkit
+        from opentelemetry import trace
+        otelkit.configure(traces_dir=sys.argv[1], bsp_schedule_delay_ms=600_000)
+        for _ in range(11):
+            trace.get_tracer("t").start_span("s").end()
+        """
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True)
+    assert len(load_spans(tmp_path)) == 11
+
+
+@pytest.mark.parametrize(("ci", "marker", "outcome"), [
+    ("true", "", "failed"),
+    ("true", "@pytest.mark.gpu", "skipped"),
+    ("", "", "skipped"),
+])  # fmt: skip
+def test_under_ci_only_gpu_tests_may_skip(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str, marker: str, outcome: str
+) -> None:
+    monkeypatch.setenv("CI", ci)
+    pytester.makeconftest(Path(__file__).with_name("conftest.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: gpu\n")
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        {marker}
+        def test_needs_something():
+            pytest.skip("component missing")
+        """
+    )
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(**{outcome: 1})

@@ -19,10 +19,12 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, MetricsData
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelkit import semconv
+from otelkit._hotmetrics import HOT, HotRegistry, with_hot_metrics
 
 __all__ = ["BatchExportProcessor", "LossCounter", "MetricPusher", "PullReader"]
 
@@ -212,7 +214,7 @@ class PullReader(MetricReader):
 
 
 class MetricPusher:
-    """Pushes the metrics of a ``PullReader`` to an exporter every ``interval_s``.
+    """Pushes the metrics of a ``PullReader`` and of ``hot`` to an exporter every ``interval_s``.
 
     Like the span processor, it restarts its thread and rebuilds its exporter in a forked child.
     """
@@ -223,8 +225,12 @@ class MetricPusher:
         make_exporter: Callable[[], MetricExporter],
         interval_s: float,
         loss: LossCounter,
+        resource: Resource,
+        hot: HotRegistry = HOT,
     ) -> None:
         self.reader = reader
+        self.resource = resource  # for the hot metrics when the SDK has none to send
+        self.hot = hot
         self._make_exporter = make_exporter
         self._exporter = make_exporter()
         self._interval_s = interval_s
@@ -252,7 +258,7 @@ class MetricPusher:
     def push(self) -> bool:
         """Collect and export once; a failure is counted, never raised."""
         try:
-            data = self.reader.read()
+            data = with_hot_metrics(self.reader.read(), self.hot.collect(), self.resource)
             if data is None:
                 return True
             ok = self._exporter.export(data).name == "SUCCESS"

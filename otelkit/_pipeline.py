@@ -215,6 +215,7 @@ def build(settings: Settings) -> Telemetry:
             _metric_exporter(settings),
             settings.metric_export_interval_ms / 1000,
             metric_loss,
+            resource,
         )
     if prometheus_reader is not None:
         port = settings.prometheus_port

@@ -30,6 +30,7 @@ from prometheus_client.core import (
 
 from otelkit import semconv
 from otelkit._export import PullReader
+from otelkit._hotmetrics import HOT, HotRegistry
 
 __all__ = ["PrometheusEndpoint", "to_families"]
 
@@ -113,11 +114,14 @@ def to_families(metrics: Iterable[Metric]) -> Iterator[PromMetric]:
 
 
 class _Bridge:
-    """A prometheus_client collector that reads the SDK on every scrape."""
+    """A prometheus_client collector that reads the SDK and the hot instruments on every scrape."""
 
-    def __init__(self, reader: PullReader, resource: dict[str, str | int]) -> None:
+    def __init__(
+        self, reader: PullReader, resource: dict[str, str | int], hot: HotRegistry
+    ) -> None:
         self.reader = reader
         self.resource = resource
+        self.hot = hot
 
     def collect(self) -> Iterator[PromMetric]:
         info = GaugeMetricFamily(
@@ -126,19 +130,25 @@ class _Bridge:
         info.add_metric([str(v) for v in self.resource.values()], 1)
         yield info
         data = self.reader.read()
-        if data is None:
-            return
-        for resource_metrics in data.resource_metrics:
+        for resource_metrics in data.resource_metrics if data is not None else ():
             for scope_metrics in resource_metrics.scope_metrics:
                 yield from to_families(scope_metrics.metrics)
+        yield from to_families(self.hot.collect())
 
 
 class PrometheusEndpoint:
-    """An HTTP server on ``host:port`` serving ``/metrics`` from a ``PullReader``."""
+    """An HTTP server on ``host:port`` serving ``/metrics`` from a ``PullReader`` and ``hot``."""
 
-    def __init__(self, reader: PullReader, host: str, port: int, resource: dict[str, str | int]):
+    def __init__(
+        self,
+        reader: PullReader,
+        host: str,
+        port: int,
+        resource: dict[str, str | int],
+        hot: HotRegistry = HOT,
+    ):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Bridge(reader, resource))
+        self.registry.register(_Bridge(reader, resource, hot))
         server, thread = start_http_server(port, addr=host, registry=self.registry)
         self._server: WSGIServer = server
         self._thread: threading.Thread = thread

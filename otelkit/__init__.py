@@ -2,6 +2,7 @@
 
 >>> import otelkit
 >>> otelkit.configure(service_name="tracking-client")   # OTEL_* / OTELKIT_* env vars work too
+>>> client = otelkit.instrument(tritonclient.grpc.InferenceServerClient("gpu-node:8001"))
 >>> otelkit.inject(headers)                              # W3C traceparent, tracestate, baggage
 
 The whole public API is listed in ``__all__``; everything else is private or in a named
@@ -10,6 +11,7 @@ subpackage (``otelkit.analysis``, ``otelkit.semconv``, ``otelkit.receiver``).
 
 from __future__ import annotations
 
+from otelkit._instrument import instrument, uninstrument
 from otelkit.errors import ConfigError, MissingExtraError, OtelkitError
 from otelkit.propagation import extract, inject
 from otelkit.telemetry import Telemetry, configure, flush, shutdown
@@ -23,5 +25,7 @@ __all__ = [
     "extract",
     "flush",
     "inject",
+    "instrument",
     "shutdown",
+    "uninstrument",
 ]

@@ -7,6 +7,10 @@ Under CI (``CI=true``) a skipped test fails unless it is marked ``gpu``: every o
 from __future__ import annotations
 
 import os
+
+# otelkit's own failures re-raise in tests instead of being logged once and swallowed.
+os.environ.setdefault("OTELKIT_RAISE_INTERNAL_ERRORS", "1")
+
 import shutil
 import time
 from collections.abc import Generator, Iterator
@@ -68,6 +72,9 @@ def wait_for_trace(directory: Path, trace_id: str, count: int, timeout: float = 
     while True:
         spans = [s for s in load_spans(directory) if s.trace_id == trace_id]
         if len(spans) >= count or time.monotonic() > deadline:
-            assert len(spans) >= count, f"trace {trace_id}: {len(spans)} of {count} spans arrived"
+            assert len(spans) >= count, (
+                f"trace {trace_id}: {len(spans)} of {count} spans arrived: "
+                f"{sorted((s.name, s.parent_span_id) for s in spans)}"
+            )
             return spans
         time.sleep(0.05)

@@ -1,0 +1,169 @@
+"""tritonclient instrumentation: one instance, or every client class at once.
+
+``otelkit.instrument(client)`` and ``otelkit.uninstrument(client)`` land here for tritonclient
+objects. A client kind is a row of ``_KINDS``: its module, how to find the server it calls,
+which methods to wrap and how to stamp its transport.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from otelkit import semconv
+from otelkit._extras import require
+from otelkit.client import _sync
+from otelkit.client._call import ClientTarget
+
+__all__ = ["instrument_classes", "instrument_client", "is_triton_client", "uninstrument_classes",
+           "uninstrument_client"]  # fmt: skip
+
+logger = logging.getLogger("otelkit")
+_TARGET = "_otelkit_target"
+_WRAPPED = "_otelkit_wrapped"
+_lock = threading.Lock()
+
+
+def _strip_target(target: str) -> str:
+    for prefix in ("dns:///", "dns:", "ipv4:", "ipv6:", "unix:", "http://", "https://"):
+        target = target.removeprefix(prefix)
+    return target
+
+
+def _grpc_url(client: Any) -> str:
+    target = client._channel._channel.target
+    target = target() if callable(target) else target
+    return _strip_target(target.decode() if isinstance(target, bytes) else str(target))
+
+
+def _http_url(client: Any) -> str:
+    return f"{client._parsed_url.host}:{client._parsed_url.port}"
+
+
+@dataclass(frozen=True)
+class _Kind:
+    module: str
+    protocol: str
+    system: str
+    method: str
+    url: Callable[[Any], str]
+    wrappers: dict[str, Callable[[Callable[[Any], ClientTarget], Callable[..., Any]], Any]]
+    attach_transport: Callable[[Any], None]
+
+
+_KINDS: dict[str, _Kind] = {
+    "tritonclient.http": _Kind(
+        "tritonclient.http", "http", semconv.RPC_SYSTEM_TRITON_HTTP, semconv.RPC_METHOD_HTTP_INFER,
+        _http_url,
+        {"infer": _sync.traced_infer, "async_infer": _sync.traced_http_async_infer},
+        _sync.attach_http_transport,
+    ),
+    "tritonclient.grpc": _Kind(
+        "tritonclient.grpc", "grpc", semconv.RPC_SYSTEM_TRITON_GRPC, semconv.RPC_METHOD_GRPC_INFER,
+        _grpc_url,
+        {"infer": _sync.traced_infer, "async_infer": _sync.traced_grpc_async_infer},
+        _sync.attach_grpc_transport,
+    ),
+}  # fmt: skip
+
+
+def _kind_of(obj: Any) -> _Kind | None:
+    for kind in _KINDS.values():
+        module = importlib.import_module(kind.module) if _imported(kind.module) else None
+        if module is not None and isinstance(obj, module.InferenceServerClient):
+            return kind
+    return None
+
+
+def _imported(module: str) -> bool:
+    import sys
+
+    return module in sys.modules
+
+
+def is_triton_client(obj: Any) -> bool:
+    """Whether ``obj`` is a tritonclient client otelkit knows how to instrument."""
+    return _kind_of(obj) is not None
+
+
+def _target(kind: _Kind, client: Any) -> ClientTarget:
+    """The client's target, created (and its transport stamped) on first use."""
+    target: ClientTarget | None = client.__dict__.get(_TARGET)
+    if target is None:
+        with _lock:
+            target = client.__dict__.get(_TARGET)
+            if target is None:
+                target = ClientTarget(kind.protocol, kind.url(client), kind.system, kind.method)
+                kind.attach_transport(client)
+                client.__dict__[_TARGET] = target
+    return target
+
+
+def instrument_client(client: Any) -> Any:
+    """Instrument one tritonclient client in place and return it; a second call changes nothing."""
+    kind = _kind_of(client)
+    if kind is None:
+        raise TypeError(f"otelkit: cannot instrument {type(client).__qualname__}")
+    if client.__dict__.get(_WRAPPED):
+        return client
+    _target(kind, client)
+    cls = type(client)
+    for name, wrap in kind.wrappers.items():
+        method = getattr(cls, name)
+        if getattr(method, _WRAPPED, False):
+            continue  # the class is instrumented already: its methods trace every instance
+        wrapped = wrap(functools.partial(_target, kind), method)
+        client.__dict__[name] = wrapped.__get__(client, cls)
+    client.__dict__[_WRAPPED] = True
+    return client
+
+
+def uninstrument_client(client: Any) -> Any:
+    """Undo ``instrument_client``: the client calls its own methods again."""
+    kind = _kind_of(client)
+    if kind is None or not client.__dict__.pop(_WRAPPED, False):
+        return client
+    for name in kind.wrappers:
+        client.__dict__.pop(name, None)
+    return client
+
+
+def instrument_classes() -> list[str]:
+    """Instrument every tritonclient client class that is installed; returns their modules."""
+    done = []
+    for kind in _KINDS.values():
+        try:
+            module = importlib.import_module(kind.module)
+        except ImportError:
+            continue
+        cls = module.InferenceServerClient
+        for name, wrap in kind.wrappers.items():
+            method = cls.__dict__[name]
+            if getattr(method, _WRAPPED, False):
+                continue
+            wrapped = wrap(functools.partial(_target, kind), method)
+            setattr(wrapped, _WRAPPED, method)
+            setattr(cls, name, wrapped)
+        done.append(kind.module)
+    return done
+
+
+def uninstrument_classes() -> None:
+    """Restore every client class's own methods."""
+    for kind in _KINDS.values():
+        if not _imported(kind.module):
+            continue
+        cls = importlib.import_module(kind.module).InferenceServerClient
+        for name in kind.wrappers:
+            original = getattr(cls.__dict__.get(name), _WRAPPED, None)
+            if original is not None:
+                setattr(cls, name, original)
+
+
+def require_tritonclient() -> None:
+    require("tritonclient", extra="triton", feature="instrumenting tritonclient")

@@ -1,0 +1,259 @@
+"""Wrappers for the synchronous tritonclient clients: HTTP and gRPC, ``infer`` and ``async_infer``.
+
+The wrappers take the user's arguments as they are and add only the trace headers, to a copy
+of the caller's headers (tritonclient itself writes into the dict it is given). The transport
+call (HTTP ``_post``, gRPC ``ModelInfer``) is wrapped per client to stamp when the request
+left and the response came back, and how many tensor bytes each carried.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from otelkit.client._call import CURRENT_CALL, Call, ClientTarget, internal_error
+
+__all__ = [
+    "attach_grpc_transport",
+    "attach_http_transport",
+    "traced_grpc_async_infer",
+    "traced_http_async_infer",
+    "traced_infer",
+]
+
+
+def _headers_index(method: Callable[..., Any]) -> int:
+    """Position of ``headers`` among the positional arguments after ``self``."""
+    names = list(inspect.signature(method).parameters)
+    return names.index("headers") - 1
+
+
+def _call_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any, str, Any, str]:
+    """model_name, inputs, model_version, outputs, request_id from infer's arguments."""
+    model = args[0] if args else kwargs["model_name"]
+    inputs = args[1] if len(args) > 1 else kwargs.get("inputs", ())
+    version = args[2] if len(args) > 2 else kwargs.get("model_version", "")
+    outputs = args[3] if len(args) > 3 else kwargs.get("outputs")
+    request_id = args[4] if len(args) > 4 else kwargs.get("request_id", "")
+    return model, inputs, version or "", outputs, request_id or ""
+
+
+def _with_headers(
+    call: Call | None, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if call is None:
+        return args, kwargs
+    if len(args) > index:
+        return (*args[:index], call.headers(args[index]), *args[index + 1 :]), kwargs
+    kwargs["headers"] = call.headers(kwargs.get("headers"))
+    return args, kwargs
+
+
+def _outputs(result: Any) -> int:
+    response = result.get_response()
+    outputs = response.get("outputs") if isinstance(response, dict) else response.outputs
+    return len(outputs) if outputs is not None else -1
+
+
+def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]) -> Any:
+    """``infer``: one CLIENT span from the call to its result."""
+    index = _headers_index(original)
+
+    @functools.wraps(original)
+    def infer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        call = None
+        try:
+            model, inputs, version, outputs, request_id = _call_args(args, kwargs)
+            call = target_of(self).begin(model, version, request_id, inputs, outputs, "infer")
+        except Exception:
+            internal_error("reading infer arguments")
+        if call is None:
+            return original(self, *args, **kwargs)
+        args, kwargs = _with_headers(call, index, args, kwargs)
+        token = CURRENT_CALL.set(call)
+        try:
+            result = original(self, *args, **kwargs)
+        except BaseException as error:
+            call.finish(error)
+            raise
+        finally:
+            CURRENT_CALL.reset(token)
+        call.finish(None, _outputs(result))
+        return result
+
+    return infer
+
+
+def _stamped(original: Callable[..., Any], measure: Callable[[Call, Any, Any], None]) -> Any:
+    """A transport call that stamps send and receive times on the current ``Call``."""
+
+    @functools.wraps(original)
+    def transport(*args: Any, **kwargs: Any) -> Any:
+        call = CURRENT_CALL.get()
+        if call is None:
+            return original(*args, **kwargs)
+        call.sent()
+        response = original(*args, **kwargs)
+        call.received()
+        try:
+            measure(call, args, kwargs)
+            measure(call, response, None)
+        except Exception:
+            internal_error("measuring tensor bytes")
+        return response
+
+    return transport
+
+
+def _grpc_bytes(call: Call, message: Any, kwargs: Any) -> None:
+    if kwargs is not None:  # the request
+        request = kwargs.get("request") if "request" in kwargs else message[0]
+        call.request_bytes = sum(len(b) for b in request.raw_input_contents)
+    else:
+        call.response_bytes = sum(len(b) for b in message.raw_output_contents)
+
+
+def _http_bytes(call: Call, message: Any, kwargs: Any) -> None:
+    if kwargs is not None:
+        body = kwargs.get("request_body", message[1] if len(message) > 1 else b"")
+        headers = kwargs.get("headers", message[2] if len(message) > 2 else None) or {}
+        json_size = headers.get("Inference-Header-Content-Length")
+        call.request_bytes = len(body) - int(json_size) if json_size is not None else 0
+    else:
+        json_size = message.get("Inference-Header-Content-Length")
+        length = message.get("Content-Length")
+        if json_size is not None and length is not None:
+            call.response_bytes = int(length) - int(json_size)
+
+
+def attach_grpc_transport(client: Any) -> None:
+    stub = client._client_stub
+    stub.ModelInfer = _StampedUnary(stub.ModelInfer)
+
+
+def attach_http_transport(client: Any) -> None:
+    client._post = _stamped(client._post, _http_bytes)
+
+
+class _StampedUnary:
+    """gRPC's ``ModelInfer`` multi-callable, stamped; ``future`` passes through for async_infer."""
+
+    def __init__(self, callable_: Any) -> None:
+        self.original = callable_
+        self._call = _stamped(callable_, _grpc_bytes)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def future(self, *args: Any, **kwargs: Any) -> Any:
+        call = CURRENT_CALL.get()
+        if call is not None:
+            call.sent()
+            try:
+                _grpc_bytes(call, args, kwargs)
+            except Exception:
+                internal_error("measuring tensor bytes")
+        return self.original.future(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.original, name)
+
+
+def traced_grpc_async_infer(
+    target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]
+) -> Any:
+    """gRPC ``async_infer``: the span ends when the callback gets the result or the error."""
+    index = _headers_index(original)
+
+    @functools.wraps(original)
+    def async_infer(
+        self: Any, model_name: str, inputs: Any, callback: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        call = None
+        try:
+            _, _, version, outputs, request_id = _call_args((model_name, inputs, *args), kwargs)
+            call = target_of(self).begin(
+                model_name, version, request_id, inputs, outputs, "async_infer"
+            )
+        except Exception:
+            internal_error("reading async_infer arguments")
+        if call is None:
+            return original(self, model_name, inputs, callback, *args, **kwargs)
+        args, kwargs = _with_headers(call, index - 3, args, kwargs)
+        traced_call = call
+
+        def done(result: Any, error: Any) -> None:
+            traced_call.received()
+            try:
+                if result is not None:
+                    traced_call.response_bytes = sum(
+                        len(b) for b in result.get_response().raw_output_contents
+                    )
+            except Exception:
+                internal_error("measuring tensor bytes")
+            traced_call.finish(error, _outputs(result) if result is not None else -1)
+            callback(result=result, error=error)
+
+        token = CURRENT_CALL.set(call)
+        try:
+            return original(self, model_name, inputs, done, *args, **kwargs)
+        except BaseException as error:
+            call.finish(error)
+            raise
+        finally:
+            CURRENT_CALL.reset(token)
+
+    return async_infer
+
+
+class TracedAsyncRequest:
+    """HTTP ``async_infer``'s handle: the span ends when ``get_result`` returns or raises."""
+
+    def __init__(self, inner: Any, call: Call) -> None:
+        self._inner = inner
+        self._call: Call | None = call
+
+    def get_result(self, block: bool = True, timeout: float | None = None) -> Any:
+        call = self._call
+        try:
+            result = self._inner.get_result(block=block, timeout=timeout)
+        except BaseException as error:
+            if call is not None:
+                self._call = None
+                call.finish(error)
+            raise
+        if call is not None:
+            self._call = None
+            call.finish(None, _outputs(result))
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def traced_http_async_infer(
+    target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]
+) -> Any:
+    index = _headers_index(original)
+
+    @functools.wraps(original)
+    def async_infer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        call = None
+        try:
+            model, inputs, version, outputs, request_id = _call_args(args, kwargs)
+            call = target_of(self).begin(model, version, request_id, inputs, outputs, "async_infer")
+        except Exception:
+            internal_error("reading async_infer arguments")
+        if call is None:
+            return original(self, *args, **kwargs)
+        args, kwargs = _with_headers(call, index, args, kwargs)
+        try:
+            handle = original(self, *args, **kwargs)
+        except BaseException as error:
+            call.finish(error)
+            raise
+        return TracedAsyncRequest(handle, call)
+
+    return async_infer

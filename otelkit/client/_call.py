@@ -85,18 +85,10 @@ class ClientTarget:
             self._series[key] = found
         return found
 
-    def begin(
-        self,
-        model: str,
-        version: str,
-        request_id: str,
-        inputs: Sequence[Any],
-        outputs: Sequence[Any] | None,
-        style: str,
-    ) -> Call | None:
-        """Start a call; ``None`` if telemetry itself failed (the call then runs bare)."""
+    def begin(self, *args: Any) -> Call | None:
+        """Start a ``Call(self, *args)``; ``None`` if telemetry failed (the call then runs bare)."""
         try:
-            return Call(self, model, version, request_id, inputs, outputs, style)
+            return Call(self, *args)
         except Exception:
             internal_error("starting a client span")
             return None

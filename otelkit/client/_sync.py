@@ -40,6 +40,21 @@ def _call_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any,
     return model, inputs, version or "", outputs, request_id or ""
 
 
+def _begin(
+    target_of: Callable[[Any], ClientTarget],
+    client: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    style: str,
+) -> Call | None:
+    try:
+        model, inputs, version, outputs, request_id = _call_args(args, kwargs)
+        return target_of(client).begin(model, version, request_id, inputs, outputs, style)
+    except Exception:
+        internal_error(f"reading {style} arguments")
+        return None
+
+
 def _with_headers(
     call: Call | None, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -63,12 +78,7 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
 
     @functools.wraps(original)
     def infer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        call = None
-        try:
-            model, inputs, version, outputs, request_id = _call_args(args, kwargs)
-            call = target_of(self).begin(model, version, request_id, inputs, outputs, "infer")
-        except Exception:
-            internal_error("reading infer arguments")
+        call = _begin(target_of, self, args, kwargs, "infer")
         if call is None:
             return original(self, *args, **kwargs)
         args, kwargs = _with_headers(call, index, args, kwargs)
@@ -171,14 +181,7 @@ def traced_grpc_async_infer(
     def async_infer(
         self: Any, model_name: str, inputs: Any, callback: Any, *args: Any, **kwargs: Any
     ) -> Any:
-        call = None
-        try:
-            _, _, version, outputs, request_id = _call_args((model_name, inputs, *args), kwargs)
-            call = target_of(self).begin(
-                model_name, version, request_id, inputs, outputs, "async_infer"
-            )
-        except Exception:
-            internal_error("reading async_infer arguments")
+        call = _begin(target_of, self, (model_name, inputs, *args), kwargs, "async_infer")
         if call is None:
             return original(self, model_name, inputs, callback, *args, **kwargs)
         args, kwargs = _with_headers(call, index - 3, args, kwargs)
@@ -240,12 +243,7 @@ def traced_http_async_infer(
 
     @functools.wraps(original)
     def async_infer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        call = None
-        try:
-            model, inputs, version, outputs, request_id = _call_args(args, kwargs)
-            call = target_of(self).begin(model, version, request_id, inputs, outputs, "async_infer")
-        except Exception:
-            internal_error("reading async_infer arguments")
+        call = _begin(target_of, self, args, kwargs, "async_infer")
         if call is None:
             return original(self, *args, **kwargs)
         args, kwargs = _with_headers(call, index, args, kwargs)

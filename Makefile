@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install prometheus test lint typecheck check demo bench-receiver clean
+.PHONY: install prometheus test lint typecheck check demo bench-receiver bench-client clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,9 @@ demo:
 
 bench-receiver: install
 	$(PY) benchmarks/bench_receiver.py
+
+bench-client: install
+	$(PY) benchmarks/bench_client.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces

@@ -21,7 +21,13 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    Decision,
+    ParentBased,
+    Sampler,
+    StaticSampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -52,10 +58,14 @@ def _sampled(
     sampler: Sampler, parent: SpanContext, trace_id: int, name: str, kind: SpanKind
 ) -> bool:
     """The decision the SDK's sampler would take, without its allocations for the usual ones."""
+    if isinstance(sampler, StaticSampler):  # ALWAYS_ON, ALWAYS_OFF
+        return sampler._decision is Decision.RECORD_AND_SAMPLE
     if isinstance(sampler, ParentBased):
         if parent.is_valid:  # ParentBased with its default delegates follows the parent
             return bool(parent.trace_flags & _SAMPLED)
         root = sampler._root
+        if isinstance(root, StaticSampler):
+            return root._decision is Decision.RECORD_AND_SAMPLE
         if isinstance(root, TraceIdRatioBased):
             return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < root.bound
         return _is_sampled(root, None, trace_id, name, kind)
@@ -204,15 +214,17 @@ class SpanRecorder:
         self,
         name: str,
         kind: SpanKind,
-        attributes: dict[str, Any],
         context: Context | None = None,
     ) -> RecordingSpan:
-        """A span, child of the current span (or of ``context``), or ``UNSAMPLED``."""
+        """A span, child of the current span (or of ``context``), or ``UNSAMPLED``.
+
+        Its ``attributes`` dict starts empty: fill it only when ``sampled``.
+        """
         pipeline = self._current()
         parent = trace.get_current_span(context).get_span_context()
         if pipeline is None:
             span = self._tracer.start_span(name, context, kind)
-            recorded = _SdkSpan(span, attributes)
+            recorded = _SdkSpan(span, {})
             return recorded if recorded.sampled else UNSAMPLED
         if parent.is_valid:
             trace_id = parent.trace_id
@@ -228,5 +240,5 @@ class SpanRecorder:
         )  # fmt: skip
         return LeanSpan(
             pipeline, self._scope, name, kind, span_context,
-            parent if parent.is_valid else None, attributes,
+            parent if parent.is_valid else None, {},
         )  # fmt: skip

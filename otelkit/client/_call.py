@@ -68,21 +68,13 @@ class ClientTarget:
         self.protocol = protocol
         self.system = system
         self.method = method
-        self._series: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}
+        self._per_model: dict[tuple[str, str], _PerModel] = {}
 
-    def series(self, model: str, version: str) -> tuple[Any, Any, Any, Any]:
-        """Duration, request bytes, response bytes and in-flight series of one model."""
-        key = (model, version)
-        found = self._series.get(key)
+    def per_model(self, model: str, version: str) -> _PerModel:
+        """What every call to one model shares: its metric series, span name and attributes."""
+        found = self._per_model.get((model, version))
         if found is None:
-            labels = (model, version, self.server, self.protocol)
-            found = (
-                HOT.histogram(semconv.CLIENT_DURATION, _LABELS).series(labels),
-                HOT.counter(semconv.CLIENT_REQUEST_BYTES, _LABELS).series(labels),
-                HOT.counter(semconv.CLIENT_RESPONSE_BYTES, _LABELS).series(labels),
-                HOT.up_down_counter(semconv.CLIENT_IN_FLIGHT, _LABELS).series(labels),
-            )
-            self._series[key] = found
+            found = self._per_model[(model, version)] = _PerModel(self, model, version)
         return found
 
     def begin(self, *args: Any) -> Call | None:
@@ -98,12 +90,39 @@ _LABELS = (semconv.M_MODEL, semconv.M_MODEL_VERSION, semconv.M_SERVER, semconv.M
 _ERROR_LABELS = (*_LABELS, semconv.M_ERROR_TYPE)
 
 
+class _PerModel:
+    """Built once per (client, model, version), so that a call only looks it up."""
+
+    __slots__ = ("attributes", "duration", "in_flight", "labels", "request_bytes",
+                 "response_bytes", "span_name")  # fmt: skip
+
+    def __init__(self, target: ClientTarget, model: str, version: str) -> None:
+        self.labels = (model, version, target.server, target.protocol)
+        self.duration = HOT.histogram(semconv.CLIENT_DURATION, _LABELS).series(self.labels)
+        self.request_bytes = HOT.counter(semconv.CLIENT_REQUEST_BYTES, _LABELS).series(self.labels)
+        self.response_bytes = HOT.counter(semconv.CLIENT_RESPONSE_BYTES, _LABELS).series(
+            self.labels
+        )
+        self.in_flight = HOT.up_down_counter(semconv.CLIENT_IN_FLIGHT, _LABELS).series(self.labels)
+        self.span_name = f"{target.method} {model}"
+        self.attributes: dict[str, Any] = {
+            semconv.RPC_SYSTEM_NAME: target.system,
+            semconv.RPC_METHOD: target.method,
+            semconv.SERVER_ADDRESS: target.server_address,
+            semconv.MODEL_NAME: model,
+            semconv.PROTOCOL: target.protocol,
+        }
+        if target.server_port is not None:
+            self.attributes[semconv.SERVER_PORT] = target.server_port
+        if version:
+            self.attributes[semconv.MODEL_VERSION] = version
+
+
 class Call:
     """One inference request in flight."""
 
-    __slots__ = ("_duration", "_in_flight", "_request_bytes", "_response_bytes", "model",
-                 "received_ns", "request_bytes", "response_bytes", "sent_ns", "span", "start",
-                 "target", "version")  # fmt: skip
+    __slots__ = ("per", "received_ns", "request_bytes", "response_bytes", "sent_ns", "span",
+                 "start")  # fmt: skip
 
     def __init__(
         self,
@@ -115,37 +134,24 @@ class Call:
         outputs: Sequence[Any] | None,
         style: str,
     ) -> None:
-        self.target = target
-        self.model = model
-        self.version = version
+        self.per = per = target.per_model(model, version)
         self.sent_ns = self.received_ns = 0
         self.request_bytes = self.response_bytes = -1
-        self._duration, self._request_bytes, self._response_bytes, self._in_flight = target.series(
-            model, version
-        )
-        attributes = {
-            semconv.RPC_SYSTEM_NAME: target.system,
-            semconv.RPC_METHOD: target.method,
-            semconv.SERVER_ADDRESS: target.server_address,
-            semconv.MODEL_NAME: model,
-            semconv.PROTOCOL: target.protocol,
-            semconv.CALL_STYLE: style,
-            semconv.INPUT_COUNT: len(inputs),
-        }
-        if target.server_port is not None:
-            attributes[semconv.SERVER_PORT] = target.server_port
-        if version:
-            attributes[semconv.MODEL_VERSION] = version
-        if request_id:
-            attributes[semconv.REQUEST_ID] = request_id
-        if outputs:
-            attributes[semconv.OUTPUT_COUNT] = len(outputs)
-        if inputs:
-            shape = inputs[0].shape()
-            if shape:
-                attributes[semconv.BATCH_SIZE] = int(shape[0])
-        self.span = _RECORDER.start(f"{target.method} {model}", SpanKind.CLIENT, attributes)
-        self._in_flight.add(1)
+        self.span = span = _RECORDER.start(per.span_name, SpanKind.CLIENT)
+        if span.sampled:  # an unsampled call pays for none of the attributes
+            attributes = span.attributes
+            attributes.update(per.attributes)
+            attributes[semconv.CALL_STYLE] = style
+            attributes[semconv.INPUT_COUNT] = len(inputs)
+            if request_id:
+                attributes[semconv.REQUEST_ID] = request_id
+            if outputs:
+                attributes[semconv.OUTPUT_COUNT] = len(outputs)
+            if inputs:
+                shape = inputs[0].shape()
+                if shape:
+                    attributes[semconv.BATCH_SIZE] = int(shape[0])
+        per.in_flight.add(1)
         self.start = time.perf_counter_ns()
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
@@ -180,22 +186,21 @@ class Call:
 
     def _finish(self, error: BaseException | None, outputs: int) -> None:
         end = time.perf_counter_ns()
-        span = self.span
-        self._in_flight.add(-1)
+        span, per = self.span, self.per
+        per.in_flight.add(-1)
         if self.request_bytes >= 0:
-            self._request_bytes.add(self.request_bytes)
+            per.request_bytes.add(self.request_bytes)
         if self.response_bytes >= 0:
-            self._response_bytes.add(self.response_bytes)
+            per.response_bytes.add(self.response_bytes)
         if error is not None:
-            kind = error_type(error)
-            labels = (self.model, self.version, self.target.server, self.target.protocol, kind)
+            labels = (*per.labels, error_type(error))
             HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
         seconds = (end - self.start) / 1e9
         if not span.sampled:
-            self._duration.observe(seconds)
+            per.duration.observe(seconds)
             return
         context = span.context
-        self._duration.observe(seconds, context.trace_id, context.span_id)
+        per.duration.observe(seconds, context.trace_id, context.span_id)
         attributes = span.attributes
         if self.sent_ns:
             attributes[semconv.SERIALIZE_S] = (self.sent_ns - self.start) / 1e9

@@ -120,9 +120,9 @@ def _stamped(original: Callable[..., Any], measure: Callable[[Call, Any, Any], N
 def _grpc_bytes(call: Call, message: Any, kwargs: Any) -> None:
     if kwargs is not None:  # the request
         request = kwargs.get("request") if "request" in kwargs else message[0]
-        call.request_bytes = sum(len(b) for b in request.raw_input_contents)
+        call.request_bytes = sum(map(len, request.raw_input_contents))
     else:
-        call.response_bytes = sum(len(b) for b in message.raw_output_contents)
+        call.response_bytes = sum(map(len, message.raw_output_contents))
 
 
 def _http_bytes(call: Call, message: Any, kwargs: Any) -> None:
@@ -191,9 +191,8 @@ def traced_grpc_async_infer(
             traced_call.received()
             try:
                 if result is not None:
-                    traced_call.response_bytes = sum(
-                        len(b) for b in result.get_response().raw_output_contents
-                    )
+                    outputs = result.get_response().raw_output_contents
+                    traced_call.response_bytes = sum(map(len, outputs))
             except Exception:
                 internal_error("measuring tensor bytes")
             traced_call.finish(error, _outputs(result) if result is not None else -1)

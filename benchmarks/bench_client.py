@@ -1,0 +1,130 @@
+"""Client overhead: a bare and an instrumented tritonclient, interleaved call by call.
+
+Both clients call the same model on the same real tritonserver, alternating, in one process,
+so drift of the machine touches both alike. Phase one traces every call (100 % sampling) with
+metrics on; phase two runs the instrumented client with its calls not sampled. Triton's own
+tracing is off: a propagated context would make the *server* do more work for the traced
+client, and this measures the client. The last line is JSON.
+
+    python benchmarks/bench_client.py [--calls 4000] [--protocol grpc|http] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+import otelkit
+from otelkit.tritonserver import TritonServer
+
+MODELS = Path(__file__).resolve().parent.parent / "tests" / "models"
+MODULES = {"grpc": grpcclient, "http": httpclient}
+
+
+def make_inputs(module: Any) -> list[Any]:
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    tensor = module.InferInput("INPUT0", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    return [tensor]
+
+
+def interleave(bare: Any, traced: Any, inputs: list[Any], calls: int) -> tuple[list[float], list[float]]:
+    """Per-call latencies in microseconds, bare and traced, alternating who goes first."""
+    bare_us: list[float] = []
+    traced_us: list[float] = []
+    clock = time.perf_counter_ns
+    for index in range(calls):
+        order = ((bare, bare_us), (traced, traced_us))
+        for client, out in order if index % 2 else reversed(order):
+            start = clock()
+            client.infer("identity_fp32", inputs)
+            out.append((clock() - start) / 1000)
+    return bare_us, traced_us
+
+
+def phase(name: str, bare: Any, traced: Any, inputs: list[Any], calls: int) -> dict[str, float]:
+    interleave(bare, traced, inputs, max(200, calls // 10))  # warm both paths and channels
+    bare_us, traced_us = interleave(bare, traced, inputs, calls)
+    bare_median, traced_median = statistics.median(bare_us), statistics.median(traced_us)
+    paired = statistics.median(t - b for b, t in zip(bare_us, traced_us, strict=True))
+    print(
+        f"{name:>10}: bare median {bare_median:8.1f} us, instrumented {traced_median:8.1f} us, "
+        f"difference of medians {traced_median - bare_median:+6.1f} us, "
+        f"median paired difference {paired:+6.1f} us ({calls} pairs)",
+        flush=True,
+    )
+    return {"bare": bare_median, "traced": traced_median, "paired": paired}
+
+
+def profile(traced: Any, inputs: list[Any], calls: int) -> None:
+    """Where the instrumented call spends time in otelkit's own code."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        traced.infer("identity_fp32", inputs)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime")
+    stats.print_stats(r"otelkit|opentelemetry", 15)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=4000, help="interleaved pairs per phase")
+    parser.add_argument("--protocol", choices=sorted(MODULES), default="grpc")
+    parser.add_argument("--profile", action="store_true", help="profile otelkit's share")
+    args = parser.parse_args()
+    module = MODULES[args.protocol]
+    traces = tempfile.mkdtemp(prefix="bench-client-")
+    with TritonServer(MODELS) as server:
+        url = server.grpc_url if args.protocol == "grpc" else server.http_url
+        bare = module.InferenceServerClient(url)
+        traced = otelkit.instrument(module.InferenceServerClient(url))
+        inputs = make_inputs(module)
+        print(f"tritonserver up; {args.protocol} client; spans to {traces}", flush=True)
+        otelkit.configure(
+            service_name="bench-client", traces_dir=traces, prometheus_port=0,
+            bsp_max_queue_size=100_000,
+        )  # fmt: skip
+        sampled = phase("sampled", bare, traced, inputs, args.calls)
+        if args.profile:
+            profile(traced, inputs, 2000)
+        stats = otelkit.telemetry.current().stats()  # type: ignore[union-attr]
+        otelkit.configure(
+            service_name="bench-client", traces_dir=traces, prometheus_port=0, sampler="always_off"
+        )
+        unsampled = phase("unsampled", bare, traced, inputs, args.calls)
+        bare.close()
+        traced.close()
+    otelkit.shutdown()
+    overhead = sampled["traced"] - sampled["bare"]
+    result = {
+        "protocol": args.protocol,
+        "calls": args.calls,
+        "bare_median_us": round(sampled["bare"], 1),
+        "instrumented_median_us": round(sampled["traced"], 1),
+        "overhead_us": round(overhead, 1),
+        "overhead_pct": round(100 * overhead / sampled["bare"], 2),
+        "paired_overhead_us": round(sampled["paired"], 1),
+        "unsampled_overhead_us": round(unsampled["traced"] - unsampled["bare"], 1),
+        "unsampled_paired_overhead_us": round(unsampled["paired"], 1),
+        "spans_dropped": sum(n for k, n in stats.items() if k.startswith("dropped")),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -40,7 +40,9 @@ def make_inputs(module: Any) -> list[Any]:
     return [tensor]
 
 
-def interleave(bare: Any, traced: Any, inputs: list[Any], calls: int) -> tuple[list[float], list[float]]:
+def interleave(
+    bare: Any, traced: Any, inputs: list[Any], calls: int
+) -> tuple[list[float], list[float]]:
     """Per-call latencies in microseconds, bare and traced, alternating who goes first."""
     bare_us: list[float] = []
     traced_us: list[float] = []

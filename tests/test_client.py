@@ -21,7 +21,7 @@ from otelkit import semconv
 from otelkit.analysis import Span, build_traces, load_spans
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
-from tests.conftest import MODELS, wait_for_trace
+from tests.conftest import MODELS, joined_trace, wait_for_trace
 from tests.test_telemetry import scrape
 
 pytestmark = pytest.mark.triton
@@ -91,12 +91,18 @@ def test_infer_span_is_the_parent_of_tritons_spans(
     with client_for(protocol, triton) as client:
         assert otelkit.instrument(client) is client
         assert otelkit.instrument(client) is client  # twice changes nothing
-        trace_id, _, result = traced(
-            lambda: client.infer("identity_fp32", inputs(protocol), headers=caller_headers)
-        )
-    assert np.array_equal(result.as_numpy("OUTPUT0"), DATA)
+        results = []
+
+        def call() -> str:
+            trace_id, _, result = traced(
+                lambda: client.infer("identity_fp32", inputs(protocol), headers=caller_headers)
+            )
+            results.append(result)
+            return trace_id
+
+        trace_id, spans = joined_trace(call, receiver.out_dir, count=5)
+    assert np.array_equal(results[-1].as_numpy("OUTPUT0"), DATA)
     assert caller_headers == {"x-experiment": "cms"}  # the caller's dict is never written
-    spans = wait_for_trace(receiver.out_dir, trace_id, count=5)
     assert shape(spans, trace_id) == expected_tree(protocol)
     span = client_span(spans)
     port = int((triton.http_url if protocol == "http" else triton.grpc_url).rsplit(":", 1)[1])
@@ -137,15 +143,19 @@ def test_grpc_async_infer_span_ends_in_the_callback(
 ) -> None:
     done: queue.Queue[tuple[Any, Any]] = queue.Queue()
     with otelkit.instrument(client_for("grpc", triton)) as client:
-        trace_id, _, _ = traced(
-            lambda: client.async_infer(
-                "identity_fp32", inputs("grpc"), lambda result, error: done.put((result, error))
+
+        def call() -> str:
+            trace_id, _, _ = traced(
+                lambda: client.async_infer(
+                    "identity_fp32", inputs("grpc"), lambda result, error: done.put((result, error))
+                )
             )
-        )
-        result, error = done.get(timeout=10)
-    assert error is None
-    assert np.array_equal(result.as_numpy("OUTPUT0"), DATA)
-    spans = wait_for_trace(receiver.out_dir, trace_id, count=5)
+            result, error = done.get(timeout=10)
+            assert error is None
+            assert np.array_equal(result.as_numpy("OUTPUT0"), DATA)
+            return trace_id
+
+        trace_id, spans = joined_trace(call, receiver.out_dir, count=5)
     assert shape(spans, trace_id) == expected_tree("grpc")
     span = client_span(spans)
     assert span.attributes[semconv.CALL_STYLE] == "async_infer"

@@ -12,7 +12,7 @@ import otelkit
 from otelkit.analysis import build_traces
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
-from tests.conftest import wait_for_trace
+from tests.conftest import joined_trace
 
 pytestmark = pytest.mark.triton
 
@@ -39,20 +39,23 @@ def _call(protocol: str, server: TritonServer, headers: dict[str, str]) -> None:
 def test_triton_spans_join_the_trace_whose_traceparent_we_sent(
     protocol: str, triton: TritonServer, receiver: Receiver
 ) -> None:
-    with TRACER.start_as_current_span("client-call") as span:
-        headers = otelkit.inject({"x-experiment": "cms"})
-        context = span.get_span_context()
-    trace_id, client_span_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
-    flags = f"{int(context.trace_flags):02x}"  # sampled, and random (Level 2) from this SDK
-    assert flags in ("01", "03")
+    sent: list[tuple[str, dict[str, str]]] = []
+
+    def call() -> str:
+        with TRACER.start_as_current_span("client-call") as span:
+            headers = otelkit.inject({"x-experiment": "cms"})
+            context = span.get_span_context()
+        sent.append((f"{context.span_id:016x}", dict(headers)))  # tritonclient writes into it
+        _call(protocol, triton, headers)
+        return f"{context.trace_id:032x}"
+
+    trace_id, spans = joined_trace(call, receiver.out_dir, count=3)
+    client_span_id, headers = sent[-1]
+    assert headers["traceparent"][-3:] in ("-01", "-03")  # sampled (and random, Level 2)
     assert headers == {
         "x-experiment": "cms",
-        "traceparent": f"00-{trace_id}-{client_span_id}-{flags}",
+        "traceparent": f"00-{trace_id}-{client_span_id}-{headers['traceparent'][-2:]}",
     }
-
-    _call(protocol, triton, headers)
-
-    spans = wait_for_trace(receiver.out_dir, trace_id, count=3)
     tree = build_traces(spans)[trace_id]
     shape = [(depth, s.name, s.resource.get("service.name")) for depth, s in tree.walk()]
     assert shape == [

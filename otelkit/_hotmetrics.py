@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -134,7 +135,7 @@ class SumSeries:
 S = TypeVar("S", HistogramSeries, SumSeries)
 
 
-class _Instrument(Generic[S]):
+class _Instrument(ABC, Generic[S]):
     kind: semconv.InstrumentKind
 
     def __init__(self, spec: semconv.MetricSpec, labels: tuple[str, ...], clock: Clock) -> None:
@@ -154,8 +155,9 @@ class _Instrument(Generic[S]):
                 found = self._series.setdefault(values, self._new_series())
         return found
 
+    @abstractmethod
     def _new_series(self) -> S:
-        raise NotImplementedError
+        """A fresh series of this instrument's kind."""
 
     def _reset(self) -> None:
         self._lock = threading.Lock()

@@ -102,6 +102,11 @@ def _number_in(low: float, high: float) -> Callable[[Any], float]:
     return check
 
 
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``check``, letting ``None`` (unset) through."""
+    return lambda value: None if value is None else check(value)
+
+
 def _parse_int(text: str) -> int:
     try:
         return int(text.strip())
@@ -204,7 +209,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "traces_exporter",
         None,
-        lambda v: None if v is None else _one_of(TRACE_EXPORTERS)(v),
+        _optional(_one_of(TRACE_EXPORTERS)),
         ("OTEL_TRACES_EXPORTER",),
         doc="otlp, jsonl, console or none; default: otlp when an endpoint is set, else jsonl",
     ),
@@ -262,7 +267,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "metrics_exporter",
         None,
-        lambda v: None if v is None else _set_of(METRIC_EXPORTERS)(v),
+        _optional(_set_of(METRIC_EXPORTERS)),
         ("OTEL_METRICS_EXPORTER",),
         doc="otlp and/or prometheus, or none; default: otlp with an endpoint, prometheus "
         "with a port",
@@ -270,7 +275,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "prometheus_port",
         None,
-        lambda v: None if v is None else _int_in(0, 65535)(v),
+        _optional(_int_in(0, 65535)),
         ("OTEL_EXPORTER_PROMETHEUS_PORT",),
         _parse_int,
         doc="port of the Prometheus scrape endpoint (OpenMetrics, with exemplars); 0 = any",

@@ -96,8 +96,13 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
     return infer
 
 
-def _stamped(original: Callable[..., Any], measure: Callable[[Call, Any, Any], None]) -> Any:
-    """A transport call that stamps send and receive times on the current ``Call``."""
+Measure = Callable[[Call, tuple[Any, ...], dict[str, Any]], None]
+
+
+def _stamped(
+    original: Callable[..., Any], request: Measure, response: Callable[[Call, Any], None]
+) -> Any:
+    """A transport call that stamps send and receive times and tensor bytes on the ``Call``."""
 
     @functools.wraps(original)
     def transport(*args: Any, **kwargs: Any) -> Any:
@@ -105,37 +110,39 @@ def _stamped(original: Callable[..., Any], measure: Callable[[Call, Any, Any], N
         if call is None:
             return original(*args, **kwargs)
         call.sent()
-        response = original(*args, **kwargs)
+        result = original(*args, **kwargs)
         call.received()
         try:
-            measure(call, args, kwargs)
-            measure(call, response, None)
+            request(call, args, kwargs)
+            response(call, result)
         except Exception:
             internal_error("measuring tensor bytes")
-        return response
+        return result
 
     return transport
 
 
-def _grpc_bytes(call: Call, message: Any, kwargs: Any) -> None:
-    if kwargs is not None:  # the request
-        request = kwargs.get("request") if "request" in kwargs else message[0]
-        call.request_bytes = sum(map(len, request.raw_input_contents))
-    else:
-        call.response_bytes = sum(map(len, message.raw_output_contents))
+def _grpc_request_bytes(call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    request = kwargs["request"] if "request" in kwargs else args[0]
+    call.request_bytes = sum(map(len, request.raw_input_contents))
 
 
-def _http_bytes(call: Call, message: Any, kwargs: Any) -> None:
-    if kwargs is not None:
-        body = kwargs.get("request_body", message[1] if len(message) > 1 else b"")
-        headers = kwargs.get("headers", message[2] if len(message) > 2 else None) or {}
-        json_size = headers.get("Inference-Header-Content-Length")
-        call.request_bytes = len(body) - int(json_size) if json_size is not None else 0
-    else:
-        json_size = message.get("Inference-Header-Content-Length")
-        length = message.get("Content-Length")
-        if json_size is not None and length is not None:
-            call.response_bytes = int(length) - int(json_size)
+def _grpc_response_bytes(call: Call, response: Any) -> None:
+    call.response_bytes = sum(map(len, response.raw_output_contents))
+
+
+def _http_request_bytes(call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    body = kwargs.get("request_body", args[1] if len(args) > 1 else b"")
+    headers = kwargs.get("headers", args[2] if len(args) > 2 else None) or {}
+    json_size = headers.get("Inference-Header-Content-Length")
+    call.request_bytes = len(body) - int(json_size) if json_size is not None else 0
+
+
+def _http_response_bytes(call: Call, response: Any) -> None:
+    json_size = response.get("Inference-Header-Content-Length")
+    length = response.get("Content-Length")
+    if json_size is not None and length is not None:
+        call.response_bytes = int(length) - int(json_size)
 
 
 def attach_grpc_transport(client: Any) -> None:
@@ -144,7 +151,7 @@ def attach_grpc_transport(client: Any) -> None:
 
 
 def attach_http_transport(client: Any) -> None:
-    client._post = _stamped(client._post, _http_bytes)
+    client._post = _stamped(client._post, _http_request_bytes, _http_response_bytes)
 
 
 class _StampedUnary:
@@ -152,7 +159,7 @@ class _StampedUnary:
 
     def __init__(self, callable_: Any) -> None:
         self.original = callable_
-        self._call = _stamped(callable_, _grpc_bytes)
+        self._call = _stamped(callable_, _grpc_request_bytes, _grpc_response_bytes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(*args, **kwargs)
@@ -162,7 +169,7 @@ class _StampedUnary:
         if call is not None:
             call.sent()
             try:
-                _grpc_bytes(call, args, kwargs)
+                _grpc_request_bytes(call, args, kwargs)
             except Exception:
                 internal_error("measuring tensor bytes")
         return self.original.future(*args, **kwargs)

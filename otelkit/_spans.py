@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from opentelemetry import trace
@@ -29,7 +30,7 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otelkit import semconv, telemetry
 from otelkit._switch import SWITCH
@@ -76,8 +77,8 @@ def _sampled(
 class LeanSpan:
     """A span being recorded; ``end()`` hands it to the span processors as a ``ReadableSpan``."""
 
-    __slots__ = ("_pipeline", "_scope", "attributes", "context", "events", "kind", "name",
-                 "parent", "start_ns", "status")  # fmt: skip
+    __slots__ = ("_pipeline", "_scope", "attributes", "context", "events", "kind", "links",
+                 "name", "parent", "start_ns", "status")  # fmt: skip
 
     def __init__(
         self,
@@ -88,6 +89,7 @@ class LeanSpan:
         context: SpanContext,
         parent: SpanContext | None,
         attributes: dict[str, Any],
+        links: Sequence[Link] = (),
     ) -> None:
         self._pipeline = pipeline
         self._scope = scope
@@ -96,6 +98,7 @@ class LeanSpan:
         self.context = context
         self.parent = parent
         self.attributes = attributes
+        self.links = links
         self.events: list[Event] = []
         self.status = Status(StatusCode.UNSET)
         self.start_ns = time.time_ns()
@@ -127,6 +130,7 @@ class LeanSpan:
                 resource=self._pipeline.resource,
                 attributes=self.attributes,
                 events=self.events,
+                links=self.links,
                 kind=self.kind,
                 status=self.status,
                 start_time=self.start_ns,
@@ -215,6 +219,7 @@ class SpanRecorder:
         name: str,
         kind: SpanKind,
         context: Context | None = None,
+        links: Sequence[Link] = (),
     ) -> RecordingSpan:
         """A span, child of the current span (or of ``context``), or ``UNSAMPLED``.
 
@@ -223,7 +228,7 @@ class SpanRecorder:
         pipeline = self._current()
         parent = trace.get_current_span(context).get_span_context()
         if pipeline is None:
-            span = self._tracer.start_span(name, context, kind)
+            span = self._tracer.start_span(name, context, kind, links=links)
             recorded = _SdkSpan(span, {})
             return recorded if recorded.sampled else UNSAMPLED
         if parent.is_valid:
@@ -240,5 +245,5 @@ class SpanRecorder:
         )  # fmt: skip
         return LeanSpan(
             pipeline, self._scope, name, kind, span_context,
-            parent if parent.is_valid else None, {},
+            parent if parent.is_valid else None, {}, links,
         )  # fmt: skip

@@ -277,7 +277,9 @@ def test_uninstrument_restores_the_client(
 def test_class_instrumentation_traces_every_new_client(
     triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
 ) -> None:
-    assert sorted(otelkit.instrument()) == ["tritonclient.grpc", "tritonclient.http"]
+    assert sorted(otelkit.instrument()) == [
+        "tritonclient.grpc", "tritonclient.grpc.aio", "tritonclient.http", "tritonclient.http.aio",
+    ]  # fmt: skip
     with client_for("http", triton) as client:
         trace_id, _, _ = traced(lambda: client.infer("identity_fp32", inputs("http")))
     assert shape(wait_for_trace(receiver.out_dir, trace_id, count=5), trace_id) == expected_tree(

@@ -17,8 +17,8 @@ from typing import Any
 
 from otelkit import semconv
 from otelkit._extras import require
-from otelkit.client import _sync
-from otelkit.client._call import ClientTarget
+from otelkit.client import _aio, _stream, _sync
+from otelkit.client._call import GRPC_TENSORS, HTTP_TENSORS, ClientTarget, Tensors
 
 __all__ = ["instrument_classes", "instrument_client", "is_triton_client", "uninstrument_classes",
            "uninstrument_client"]  # fmt: skip
@@ -45,6 +45,24 @@ def _http_url(client: Any) -> str:
     return f"{client._parsed_url.host}:{client._parsed_url.port}"
 
 
+def _aio_http_url(client: Any) -> str:
+    return _strip_target(str(client._url))
+
+
+def _attach_grpc_transport(client: Any) -> None:
+    _sync.attach_grpc_transport(client)
+    _stream.attach_stream_transport(client)
+
+
+def _attach_aio_grpc_transport(client: Any) -> None:
+    _sync.attach_grpc_transport(client, _aio.AsyncStamped)
+    _stream.attach_stream_transport(client)
+
+
+def _attach_aio_http_transport(client: Any) -> None:
+    _sync.attach_http_transport(client, _aio.AsyncStamped)
+
+
 @dataclass(frozen=True)
 class _Kind:
     module: str
@@ -52,22 +70,36 @@ class _Kind:
     system: str
     method: str
     url: Callable[[Any], str]
+    tensors: Tensors
     wrappers: dict[str, Callable[[Callable[[Any], ClientTarget], Callable[..., Any]], Any]]
     attach_transport: Callable[[Any], None]
 
 
+_GRPC, _HTTP = semconv.RPC_SYSTEM_TRITON_GRPC, semconv.RPC_SYSTEM_TRITON_HTTP
+_GRPC_INFER, _HTTP_INFER = semconv.RPC_METHOD_GRPC_INFER, semconv.RPC_METHOD_HTTP_INFER
 _KINDS: dict[str, _Kind] = {
     "tritonclient.http": _Kind(
-        "tritonclient.http", "http", semconv.RPC_SYSTEM_TRITON_HTTP, semconv.RPC_METHOD_HTTP_INFER,
-        _http_url,
+        "tritonclient.http", "http", _HTTP, _HTTP_INFER, _http_url, HTTP_TENSORS,
         {"infer": _sync.traced_infer, "async_infer": _sync.traced_http_async_infer},
         _sync.attach_http_transport,
     ),
     "tritonclient.grpc": _Kind(
-        "tritonclient.grpc", "grpc", semconv.RPC_SYSTEM_TRITON_GRPC, semconv.RPC_METHOD_GRPC_INFER,
-        _grpc_url,
-        {"infer": _sync.traced_infer, "async_infer": _sync.traced_grpc_async_infer},
-        _sync.attach_grpc_transport,
+        "tritonclient.grpc", "grpc", _GRPC, _GRPC_INFER, _grpc_url, GRPC_TENSORS,
+        {"infer": _sync.traced_infer, "async_infer": _sync.traced_grpc_async_infer,
+         "start_stream": _stream.traced_start_stream,
+         "async_stream_infer": _stream.traced_async_stream_infer,
+         "stop_stream": _stream.traced_stop_stream},
+        _attach_grpc_transport,
+    ),
+    "tritonclient.http.aio": _Kind(
+        "tritonclient.http.aio", "http", _HTTP, _HTTP_INFER, _aio_http_url, HTTP_TENSORS,
+        {"infer": _aio.traced_aio_infer},
+        _attach_aio_http_transport,
+    ),
+    "tritonclient.grpc.aio": _Kind(
+        "tritonclient.grpc.aio", "grpc", _GRPC, _GRPC_INFER, _grpc_url, GRPC_TENSORS,
+        {"infer": _aio.traced_aio_infer, "stream_infer": _stream.traced_aio_stream_infer},
+        _attach_aio_grpc_transport,
     ),
 }  # fmt: skip
 
@@ -98,7 +130,9 @@ def _target(kind: _Kind, client: Any) -> ClientTarget:
         with _lock:
             target = client.__dict__.get(_TARGET)
             if target is None:
-                target = ClientTarget(kind.protocol, kind.url(client), kind.system, kind.method)
+                target = ClientTarget(
+                    kind.protocol, kind.url(client), kind.system, kind.method, kind.tensors
+                )
                 kind.attach_transport(client)
                 client.__dict__[_TARGET] = target
     return target

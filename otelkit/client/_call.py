@@ -15,23 +15,26 @@ import contextvars
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry.trace import SpanKind
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, SpanContext, SpanKind
 
 from otelkit import semconv
 from otelkit._hotmetrics import HOT
 from otelkit._spans import SpanRecorder
 from otelkit.propagation import headers_for
 
-__all__ = ["CURRENT_CALL", "Call", "ClientTarget", "internal_error"]
+__all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "Call", "ClientTarget",
+           "Tensors", "error_type", "internal_error", "output_count",
+           "with_trace_context"]  # fmt: skip
 
 logger = logging.getLogger("otelkit")
 CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
     "otelkit_current_call", default=None
 )
-_RECORDER = SpanRecorder("otelkit.client")
+RECORDER = SpanRecorder("otelkit.client")
 _RAISE_INTERNAL = os.environ.get("OTELKIT_RAISE_INTERNAL_ERRORS", "") == "1"
 _logged_internal = False
 
@@ -55,10 +58,69 @@ def error_type(error: BaseException) -> str:
     return type(error).__qualname__
 
 
+class Tensors:
+    """How one protocol's tritonclient objects hold tensor bytes.
+
+    Counted from the objects the caller and tritonclient already hold (the binary part only:
+    tensors sent as JSON or through shared memory count zero), so no transport hook is needed
+    for the byte metrics, and an unsampled call pays two attribute reads.
+    """
+
+    __slots__ = ("_input_attribute", "_output_bytes")
+
+    def __init__(self, input_attribute: str, output_bytes: Callable[[Any], int]) -> None:
+        self._input_attribute = input_attribute
+        self._output_bytes = output_bytes
+
+    def request(self, inputs: Sequence[Any]) -> int:
+        name = self._input_attribute
+        return sum(len(getattr(tensor, name, None) or b"") for tensor in inputs)
+
+    def response(self, result: Any) -> int:
+        return self._output_bytes(result)
+
+
+def _grpc_output_bytes(result: Any) -> int:
+    return sum(map(len, result.get_response().raw_output_contents))
+
+
+def _http_output_bytes(result: Any) -> int:
+    return len(getattr(result, "_buffer", None) or b"")
+
+
+GRPC_TENSORS = Tensors("_raw_content", _grpc_output_bytes)
+HTTP_TENSORS = Tensors("_raw_data", _http_output_bytes)
+
+
+def output_count(result: Any) -> int:
+    """How many outputs a tritonclient result holds (HTTP: a JSON dict; gRPC: a protobuf)."""
+    response = result.get_response()
+    outputs = response.get("outputs") if isinstance(response, dict) else response.outputs
+    return len(outputs) if outputs is not None else 0
+
+
+def with_trace_context(caller: Mapping[str, str] | None, span: SpanContext) -> dict[str, str]:
+    """A copy of the caller's headers, untouched, with the trace context of ``span`` added.
+
+    Only sampled spans come here: Triton traces every request that carries a context,
+    whatever its own sampling rate (triton-inference-server/server#8474), so an unsampled
+    call sends none. A header the caller set under the same name (any case) is replaced.
+    """
+    merged = dict(caller) if caller else {}
+    try:
+        for name, value in headers_for(span):
+            for existing in [key for key in merged if key.lower() == name]:
+                del merged[existing]
+            merged[name] = value
+    except Exception:
+        internal_error("injecting trace context")
+    return merged
+
+
 class ClientTarget:
     """Everything per instrumented client: where it calls, and its metric series per model."""
 
-    def __init__(self, protocol: str, url: str, system: str, method: str) -> None:
+    def __init__(self, protocol: str, url: str, system: str, method: str, tensors: Tensors) -> None:
         host, _, port = (
             url.rpartition(":") if "://" not in url else url.split("://", 1)[1].rpartition(":")
         )
@@ -68,7 +130,17 @@ class ClientTarget:
         self.protocol = protocol
         self.system = system
         self.method = method
+        self.tensors = tensors
         self._per_model: dict[tuple[str, str], _PerModel] = {}
+        self._other_methods: dict[str, ClientTarget] = {}
+
+    def with_method(self, method: str) -> ClientTarget:
+        """The same server and protocol under another RPC method (a stream's requests)."""
+        found = self._other_methods.get(method)
+        if found is None:
+            found = ClientTarget(self.protocol, self.server, self.system, method, self.tensors)
+            self._other_methods[method] = found
+        return found
 
     def per_model(self, model: str, version: str) -> _PerModel:
         """What every call to one model shares: its metric series, span name and attributes."""
@@ -76,14 +148,6 @@ class ClientTarget:
         if found is None:
             found = self._per_model[(model, version)] = _PerModel(self, model, version)
         return found
-
-    def begin(self, *args: Any) -> Call | None:
-        """Start a ``Call(self, *args)``; ``None`` if telemetry failed (the call then runs bare)."""
-        try:
-            return Call(self, *args)
-        except Exception:
-            internal_error("starting a client span")
-            return None
 
 
 _LABELS = (semconv.M_MODEL, semconv.M_MODEL_VERSION, semconv.M_SERVER, semconv.M_PROTOCOL)
@@ -119,26 +183,34 @@ class _PerModel:
 
 
 class Call:
-    """One inference request in flight."""
+    """One inference request in flight.
 
-    __slots__ = ("per", "received_ns", "request_bytes", "response_bytes", "sent_ns", "span",
-                 "start")  # fmt: skip
+    An unsampled call records its metrics and nothing else: no attributes, no headers, no
+    transport stamps. A sampled one also fills its span and sends its context to the server.
+    """
+
+    __slots__ = ("per", "received_ns", "request_bytes", "sampled", "sent_ns", "span", "start",
+                 "tensors")  # fmt: skip
 
     def __init__(
         self,
         target: ClientTarget,
         model: str,
-        version: str,
-        request_id: str,
         inputs: Sequence[Any],
+        version: str,
         outputs: Sequence[Any] | None,
+        request_id: str,
         style: str,
+        context: Context | None = None,
+        links: Sequence[Link] = (),
     ) -> None:
         self.per = per = target.per_model(model, version)
+        self.tensors = target.tensors
         self.sent_ns = self.received_ns = 0
-        self.request_bytes = self.response_bytes = -1
-        self.span = span = _RECORDER.start(per.span_name, SpanKind.CLIENT)
-        if span.sampled:  # an unsampled call pays for none of the attributes
+        self.request_bytes = target.tensors.request(inputs)
+        self.span = span = RECORDER.start(per.span_name, SpanKind.CLIENT, context, links)
+        self.sampled = sampled = span.sampled
+        if sampled:
             attributes = span.attributes
             attributes.update(per.attributes)
             attributes[semconv.CALL_STYLE] = style
@@ -155,21 +227,8 @@ class Call:
         self.start = time.perf_counter_ns()
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
-        """The caller's headers, untouched, plus the trace context of this call's span.
-
-        An unsampled call sends no ``traceparent``: Triton traces every request that carries
-        a context, whatever its own sampling rate (triton-inference-server/server#8474).
-        """
-        merged = dict(caller) if caller else {}
-        try:
-            if self.span.sampled:
-                for name, value in headers_for(self.span.context):
-                    for existing in [k for k in merged if k.lower() == name]:
-                        del merged[existing]
-                    merged[name] = value
-        except Exception:
-            internal_error("injecting trace context")
-        return merged
+        """The caller's headers plus this call's trace context (see ``with_trace_context``)."""
+        return with_trace_context(caller, self.span.context)
 
     def sent(self) -> None:
         self.sent_ns = time.perf_counter_ns()
@@ -177,28 +236,28 @@ class Call:
     def received(self) -> None:
         self.received_ns = time.perf_counter_ns()
 
-    def finish(self, error: BaseException | None = None, outputs: int = -1) -> None:
+    def finish(self, error: BaseException | None = None, result: Any = None) -> None:
         """End the span and record the metrics; never raises."""
         try:
-            self._finish(error, outputs)
+            self._finish(error, result)
         except Exception:
             internal_error("ending a client span")
 
-    def _finish(self, error: BaseException | None, outputs: int) -> None:
+    def _finish(self, error: BaseException | None, result: Any) -> None:
         end = time.perf_counter_ns()
-        span, per = self.span, self.per
+        per = self.per
         per.in_flight.add(-1)
-        if self.request_bytes >= 0:
-            per.request_bytes.add(self.request_bytes)
-        if self.response_bytes >= 0:
-            per.response_bytes.add(self.response_bytes)
+        per.request_bytes.add(self.request_bytes)
+        response_bytes = self.tensors.response(result) if result is not None else 0
+        per.response_bytes.add(response_bytes)
         if error is not None:
             labels = (*per.labels, error_type(error))
             HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
         seconds = (end - self.start) / 1e9
-        if not span.sampled:
+        if not self.sampled:
             per.duration.observe(seconds)
             return
+        span = self.span
         context = span.context
         per.duration.observe(seconds, context.trace_id, context.span_id)
         attributes = span.attributes
@@ -207,12 +266,11 @@ class Call:
             if self.received_ns:
                 attributes[semconv.WIRE_S] = (self.received_ns - self.sent_ns) / 1e9
                 attributes[semconv.DESERIALIZE_S] = (end - self.received_ns) / 1e9
-        if self.request_bytes >= 0:
-            attributes[semconv.REQUEST_BYTES] = self.request_bytes
-        if self.response_bytes >= 0:
-            attributes[semconv.RESPONSE_BYTES] = self.response_bytes
-        if outputs >= 0 and semconv.OUTPUT_COUNT not in attributes:
-            attributes[semconv.OUTPUT_COUNT] = outputs
+        attributes[semconv.REQUEST_BYTES] = self.request_bytes
+        if result is not None:
+            attributes[semconv.RESPONSE_BYTES] = response_bytes
+            if semconv.OUTPUT_COUNT not in attributes:
+                attributes[semconv.OUTPUT_COUNT] = output_count(result)
         if error is not None:
             span.record_error(error)
             attributes[semconv.ERROR_TYPE] = error_type(error)

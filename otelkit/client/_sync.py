@@ -1,17 +1,18 @@
 """Wrappers for the synchronous tritonclient clients: HTTP and gRPC, ``infer`` and ``async_infer``.
 
-The wrappers take the user's arguments as they are and add only the trace headers, to a copy
-of the caller's headers (tritonclient itself writes into the dict it is given). The transport
-call (HTTP ``_post``, gRPC ``ModelInfer``) is wrapped per client to stamp when the request
-left and the response came back, and how many tensor bytes each carried.
+The wrappers take the user's arguments as they are and, for a sampled call only, add the trace
+headers to a copy of the caller's headers (tritonclient itself writes into the dict it is
+given). The transport call (HTTP ``_post``, gRPC ``ModelInfer``) is wrapped per client to stamp
+when a sampled call's request left and its response came back.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from otelkit.client._call import CURRENT_CALL, Call, ClientTarget, internal_error
 
@@ -47,29 +48,42 @@ def _begin(
     kwargs: dict[str, Any],
     style: str,
 ) -> Call | None:
+    """The ``Call`` for one request; ``None`` if telemetry failed (the call then runs bare)."""
     try:
-        model, inputs, version, outputs, request_id = _call_args(args, kwargs)
-        return target_of(client).begin(model, version, request_id, inputs, outputs, style)
+        return Call(target_of(client), *_call_args(args, kwargs), style)
     except Exception:
-        internal_error(f"reading {style} arguments")
+        internal_error(f"starting a client span for {style}")
         return None
 
 
+class _Traced(Protocol):
+    def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]: ...
+
+
 def _with_headers(
-    call: Call | None, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+    call: _Traced, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if call is None:
-        return args, kwargs
+    """The arguments with ``headers`` (at ``index`` or by keyword) replaced by ``call``'s."""
     if len(args) > index:
         return (*args[:index], call.headers(args[index]), *args[index + 1 :]), kwargs
     kwargs["headers"] = call.headers(kwargs.get("headers"))
     return args, kwargs
 
 
-def _outputs(result: Any) -> int:
-    response = result.get_response()
-    outputs = response.get("outputs") if isinstance(response, dict) else response.outputs
-    return len(outputs) if outputs is not None else -1
+def _enter(
+    call: Call, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], contextvars.Token[Call | None] | None]:
+    """For a sampled call: its trace headers in the arguments, and it as the current call
+    (for the transport stamps). Returns the arguments and the token to reset."""
+    if not call.sampled:
+        return args, kwargs, None
+    args, kwargs = _with_headers(call, index, args, kwargs)
+    return args, kwargs, CURRENT_CALL.set(call)
+
+
+def _leave(token: contextvars.Token[Call | None] | None) -> None:
+    if token is not None:
+        CURRENT_CALL.reset(token)
 
 
 def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]) -> Any:
@@ -81,101 +95,59 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
         call = _begin(target_of, self, args, kwargs, "infer")
         if call is None:
             return original(self, *args, **kwargs)
-        args, kwargs = _with_headers(call, index, args, kwargs)
-        token = CURRENT_CALL.set(call)
+        args, kwargs, token = _enter(call, index, args, kwargs)
         try:
             result = original(self, *args, **kwargs)
         except BaseException as error:
             call.finish(error)
             raise
         finally:
-            CURRENT_CALL.reset(token)
-        call.finish(None, _outputs(result))
+            _leave(token)
+        call.finish(None, result)
         return result
 
     return infer
 
 
-Measure = Callable[[Call, tuple[Any, ...], dict[str, Any]], None]
+class Stamped:
+    """A transport callable (HTTP ``_post``, gRPC ``ModelInfer``) that stamps, for the sampled
+    call in progress, when the request left and when the response came back.
 
+    gRPC's ``ModelInfer.future`` (behind ``async_infer``) stamps the send; the callback stamps
+    the receive.
+    """
 
-def _stamped(
-    original: Callable[..., Any], request: Measure, response: Callable[[Call, Any], None]
-) -> Any:
-    """A transport call that stamps send and receive times and tensor bytes on the ``Call``."""
+    __slots__ = ("original",)
 
-    @functools.wraps(original)
-    def transport(*args: Any, **kwargs: Any) -> Any:
-        call = CURRENT_CALL.get()
-        if call is None:
-            return original(*args, **kwargs)
-        call.sent()
-        result = original(*args, **kwargs)
-        call.received()
-        try:
-            request(call, args, kwargs)
-            response(call, result)
-        except Exception:
-            internal_error("measuring tensor bytes")
-        return result
-
-    return transport
-
-
-def _grpc_request_bytes(call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    request = kwargs["request"] if "request" in kwargs else args[0]
-    call.request_bytes = sum(map(len, request.raw_input_contents))
-
-
-def _grpc_response_bytes(call: Call, response: Any) -> None:
-    call.response_bytes = sum(map(len, response.raw_output_contents))
-
-
-def _http_request_bytes(call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    body = kwargs.get("request_body", args[1] if len(args) > 1 else b"")
-    headers = kwargs.get("headers", args[2] if len(args) > 2 else None) or {}
-    json_size = headers.get("Inference-Header-Content-Length")
-    call.request_bytes = len(body) - int(json_size) if json_size is not None else 0
-
-
-def _http_response_bytes(call: Call, response: Any) -> None:
-    json_size = response.get("Inference-Header-Content-Length")
-    length = response.get("Content-Length")
-    if json_size is not None and length is not None:
-        call.response_bytes = int(length) - int(json_size)
-
-
-def attach_grpc_transport(client: Any) -> None:
-    stub = client._client_stub
-    stub.ModelInfer = _StampedUnary(stub.ModelInfer)
-
-
-def attach_http_transport(client: Any) -> None:
-    client._post = _stamped(client._post, _http_request_bytes, _http_response_bytes)
-
-
-class _StampedUnary:
-    """gRPC's ``ModelInfer`` multi-callable, stamped; ``future`` passes through for async_infer."""
-
-    def __init__(self, callable_: Any) -> None:
-        self.original = callable_
-        self._call = _stamped(callable_, _grpc_request_bytes, _grpc_response_bytes)
+    def __init__(self, original: Any) -> None:
+        self.original = original
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(*args, **kwargs)
+        call = CURRENT_CALL.get()
+        if call is None:
+            return self.original(*args, **kwargs)
+        call.sent()
+        result = self.original(*args, **kwargs)
+        call.received()
+        return result
 
     def future(self, *args: Any, **kwargs: Any) -> Any:
         call = CURRENT_CALL.get()
         if call is not None:
             call.sent()
-            try:
-                _grpc_request_bytes(call, args, kwargs)
-            except Exception:
-                internal_error("measuring tensor bytes")
         return self.original.future(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.original, name)
+
+
+def attach_grpc_transport(client: Any, stamped: type[Stamped] = Stamped) -> None:
+    stub = client._client_stub
+    stub.ModelInfer = stamped(stub.ModelInfer)
+
+
+def attach_http_transport(client: Any, stamped: type[Stamped] = Stamped) -> None:
+    client._post = stamped(client._post)
 
 
 def traced_grpc_async_infer(
@@ -191,28 +163,21 @@ def traced_grpc_async_infer(
         call = _begin(target_of, self, (model_name, inputs, *args), kwargs, "async_infer")
         if call is None:
             return original(self, model_name, inputs, callback, *args, **kwargs)
-        args, kwargs = _with_headers(call, index - 3, args, kwargs)
         traced_call = call
 
         def done(result: Any, error: Any) -> None:
             traced_call.received()
-            try:
-                if result is not None:
-                    outputs = result.get_response().raw_output_contents
-                    traced_call.response_bytes = sum(map(len, outputs))
-            except Exception:
-                internal_error("measuring tensor bytes")
-            traced_call.finish(error, _outputs(result) if result is not None else -1)
+            traced_call.finish(error, result)
             callback(result=result, error=error)
 
-        token = CURRENT_CALL.set(call)
+        args, kwargs, token = _enter(call, index - 3, args, kwargs)
         try:
             return original(self, model_name, inputs, done, *args, **kwargs)
         except BaseException as error:
             call.finish(error)
             raise
         finally:
-            CURRENT_CALL.reset(token)
+            _leave(token)
 
     return async_infer
 
@@ -235,7 +200,7 @@ class TracedAsyncRequest:
             raise
         if call is not None:
             self._call = None
-            call.finish(None, _outputs(result))
+            call.finish(None, result)
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -252,7 +217,8 @@ def traced_http_async_infer(
         call = _begin(target_of, self, args, kwargs, "async_infer")
         if call is None:
             return original(self, *args, **kwargs)
-        args, kwargs = _with_headers(call, index, args, kwargs)
+        if call.sampled:
+            args, kwargs = _with_headers(call, index, args, kwargs)
         try:
             handle = original(self, *args, **kwargs)
         except BaseException as error:

@@ -1,0 +1,56 @@
+"""Wrappers for the asyncio clients, ``tritonclient.http.aio`` and ``tritonclient.grpc.aio``.
+
+``infer`` is a coroutine there; the call's span lives in the task's own context, so concurrent
+tasks keep their own parents. The transport coroutine (HTTP ``_post``, gRPC ``ModelInfer``) is
+wrapped per client (by ``AsyncStamped``) to stamp when a sampled call's request left and its
+response came back.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from otelkit.client._call import CURRENT_CALL, ClientTarget
+from otelkit.client._sync import Stamped, _begin, _enter, _headers_index, _leave
+
+__all__ = ["AsyncStamped", "traced_aio_infer"]
+
+
+def traced_aio_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]) -> Any:
+    """asyncio ``infer``: one CLIENT span from the call to its result, in the task's context."""
+    index = _headers_index(original)
+
+    @functools.wraps(original)
+    async def infer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        call = _begin(target_of, self, args, kwargs, "asyncio_infer")
+        if call is None:
+            return await original(self, *args, **kwargs)
+        args, kwargs, token = _enter(call, index, args, kwargs)
+        try:
+            result = await original(self, *args, **kwargs)
+        except BaseException as error:
+            call.finish(error)
+            raise
+        finally:
+            _leave(token)
+        call.finish(None, result)
+        return result
+
+    return infer
+
+
+class AsyncStamped(Stamped):
+    """An awaited transport call that stamps the sampled call in progress in this task."""
+
+    __slots__ = ()
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = CURRENT_CALL.get()
+        if call is None:
+            return await self.original(*args, **kwargs)
+        call.sent()
+        result = await self.original(*args, **kwargs)
+        call.received()
+        return result

@@ -12,11 +12,13 @@ through the global tracer instead: slower, but into whatever pipeline the proces
 
 from __future__ import annotations
 
+import contextvars
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -31,6 +33,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation import _SPAN_KEY
 
 from otelkit import semconv, telemetry
 from otelkit._switch import SWITCH
@@ -39,6 +42,24 @@ __all__ = ["LeanSpan", "SpanRecorder"]
 
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
+_INVALID = trace.INVALID_SPAN_CONTEXT
+
+
+def _context_reader() -> Callable[[], Context]:
+    """``opentelemetry.context.get_current``, minus three calls where the runtime allows.
+
+    The default runtime context keeps the current ``Context`` in one ``ContextVar``; reading
+    it directly costs a fraction of the API's call chain. Any other runtime goes the API way.
+    """
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if isinstance(variable, contextvars.ContextVar):
+        read: Callable[[], Context] = variable.get
+        return read
+    return otel_context.get_current
+
+
+_current_context = _context_reader()
 
 
 class _Pipeline(NamedTuple):
@@ -46,6 +67,16 @@ class _Pipeline(NamedTuple):
     resource: Resource
     ids: IdGenerator
     sampler: Sampler
+    root_sampled: bool | None  # the decision for a span without a parent, when it is fixed
+
+
+def _fixed_root_decision(sampler: Sampler) -> bool | None:
+    """Whether a root span is sampled, if the sampler decides that without its trace id."""
+    if isinstance(sampler, ParentBased):
+        sampler = sampler._root
+    if isinstance(sampler, StaticSampler):
+        return sampler._decision is Decision.RECORD_AND_SAMPLE
+    return None
 
 
 def _is_sampled(
@@ -209,7 +240,7 @@ class SpanRecorder:
                 provider = state.tracer_provider
                 self._pipeline = _Pipeline(
                     provider._active_span_processor, provider.resource, provider.id_generator,
-                    provider.sampler,
+                    provider.sampler, _fixed_root_decision(provider.sampler),
                 )  # fmt: skip
             self._generation = SWITCH.generation
         return self._pipeline
@@ -226,7 +257,8 @@ class SpanRecorder:
         Its ``attributes`` dict starts empty: fill it only when ``sampled``.
         """
         pipeline = self._current()
-        parent = trace.get_current_span(context).get_span_context()
+        current = (_current_context() if context is None else context).get(_SPAN_KEY)
+        parent = current.get_span_context() if isinstance(current, trace.Span) else _INVALID
         if pipeline is None:
             span = self._tracer.start_span(name, context, kind, links=links)
             recorded = _SdkSpan(span, {})
@@ -234,6 +266,8 @@ class SpanRecorder:
         if parent.is_valid:
             trace_id = parent.trace_id
             flags = int(parent.trace_flags) & _RANDOM
+        elif pipeline.root_sampled is False:  # ALWAYS_OFF at the root: no ids to draw
+            return UNSAMPLED
         else:
             trace_id = pipeline.ids.generate_trace_id()
             flags = _RANDOM if pipeline.ids.is_trace_id_random() else 0

@@ -18,13 +18,12 @@ from typing import Any
 from otelkit import semconv
 from otelkit._extras import require
 from otelkit.client import _aio, _stream, _sync
-from otelkit.client._call import GRPC_TENSORS, HTTP_TENSORS, ClientTarget, Tensors
+from otelkit.client._call import GRPC_TENSORS, HTTP_TENSORS, TARGET, ClientTarget, Tensors
 
 __all__ = ["instrument_classes", "instrument_client", "is_triton_client", "uninstrument_classes",
            "uninstrument_client"]  # fmt: skip
 
 logger = logging.getLogger("otelkit")
-_TARGET = "_otelkit_target"
 _WRAPPED = "_otelkit_wrapped"
 _lock = threading.Lock()
 
@@ -125,16 +124,16 @@ def is_triton_client(obj: Any) -> bool:
 
 def _target(kind: _Kind, client: Any) -> ClientTarget:
     """The client's target, created (and its transport stamped) on first use."""
-    target: ClientTarget | None = client.__dict__.get(_TARGET)
+    target: ClientTarget | None = client.__dict__.get(TARGET)
     if target is None:
         with _lock:
-            target = client.__dict__.get(_TARGET)
+            target = client.__dict__.get(TARGET)
             if target is None:
                 target = ClientTarget(
                     kind.protocol, kind.url(client), kind.system, kind.method, kind.tensors
                 )
                 kind.attach_transport(client)
-                client.__dict__[_TARGET] = target
+                client.__dict__[TARGET] = target
     return target
 
 

@@ -26,8 +26,8 @@ from otelkit._hotmetrics import HOT
 from otelkit._spans import SpanRecorder
 from otelkit.propagation import headers_for
 
-__all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "Call", "ClientTarget",
-           "Tensors", "error_type", "internal_error", "output_count",
+__all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
+           "ClientTarget", "Tensors", "error_type", "internal_error", "output_count",
            "with_trace_context"]  # fmt: skip
 
 logger = logging.getLogger("otelkit")
@@ -35,6 +35,7 @@ CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
     "otelkit_current_call", default=None
 )
 RECORDER = SpanRecorder("otelkit.client")
+TARGET = "_otelkit_target"  # the instance attribute that holds a client's ClientTarget
 _RAISE_INTERNAL = os.environ.get("OTELKIT_RAISE_INTERNAL_ERRORS", "") == "1"
 _logged_internal = False
 
@@ -74,7 +75,12 @@ class Tensors:
 
     def request(self, inputs: Sequence[Any]) -> int:
         name = self._input_attribute
-        return sum(len(getattr(tensor, name, None) or b"") for tensor in inputs)
+        total = 0
+        for tensor in inputs:
+            raw = getattr(tensor, name, None)
+            if raw:
+                total += len(raw)
+        return total
 
     def response(self, result: Any) -> int:
         return self._output_bytes(result)
@@ -131,7 +137,7 @@ class ClientTarget:
         self.system = system
         self.method = method
         self.tensors = tensors
-        self._per_model: dict[tuple[str, str], _PerModel] = {}
+        self.by_model: dict[tuple[str, str], _PerModel] = {}
         self._other_methods: dict[str, ClientTarget] = {}
 
     def with_method(self, method: str) -> ClientTarget:
@@ -144,9 +150,9 @@ class ClientTarget:
 
     def per_model(self, model: str, version: str) -> _PerModel:
         """What every call to one model shares: its metric series, span name and attributes."""
-        found = self._per_model.get((model, version))
+        found = self.by_model.get((model, version))
         if found is None:
-            found = self._per_model[(model, version)] = _PerModel(self, model, version)
+            found = self.by_model[(model, version)] = _PerModel(self, model, version)
         return found
 
 
@@ -195,22 +201,27 @@ class Call:
     def __init__(
         self,
         target: ClientTarget,
-        model: str,
-        inputs: Sequence[Any],
-        version: str,
-        outputs: Sequence[Any] | None,
-        request_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         style: str,
         context: Context | None = None,
         links: Sequence[Link] = (),
     ) -> None:
-        self.per = per = target.per_model(model, version)
-        self.tensors = target.tensors
+        """``args`` and ``kwargs`` are ``infer``'s: model_name, inputs, model_version, outputs,
+        request_id. The unsampled path reads only what its metrics need, for speed."""
+        count = len(args)
+        model = args[0] if count else kwargs["model_name"]
+        inputs = args[1] if count > 1 else kwargs.get("inputs", ())
+        version = (args[2] if count > 2 else kwargs.get("model_version")) or ""
+        self.per = per = target.by_model.get((model, version)) or target.per_model(model, version)
+        self.tensors = tensors = target.tensors
         self.sent_ns = self.received_ns = 0
-        self.request_bytes = target.tensors.request(inputs)
+        self.request_bytes = tensors.request(inputs)
         self.span = span = RECORDER.start(per.span_name, SpanKind.CLIENT, context, links)
         self.sampled = sampled = span.sampled
         if sampled:
+            outputs = args[3] if count > 3 else kwargs.get("outputs")
+            request_id = args[4] if count > 4 else kwargs.get("request_id")
             attributes = span.attributes
             attributes.update(per.attributes)
             attributes[semconv.CALL_STYLE] = style
@@ -239,27 +250,29 @@ class Call:
     def finish(self, error: BaseException | None = None, result: Any = None) -> None:
         """End the span and record the metrics; never raises."""
         try:
-            self._finish(error, result)
+            end = time.perf_counter_ns()
+            per = self.per
+            per.in_flight.add(-1)
+            per.request_bytes.add(self.request_bytes)
+            response_bytes = self.tensors.response(result) if result is not None else 0
+            per.response_bytes.add(response_bytes)
+            if error is not None:
+                labels = (*per.labels, error_type(error))
+                HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
+            if not self.sampled:
+                per.duration.observe((end - self.start) / 1e9)
+                return
+            self._end_span(end, error, result, response_bytes)
         except Exception:
             internal_error("ending a client span")
 
-    def _finish(self, error: BaseException | None, result: Any) -> None:
-        end = time.perf_counter_ns()
-        per = self.per
-        per.in_flight.add(-1)
-        per.request_bytes.add(self.request_bytes)
-        response_bytes = self.tensors.response(result) if result is not None else 0
-        per.response_bytes.add(response_bytes)
-        if error is not None:
-            labels = (*per.labels, error_type(error))
-            HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
+    def _end_span(
+        self, end: int, error: BaseException | None, result: Any, response_bytes: int
+    ) -> None:
         seconds = (end - self.start) / 1e9
-        if not self.sampled:
-            per.duration.observe(seconds)
-            return
         span = self.span
         context = span.context
-        per.duration.observe(seconds, context.trace_id, context.span_id)
+        self.per.duration.observe(seconds, context.trace_id, context.span_id)
         attributes = span.attributes
         if self.sent_ns:
             attributes[semconv.SERIALIZE_S] = (self.sent_ns - self.start) / 1e9

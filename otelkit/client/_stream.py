@@ -33,7 +33,7 @@ from otelkit.client._call import (
     internal_error,
     with_trace_context,
 )
-from otelkit.client._sync import _call_args, _headers_index, _with_headers
+from otelkit.client._sync import _headers_index, _with_headers
 
 __all__ = ["StreamCalls", "attach_stream_transport", "traced_aio_stream_infer",
            "traced_async_stream_infer", "traced_start_stream", "traced_stop_stream"]  # fmt: skip
@@ -93,10 +93,10 @@ class StreamCalls:
     def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
         """Start the call of one streamed request (``async_stream_infer``'s arguments)."""
         try:
-            model, inputs, version, outputs, request_id = _call_args(args, kwargs)
+            request_id = (args[4] if len(args) > 4 else kwargs.get("request_id")) or ""
             own_parent = trace.get_current_span().get_span_context().is_valid
             call = Call(
-                self.target, model, inputs, version, outputs, request_id, self.style,
+                self.target, args, kwargs, self.style,
                 None if own_parent else self._context, self._links if own_parent else (),
             )  # fmt: skip
             with self._lock:

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from otelkit.client._call import CURRENT_CALL, Call, ClientTarget, internal_error
+from otelkit.client._call import CURRENT_CALL, TARGET, Call, ClientTarget, internal_error
 
 __all__ = [
     "attach_grpc_transport",
@@ -31,16 +31,6 @@ def _headers_index(method: Callable[..., Any]) -> int:
     return names.index("headers") - 1
 
 
-def _call_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any, str, Any, str]:
-    """model_name, inputs, model_version, outputs, request_id from infer's arguments."""
-    model = args[0] if args else kwargs["model_name"]
-    inputs = args[1] if len(args) > 1 else kwargs.get("inputs", ())
-    version = args[2] if len(args) > 2 else kwargs.get("model_version", "")
-    outputs = args[3] if len(args) > 3 else kwargs.get("outputs")
-    request_id = args[4] if len(args) > 4 else kwargs.get("request_id", "")
-    return model, inputs, version or "", outputs, request_id or ""
-
-
 def _begin(
     target_of: Callable[[Any], ClientTarget],
     client: Any,
@@ -50,7 +40,7 @@ def _begin(
 ) -> Call | None:
     """The ``Call`` for one request; ``None`` if telemetry failed (the call then runs bare)."""
     try:
-        return Call(target_of(client), *_call_args(args, kwargs), style)
+        return Call(client.__dict__.get(TARGET) or target_of(client), args, kwargs, style)
     except Exception:
         internal_error(f"starting a client span for {style}")
         return None
@@ -95,7 +85,9 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
         call = _begin(target_of, self, args, kwargs, "infer")
         if call is None:
             return original(self, *args, **kwargs)
-        args, kwargs, token = _enter(call, index, args, kwargs)
+        token = None
+        if call.sampled:
+            args, kwargs, token = _enter(call, index, args, kwargs)
         try:
             result = original(self, *args, **kwargs)
         except BaseException as error:

@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install prometheus test lint typecheck check demo bench-receiver bench-client clean
+.PHONY: install prometheus test lint typecheck check demo bench-receiver bench-client bench-stage clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,9 @@ bench-receiver: install
 
 bench-client: install
 	$(PY) benchmarks/bench_client.py
+
+bench-stage: install
+	$(PY) benchmarks/bench_stage.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces

@@ -4,6 +4,8 @@
 >>> otelkit.configure(service_name="tracking-client")   # OTEL_* / OTELKIT_* env vars work too
 >>> client = otelkit.instrument(tritonclient.grpc.InferenceServerClient("gpu-node:8001"))
 >>> otelkit.inject(headers)                              # W3C traceparent, tracestate, baggage
+>>> @otelkit.stage("frnn")                              # server side: a span + histogram per run
+... def build_graph(points): ...
 
 The whole public API is listed in ``__all__``; everything else is private or in a named
 subpackage (``otelkit.analysis``, ``otelkit.semconv``, ``otelkit.receiver``).
@@ -14,6 +16,7 @@ from __future__ import annotations
 from otelkit._instrument import instrument, uninstrument
 from otelkit.errors import ConfigError, MissingExtraError, OtelkitError
 from otelkit.propagation import extract, inject
+from otelkit.server import stage
 from otelkit.telemetry import Telemetry, configure, flush, shutdown
 
 __all__ = [
@@ -27,5 +30,6 @@ __all__ = [
     "inject",
     "instrument",
     "shutdown",
+    "stage",
     "uninstrument",
 ]

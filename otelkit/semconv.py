@@ -122,8 +122,24 @@ SERIALIZE_S = f"{PREFIX}.client.serialize_s"  # building the request body before
 DESERIALIZE_S = f"{PREFIX}.client.deserialize_s"  # turning the response into a result
 WIRE_S = f"{PREFIX}.client.wire_s"  # on the wire and in the server, as the client saw it
 
+# -- server side: pipeline stages and HTTP server spans -----------------------------------------
+STAGE_NAME = f"{PREFIX}.stage.name"
+STAGE_GPU_S = f"{PREFIX}.stage.gpu_s"  # GPU time between CUDA events around the stage
+STAGE_BATCH_REQUESTS = f"{PREFIX}.stage.batch_requests"  # requests of a batch-wide stage
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+URL_PATH = "url.path"
+URL_SCHEME = "url.scheme"
+CLIENT_ADDRESS = "client.address"
+NETWORK_PROTOCOL_VERSION = "network.protocol.version"
+
 # metric attributes: short, Prometheus-friendly label names
 M_MODEL = "model"
+M_STAGE = "stage"
+M_HTTP_METHOD = "http_request_method"
+M_HTTP_ROUTE = "http_route"
+M_HTTP_STATUS = "http_response_status_code"
 M_MODEL_VERSION = "model_version"
 M_SERVER = "server"
 M_PROTOCOL = "protocol"
@@ -148,6 +164,34 @@ CLIENT_ERRORS = MetricSpec(
     f"{PREFIX}.client.errors", "counter", "{error}", "Failed inference calls, by error_type.",
 )  # fmt: skip
 
+STAGE_DURATION = MetricSpec(
+    f"{PREFIX}.stage.duration", "histogram", "s",
+    "Wall time of one pipeline stage on the server host.", DURATION_BUCKETS_S,
+)  # fmt: skip
+STAGE_GPU_DURATION = MetricSpec(
+    f"{PREFIX}.stage.gpu.duration", "histogram", "s",
+    "GPU time of one pipeline stage, between CUDA events recorded around it.", DURATION_BUCKETS_S,
+)  # fmt: skip
+STAGE_IN_FLIGHT = MetricSpec(
+    f"{PREFIX}.stage.in_flight", "up_down_counter", "{stage}",
+    "Pipeline stages started and not yet finished.",
+)  # fmt: skip
+STAGE_ERRORS = MetricSpec(
+    f"{PREFIX}.stage.errors", "counter", "{error}", "Pipeline stages that raised, by error_type.",
+)  # fmt: skip
+HTTP_SERVER_DURATION = MetricSpec(
+    "http.server.request.duration", "histogram", "s",
+    "HTTP requests as the server saw them (OpenTelemetry HTTP server convention).",
+    DURATION_BUCKETS_S,
+)  # fmt: skip
+
+SERVER_METRICS: tuple[MetricSpec, ...] = (
+    STAGE_DURATION,
+    STAGE_GPU_DURATION,
+    STAGE_IN_FLIGHT,
+    STAGE_ERRORS,
+    HTTP_SERVER_DURATION,
+)
 CLIENT_METRICS: tuple[MetricSpec, ...] = (
     CLIENT_DURATION,
     CLIENT_REQUEST_BYTES,
@@ -161,7 +205,7 @@ TELEMETRY_METRICS: tuple[MetricSpec, ...] = (
     TELEMETRY_EXPORT_ERRORS,
     TELEMETRY_QUEUE_SIZE,
 )
-METRICS: tuple[MetricSpec, ...] = CLIENT_METRICS + TELEMETRY_METRICS
+METRICS: tuple[MetricSpec, ...] = CLIENT_METRICS + SERVER_METRICS + TELEMETRY_METRICS
 
 _UNIT_SUFFIXES = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "1": "ratio"}
 

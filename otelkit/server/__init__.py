@@ -1,0 +1,12 @@
+"""Server side: pipeline stages, and the request context in Triton, PyTriton and FastAPI.
+
+``otelkit.stage`` is the public entry point; the integrations live in their own modules
+(``otelkit.server.triton_backend``, ``otelkit.server.pytriton``, ``otelkit.server.fastapi``)
+so that none of their dependencies is imported unless used.
+"""
+
+from __future__ import annotations
+
+from otelkit.server._stage import Stage, StageRun, stage
+
+__all__ = ["Stage", "StageRun", "stage"]

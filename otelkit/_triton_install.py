@@ -47,10 +47,17 @@ class TritonInstall:
     python_version: str
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """``base`` (default ``os.environ``) with this install's directories put first."""
+        """``base`` (default ``os.environ``) with this install's directories put first.
+
+        ``PYTHONPATH`` gets this interpreter's import path: the Python-backend stub embeds the
+        base interpreter's ``libpython``, which knows nothing of a virtual environment, and
+        models import what this process can import (numpy, torch, otelkit).
+        """
         env = dict(os.environ if base is None else base)
         env["LD_LIBRARY_PATH"] = _prepend(self.library_path, env.get("LD_LIBRARY_PATH", ""))
         env["PATH"] = _prepend(self.bin_path, env.get("PATH", os.defpath))
+        here = [Path(path) for path in sys.path if path and Path(path).is_dir()]
+        env["PYTHONPATH"] = _prepend(here, env.get("PYTHONPATH", ""))
         return env
 
 

@@ -144,6 +144,11 @@ def _check_text(value: Any) -> str | None:
     return value.strip()
 
 
+def _check_directory(value: Any) -> str | None:
+    """A directory name: a string or a path object."""
+    return _check_text(os.fspath(value) if isinstance(value, os.PathLike) else value)
+
+
 def _parse_pairs(text: str) -> dict[str, str]:
     """``key=value,key2=value2`` with percent-encoded values, as the OTEL_* variables use."""
     pairs: dict[str, str] = {}
@@ -260,7 +265,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "traces_dir",
         "otelkit-traces",
-        _check_text,
+        _check_directory,
         (),
         doc="directory of the OTLP-JSON-lines files of the jsonl exporter",
     ),

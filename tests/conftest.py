@@ -20,7 +20,7 @@ import pytest
 
 from otelkit.analysis import Span, load_spans
 from otelkit.receiver import Receiver
-from otelkit.tritonserver import TritonServer
+from otelkit.tritonserver import TritonServer, free_port
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -58,11 +58,30 @@ def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="session")
-def triton(receiver: Receiver) -> Iterator[TritonServer]:
-    """A real tritonserver (from nvidia-pytriton) serving tests/models, tracing every request."""
+def model_metrics_port() -> int:
+    """The Prometheus port of otelkit inside the Python-backend models of the ``triton`` fixture."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def triton(receiver: Receiver, model_metrics_port: int) -> Iterator[TritonServer]:
+    """A real tritonserver (from nvidia-pytriton) serving tests/models, tracing every request.
+
+    otelkit inside its Python-backend models exports spans to the same receiver and serves
+    its metrics on ``model_metrics_port``.
+    """
+    models_env = {
+        "OTEL_SERVICE_NAME": "triton-models",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.traces_url,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "OTELKIT_METRICS_EXPORTER": "prometheus",
+        "OTELKIT_PROMETHEUS_PORT": str(model_metrics_port),
+        "OTELKIT_PROMETHEUS_HOST": "127.0.0.1",
+    }
     with TritonServer(
-        MODELS, trace_url=receiver.traces_url, trace_resource={"service.name": "triton-tests"}
-    ) as server:
+        MODELS, trace_url=receiver.traces_url, trace_resource={"service.name": "triton-tests"},
+        env=models_env,
+    ) as server:  # fmt: skip
         yield server
 
 

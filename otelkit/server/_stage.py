@@ -72,11 +72,13 @@ class _Series:
 class StageRun:
     """One run of a stage; ``with otelkit.stage("frnn") as run: run.set(edges=n)``."""
 
-    __slots__ = ("_gpu", "_series", "_start", "_token", "outer", "span")
+    __slots__ = ("_gpu", "_links_token", "_series", "_start", "_token", "outer", "span")
 
     def __init__(self, stage: Stage) -> None:
         links = BATCH_LINKS.get()
         self.span = span = _RECORDER.start(stage.name, _INTERNAL, None, links)
+        # only the outermost stage over a batch carries its links; stages inside it nest
+        self._links_token = BATCH_LINKS.set(()) if links else None
         model = CURRENT_MODEL.get() if stage.model is None else stage.model
         self._series = series = stage.series(model)
         self._token: Any = None
@@ -119,6 +121,8 @@ class StageRun:
                 span.record_error(error)
             if self._token is not None:
                 _current_context.detach(self._token)
+            if self._links_token is not None:
+                BATCH_LINKS.reset(self._links_token)
             if not span.sampled:
                 series.duration.observe(seconds)
                 if self._gpu is not None:

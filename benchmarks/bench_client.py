@@ -33,8 +33,8 @@ MODELS = Path(__file__).resolve().parent.parent / "tests" / "models"
 MODULES = {"grpc": grpcclient, "http": httpclient}
 
 
-def make_inputs(module: Any) -> list[Any]:
-    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+def make_inputs(module: Any, elements: int) -> list[Any]:
+    data = np.arange(elements, dtype=np.float32).reshape(1, elements)
     tensor = module.InferInput("INPUT0", list(data.shape), "FP32")
     tensor.set_data_from_numpy(data)
     return [tensor]
@@ -87,6 +87,11 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=4000, help="interleaved pairs per phase")
     parser.add_argument("--protocol", choices=sorted(MODULES), default="grpc")
     parser.add_argument("--profile", action="store_true", help="profile otelkit's share")
+    parser.add_argument(
+        "--elements", type=int, default=16,
+        help="float32 elements per request (16: the smallest call; 150000: a 600 kB event, "
+        "about a mid-size tracking event of 50k space points with 3 features)",
+    )  # fmt: skip
     args = parser.parse_args()
     module = MODULES[args.protocol]
     traces = tempfile.mkdtemp(prefix="bench-client-")
@@ -95,7 +100,7 @@ def main() -> int:
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         bare = module.InferenceServerClient(url)
         traced = otelkit.instrument(module.InferenceServerClient(url))
-        inputs = make_inputs(module)
+        inputs = make_inputs(module, args.elements)
         print(f"tritonserver up; {args.protocol} client; spans to {traces}", flush=True)
         otelkit.configure(
             service_name="bench-client", traces_dir=traces, prometheus_port=0,
@@ -116,6 +121,7 @@ def main() -> int:
     result = {
         "protocol": args.protocol,
         "calls": args.calls,
+        "request_bytes": 4 * args.elements,
         "bare_median_us": round(sampled["bare"], 1),
         "instrumented_median_us": round(sampled["traced"], 1),
         "overhead_us": round(overhead, 1),

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -222,8 +225,6 @@ def test_a_batch_wide_stage_is_one_span_linked_to_every_request(
 
 
 def wait_for_stage_spans(directory: Path, trace_ids: list[str]) -> list[Span]:
-    import time
-
     wanted = set(trace_ids)
     deadline = time.monotonic() + 15
     while True:
@@ -244,3 +245,46 @@ def model_stage_counts(url: str) -> dict[str, float]:
             if sample.name == f"{base}_count" and sample.labels["model"] == "staged_fp32":
                 counts[sample.labels["stage"]] = sample.value
     return counts
+
+
+@pytest.mark.gpu
+def test_a_stage_running_cuda_work_records_its_gpu_time(local: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    matrix = torch.rand(4096, 4096, device="cuda")
+
+    @otelkit.stage("matmul", model="gpu")
+    def multiply() -> Any:
+        return matrix @ matrix  # asynchronous: returns before the GPU is done
+
+    for _ in range(3):
+        multiply()
+    torch.cuda.synchronize()
+    otelkit.flush()
+    time.sleep(0.5)  # the GPU timer thread ends the spans once their events completed
+    otelkit.flush()
+    spans = [s for s in load_spans(local) if s.name == "matmul"]
+    assert len(spans) == 3
+    for span in spans:
+        gpu_s = span.attributes[semconv.STAGE_GPU_S]
+        assert isinstance(gpu_s, float) and gpu_s > 0
+    telemetry = otelkit.telemetry.current()
+    assert telemetry is not None and telemetry.prometheus_url is not None
+    text = scrape(telemetry.prometheus_url)
+    gpu_count = semconv.prometheus_name(semconv.STAGE_GPU_DURATION) + "_count"
+    assert f'{gpu_count}{{model="gpu",stage="matmul"}} 3.0' in text
+
+
+def test_without_a_gpu_asking_for_gpu_timing_changes_nothing(local: Path) -> None:
+    @otelkit.stage("asked", gpu=True)
+    def work() -> int:
+        return 1
+
+    assert [work() for _ in range(3)] == [1, 1, 1]
+    otelkit.flush()
+    spans = [s for s in load_spans(local) if s.name == "asked"]
+    assert len(spans) == 3
+    torch_here = "torch" in sys.modules and sys.modules["torch"].cuda.is_available()
+    if not torch_here:
+        assert all(semconv.STAGE_GPU_S not in s.attributes for s in spans)

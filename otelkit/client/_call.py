@@ -86,8 +86,24 @@ class Tensors:
         return self._output_bytes(result)
 
 
+_ITEM_BYTES = {"BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BF16": 2,
+               "INT32": 4, "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8}  # fmt: skip
+
+
 def _grpc_output_bytes(result: Any) -> int:
-    return sum(map(len, result.get_response().raw_output_contents))
+    """From the outputs' shapes and types: reading ``raw_output_contents`` would copy every
+    tensor out of the protobuf (about 50 us for 600 kB). A BYTES output has no fixed size:
+    the whole message's size stands in for the total then."""
+    response = result.get_response()
+    total = 0
+    for output in response.outputs:
+        size = _ITEM_BYTES.get(output.datatype)
+        if size is None:
+            return int(response.ByteSize())
+        for dim in output.shape:
+            size *= dim
+        total += size
+    return total
 
 
 def _http_output_bytes(result: Any) -> int:

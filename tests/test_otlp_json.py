@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import enum
+import itertools
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -13,6 +16,9 @@ from typing import Any
 
 import pytest
 from google.protobuf.json_format import MessageToDict
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import (
     AnyValue,
@@ -25,14 +31,18 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource as PbResource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.trace import Link, SpanKind, StatusCode
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope as SdkScope
+from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, StatusCode
+from opentelemetry.trace import Status as SdkStatus
+from opentelemetry.trace.span import SpanContext, TraceFlags, TraceState
 
 from otelkit._jsonl import JsonLinesWriter
 from otelkit.otlp_json import (
+    dumps,
     normalize_json,
     request_to_json,
     span_count,
@@ -408,3 +418,253 @@ def test_writer_loses_nothing_written_when_the_process_is_killed(tmp_path: Path)
     process = subprocess.run([sys.executable, "-c", script, str(path)], timeout=60, check=False)
     assert process.returncode == -9
     assert read_lines(path) == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+# -- spans_to_json: exactly the protobuf path's document, without protobuf --------------------
+
+
+def protobuf_path(spans: list[ReadableSpan]) -> dict[str, Any]:
+    return request_to_json(encode_spans(spans))
+
+
+def assert_same_as_protobuf_path(spans: list[ReadableSpan]) -> None:
+    doc = spans_to_json(spans)
+    assert doc == protobuf_path(spans)
+    assert dumps(doc) == dumps(protobuf_path(spans))  # the same key order too
+
+
+def context(trace_id: int, span_id: int, remote: bool = False, **state: str) -> SpanContext:
+    trace_state = TraceState(list(state.items())) if state else None
+    return SpanContext(trace_id, span_id, remote, TraceFlags(1), trace_state)
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+class Tag(str):
+    def __str__(self) -> str:
+        return "not what protobuf stores"
+
+
+class DescribedStatus(SdkStatus):
+    """What the SDK's Status refuses to hold: a description without an error."""
+
+    @property
+    def description(self) -> str | None:
+        return "unset, yet described"
+
+
+ENCODABLE: dict[Any, Any] = {
+    "str": "exatrkx",
+    "unicode": "Zürich → 東京 🚀",
+    "empty-str": "",
+    "int": 42,
+    "int-min": -(2**63),
+    "int-max": 2**63 - 1,
+    "float": 0.75,
+    "negative-zero": -0.0,
+    "inf": math.inf,
+    "-inf": -math.inf,
+    "nan": math.nan,
+    "true": True,
+    "false": False,
+    "bytes": b"\x00\xffgpu",
+    "empty-bytes": b"",
+    "strs": ("a", "ü"),
+    "ints": [1, -(2**63)],
+    "floats": (1.5, math.nan, -math.inf),
+    "bools": (True, False),
+    "bytes-array": (b"\x01",),
+    "empty-array": (),
+    "mixed": ["x", 1, 2.5, None, b"y"],
+    "nested": [[1, 2], []],
+    "mapping": {"inner": {"deep": 1}, 2: "int key", "none": None},
+    "empty-mapping": {},
+    "none": None,
+    "int-enum": Level.HIGH,
+    "str-subclass": Tag("tag"),
+    "bytearray": bytearray(b"ab"),  # a Sequence to encode_spans: an array of ints
+    "": "empty key",
+    b"bytes-key": "protobuf decodes it",
+    None: "protobuf's unset string",
+}
+REFUSED: dict[Any, Any] = {  # by protobuf: encode_spans logs each and leaves it out
+    "too-big": 2**63,
+    "too-small": -(2**63) - 1,
+    "too-big-in-array": [1, 2**64],
+    "surrogate": "\ud800",
+    "surrogate-in-array": ["ok", "\udfff"],
+    "surrogate-mapping-key": {"\ud800": 1},
+    "\ud800-key": "value",
+    b"\xff-key": "value",
+    7: "an int key",
+    "object": object(),
+    "object-in-array": [object()],
+}
+EVERY_VALUE = {**ENCODABLE, **REFUSED}
+
+
+def direct_spans() -> list[ReadableSpan]:
+    """ReadableSpans as exporters receive them, built field by field to reach every corner."""
+    tid = int(TRACE, 16)
+    gpu = Resource({"service.name": "triton", "host.name": "gpu-3"}, "https://schema/1")
+    gpu_again = Resource({"host.name": "gpu-3", "service.name": "triton"}, "https://schema/1")
+    cpu = Resource({"service.name": "client", "blob": b"\x01", "ports": (8000, 8001)})
+    server = SdkScope("otelkit.server", "0.1.0", "https://s/2", {"a": 1})
+    server_other_attrs = SdkScope("otelkit.server", "0.1.0", "https://s/2", {"a": 2})
+    bare_scope = SdkScope("")
+    bounded = BoundedAttributes(maxlen=2, attributes={"x": 1, "y": 2, "z": 3})
+    events = [
+        Event("plain", timestamp=5),
+        Event("with-attributes", {"gpu": 0, "bad": 2**70, "nan": math.nan}, timestamp=6),
+        Event("bounded", bounded, timestamp=7),
+        Event("", timestamp=0),
+    ]
+    links = [
+        Link(context(tid, 9, remote=True, vendor="x", other="y"), {"why": "batched"}),
+        Link(context(0, 0)),
+        Link(context(tid, 10), BoundedAttributes(maxlen=1, attributes={"a": 1, "b": 2})),
+    ]
+    return [
+        ReadableSpan(
+            "every-value",
+            context(tid, 1, acme="1"),
+            parent=context(tid, 2, remote=True),
+            resource=gpu,
+            attributes=EVERY_VALUE,
+            events=events,
+            links=links,
+            kind=SpanKind.SERVER,
+            status=SdkStatus(StatusCode.ERROR, "CUDA out of memory"),
+            start_time=1_790_000_000_000_000_001,
+            end_time=2**64 - 1,
+            instrumentation_scope=server,
+        ),
+        ReadableSpan("no-scope", context(tid, 3), resource=cpu, kind=SpanKind.PRODUCER),
+        ReadableSpan(
+            "equal-resource",
+            context(tid, 4),
+            parent=context(tid, 1),
+            resource=gpu_again,  # equal to gpu: grouped with it, written as gpu
+            attributes=bounded,
+            status=SdkStatus(StatusCode.OK),
+            instrumentation_scope=server_other_attrs,  # hashes as server, not equal to it
+            kind=SpanKind.CONSUMER,
+        ),
+        ReadableSpan(
+            "",
+            context(0, 0),
+            parent=context(0, 0),
+            resource=cpu,
+            instrumentation_scope=bare_scope,
+            status=DescribedStatus(StatusCode.UNSET),
+            start_time=0,
+        ),
+        ReadableSpan("server-again", context(tid, 5), resource=gpu, instrumentation_scope=server),
+        ReadableSpan("no-status", context(tid, 6), resource=cpu, status=None),  # type: ignore[arg-type]
+        ReadableSpan("client", context(tid, 7), resource=gpu, kind=SpanKind.CLIENT),
+        ReadableSpan("empty-trace-state", context(tid, 8), resource=gpu, kind=SpanKind.INTERNAL),
+    ]
+
+
+def sdk_made_spans() -> list[ReadableSpan]:
+    """Spans as a real TracerProvider makes them, with limits that force every dropped count."""
+    memory = InMemorySpanExporter()
+    limits = SpanLimits(max_span_attributes=3, max_events=2, max_links=1, max_event_attributes=1)
+    providers = [
+        TracerProvider(resource=Resource({"service.name": name}), span_limits=limits)
+        for name in ("client", "server")
+    ]
+    for provider in providers:
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+    client, server = (p.get_tracer("otelkit.client", "0.1.0") for p in providers)
+    plain = providers[0].get_tracer("plain", schema_url="https://schema/3")
+    remote = context(int(OTHER, 16), 0xABC, remote=True, vendor="v1", acme="2")
+    with client.start_as_current_span("call", kind=SpanKind.CLIENT, start_time=10) as call:
+        call.set_attributes({"a": "x", "b": 2, "c": 3.5, "d": True, "e": ["over", "limit"]})
+        for n in range(3):
+            call.add_event(f"event-{n}", {"n": n, "m": -n}, timestamp=20 + n)
+        with plain.start_as_current_span("inner", links=[Link(remote), Link(remote)]) as inner:
+            inner.set_status(StatusCode.OK)
+        parent = trace.set_span_in_context(NonRecordingSpan(remote))
+        with server.start_as_current_span("handle", parent, kind=SpanKind.SERVER) as handle:
+            handle.record_exception(ValueError("bad input"))
+            handle.set_status(SdkStatus(StatusCode.ERROR, "bad input"))
+        with client.start_as_current_span("stream", kind=SpanKind.PRODUCER):
+            pass
+    with server.start_as_current_span("root", kind=SpanKind.CONSUMER, attributes={"u": "é"}):
+        pass
+    for provider in providers:
+        provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def grouping(doc: dict[str, Any]) -> list[Any]:
+    """Resource attribute values → scope names → span names, of an OTLP JSON document."""
+    return [
+        (
+            [a.get("value", {}).get("stringValue") for a in rs["resource"].get("attributes", [])],
+            [
+                (ss["scope"].get("name"), [s.get("name") for s in ss["spans"]])
+                for ss in rs["scopeSpans"]
+            ],
+        )
+        for rs in doc["resourceSpans"]
+    ]
+
+
+def test_spans_to_json_is_the_protobuf_paths_document_for_every_kind_of_span() -> None:
+    direct, made = direct_spans(), sdk_made_spans()
+    for span in [*direct, *made]:
+        assert_same_as_protobuf_path([span])
+    interleaved = [s for pair in itertools.zip_longest(direct, made) for s in pair if s is not None]
+    for batch in (direct, made, interleaved, [*made, *direct], direct[::-1]):
+        assert_same_as_protobuf_path(batch)
+    assert_same_as_protobuf_path([])
+
+    # What the equivalence covers: encode_spans' grouping (equal resources are one, equal-hashing
+    # scopes with other attributes are two, first appearance first) ...
+    doc = spans_to_json(interleaved)
+    assert grouping(doc) == [
+        (
+            ["triton", "gpu-3"],
+            [
+                ("otelkit.server", ["every-value", "server-again"]),
+                ("otelkit.server", ["equal-resource"]),
+                (None, ["client", "empty-trace-state"]),
+            ],
+        ),
+        (["client"], [("plain", ["inner"]), ("otelkit.client", ["stream", "call"])]),
+        (["client", None, None], [(None, ["no-scope", "no-status"]), (None, [None])]),
+        (["server"], [("otelkit.client", ["handle", "root"])]),
+    ]
+    # ... which attributes protobuf refuses (left out) ...
+    every_value = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    keys = ["bytes-key" if k == b"bytes-key" else k or "" for k in ENCODABLE]
+    assert [a["key"] for a in every_value["attributes"]] == keys
+    # ... and the flags and counts that only some spans have.
+    spans = [
+        s
+        for rs in spans_to_json(made)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
+    assert {"droppedAttributesCount", "droppedEventsCount", "droppedLinksCount"} <= {
+        key for span in spans for key in span
+    }
+    assert {span["flags"] for span in spans} == {0x100, 0x300}
+
+
+def test_spans_to_json_logs_what_it_leaves_out_as_encode_spans_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    attributes: dict[str, Any] = {"ok": 1, "too-big": 2**64, "x": object()}
+    span = ReadableSpan("s", context(1, 1), attributes=attributes)
+    caplog.set_level(logging.ERROR)
+    spans_to_json([span])
+    ours = [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    encode_spans([span])
+    assert [r.getMessage() for r in caplog.records] == ours
+    assert len(ours) == 2

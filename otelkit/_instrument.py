@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+import sys
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from opentelemetry import trace
 
 from otelkit import telemetry
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
 
 __all__ = ["instrument", "uninstrument"]
 
@@ -24,15 +28,36 @@ def _ensure_configured() -> None:
         telemetry.configure()
 
 
+def _is_starlette_app(target: object) -> bool:
+    """Whether ``target`` is a FastAPI or Starlette app, without importing either: an app
+    exists only once its module has been imported."""
+    applications = sys.modules.get("starlette.applications")
+    return applications is not None and isinstance(target, applications.Starlette)
+
+
+@overload
+def instrument(target: None = None) -> list[str]: ...
+@overload
+def instrument(target: T) -> T: ...
 def instrument(target: T | None = None) -> T | list[str]:
     """Instrument ``target`` in place and return it; with no argument, every supported class.
 
-    Supported: ``tritonclient.http`` and ``tritonclient.grpc`` ``InferenceServerClient``.
+    Supported: ``tritonclient.http`` and ``tritonclient.grpc`` ``InferenceServerClient`` (a
+    CLIENT span per call, trace context sent to the server), and FastAPI or any Starlette app
+    (a SERVER span per HTTP request, parented on its ``traceparent``, with ``otelkit.stage``
+    spans of the handlers under it). Without an argument: every tritonclient client class.
     A second call changes nothing. If neither otelkit nor an OpenTelemetry SDK is set up yet,
     otelkit configures itself from the environment (embedded default: JSON-lines files).
 
     >>> client = otelkit.instrument(tritonclient.grpc.InferenceServerClient("gpu-node:8001"))
+    >>> app = otelkit.instrument(fastapi.FastAPI())
     """
+    if _is_starlette_app(target):
+        from otelkit.server import fastapi
+
+        _ensure_configured()
+        fastapi.instrument_app(cast("Starlette", target))
+        return cast(T, target)
     from otelkit import client
 
     client.require_tritonclient()
@@ -44,12 +69,16 @@ def instrument(target: T | None = None) -> T | list[str]:
         return instrumented
     raise TypeError(
         f"otelkit.instrument: cannot instrument {type(target).__qualname__}; supported are "
-        "tritonclient InferenceServerClient objects"
+        "tritonclient InferenceServerClient objects and FastAPI or Starlette apps"
     )
 
 
 def uninstrument(target: Any = None) -> Any:
     """Undo ``instrument``: for ``target``, or for every class when called without one."""
+    if _is_starlette_app(target):
+        from otelkit.server import fastapi
+
+        return fastapi.uninstrument_app(cast("Starlette", target))
     from otelkit import client
 
     if target is None:

@@ -10,6 +10,7 @@ the only format that carries exemplars.
 from __future__ import annotations
 
 import bisect
+import logging
 import re
 import threading
 from collections.abc import Iterable, Iterator
@@ -31,6 +32,8 @@ from prometheus_client.core import (
 from otelkit import semconv
 from otelkit._export import PullReader
 from otelkit._hotmetrics import HOT, HotRegistry
+
+logger = logging.getLogger("otelkit")
 
 __all__ = ["PrometheusEndpoint", "to_families"]
 
@@ -122,6 +125,7 @@ class _Bridge:
         self.reader = reader
         self.resource = resource
         self.hot = hot
+        self.clashed: set[str] = set()
 
     def collect(self) -> Iterator[PromMetric]:
         info = GaugeMetricFamily(
@@ -129,11 +133,27 @@ class _Bridge:
         )
         info.add_metric([str(v) for v in self.resource.values()], 1)
         yield info
+        hot = list(to_families(self.hot.collect()))
+        taken = {family.name for family in hot} | {info.name}
         data = self.reader.read()
         for resource_metrics in data.resource_metrics if data is not None else ():
             for scope_metrics in resource_metrics.scope_metrics:
-                yield from to_families(scope_metrics.metrics)
-        yield from to_families(self.hot.collect())
+                for family in to_families(scope_metrics.metrics):
+                    if family.name in taken:  # two families of one name break the whole scrape
+                        self._clash(family.name, scope_metrics.scope.name)
+                        continue
+                    taken.add(family.name)
+                    yield family
+        yield from hot
+
+    def _clash(self, name: str, scope: str) -> None:
+        if name not in self.clashed:
+            self.clashed.add(name)
+            logger.warning(
+                "otelkit: metric %s from %r has the name of another and is left out of the "
+                "Prometheus exposition (FastAPI >= 0.165 records http.server.request.duration "
+                "itself: otelkit.instrument(app) turns that off)", name, scope,
+            )  # fmt: skip
 
 
 class PrometheusEndpoint:

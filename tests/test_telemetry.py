@@ -167,6 +167,26 @@ def test_histogram_buckets_carry_the_trace_id_as_exemplar(tmp_path: Path) -> Non
     assert exemplars == [("0.005", trace_id, 0.003)]
 
 
+def test_an_sdk_metric_named_like_a_hot_one_does_not_break_the_scrape(tmp_path: Path) -> None:
+    """FastAPI >= 0.165 records http.server.request.duration through the SDK by itself; two
+    families of one name make Prometheus reject the whole scrape, so otelkit's own one wins."""
+    telemetry = otelkit.configure(traces_dir=str(tmp_path), prometheus_port=0)
+    from otelkit._hotmetrics import HOT
+
+    labels = (semconv.M_HTTP_METHOD, semconv.M_HTTP_ROUTE, semconv.M_HTTP_STATUS)
+    HOT.histogram(semconv.HTTP_SERVER_DURATION, labels).series(("GET", "/x", "200")).observe(0.01)
+    spec = semconv.HTTP_SERVER_DURATION
+    clash = metrics.get_meter("fastapi").create_histogram(spec.name, unit=spec.unit)
+    clash.record(0.5, {"http.request.method": "GET"})
+    assert telemetry.prometheus_url is not None
+    families = list(text_string_to_metric_families(scrape(telemetry.prometheus_url)))
+    name = semconv.prometheus_name(spec)
+    (family,) = [f for f in families if f.name == name]
+    counts = [s.labels for s in family.samples if s.name == f"{name}_count"]
+    assert {semconv.M_HTTP_ROUTE: "/x"}.items() <= counts[0].items()
+    assert all("http_request_method" in labels for labels in counts)
+
+
 def test_telemetry_health_metric_names_come_from_semconv(tmp_path: Path) -> None:
     telemetry = otelkit.configure(traces_dir=str(tmp_path), prometheus_port=0)
     end_spans(2)

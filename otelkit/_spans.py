@@ -38,7 +38,7 @@ from opentelemetry.trace.propagation import _SPAN_KEY
 from otelkit import semconv, telemetry
 from otelkit._switch import SWITCH
 
-__all__ = ["LeanSpan", "SpanRecorder"]
+__all__ = ["LeanSpan", "SpanRecorder", "with_span"]
 
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
@@ -60,6 +60,16 @@ def _context_reader() -> Callable[[], Context]:
 
 
 _current_context = _context_reader()
+
+
+def with_span(span_context: SpanContext, base: Context | None = None) -> Context:
+    """``base`` (default: the current context) with ``span_context`` as its span.
+
+    otelkit's lean spans are not API spans: code that reads the current span (nested stages,
+    user code, other instrumentations) sees a non-recording span with the same ids.
+    """
+    context = _current_context() if base is None else base
+    return Context({**context, _SPAN_KEY: trace.NonRecordingSpan(span_context)})
 
 
 class _Pipeline(NamedTuple):

@@ -25,6 +25,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from otelkit import semconv
+from otelkit._spans import with_span
 from otelkit.client._call import (
     RECORDER,
     Call,
@@ -67,7 +68,7 @@ class StreamCalls:
             if stream_target.server_port is not None:
                 span.attributes[semconv.SERVER_PORT] = stream_target.server_port
         self._links = (Link(span.context),) if span.sampled else ()
-        self._context = trace.set_span_in_context(trace.NonRecordingSpan(span.context))
+        self._context = with_span(span.context)
         self._pending: dict[str, deque[Call]] = {}
         self._lock = threading.Lock()
         self._answering: tuple[str, bool] | None = None

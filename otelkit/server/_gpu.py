@@ -23,10 +23,9 @@ from otelkit import semconv
 from otelkit._hotmetrics import HistogramSeries
 from otelkit._spans import RecordingSpan
 
-__all__ = ["GpuRun", "clock", "finish", "start"]
+__all__ = ["GpuRun", "finish", "start"]
 
 logger = logging.getLogger("otelkit")
-clock = time.perf_counter_ns
 _warned = False
 
 

@@ -17,18 +17,16 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar, cast
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind
-from opentelemetry.trace.propagation import _SPAN_KEY
 
 from otelkit import semconv
 from otelkit._hotmetrics import HOT, HistogramSeries, SumSeries
-from otelkit._spans import SpanRecorder
+from otelkit._spans import SpanRecorder, with_span
 from otelkit.client._call import error_type, internal_error
 from otelkit.server import _gpu
 
@@ -92,12 +90,10 @@ class StageRun:
                 attributes[semconv.STAGE_BATCH_REQUESTS] = len(links)
             if stage.attributes:
                 attributes.update(stage.attributes)
-            current = _current_context.get_current()
-            inner = Context({**current, _SPAN_KEY: trace.NonRecordingSpan(span.context)})
-            self._token = _current_context.attach(inner)
+            self._token = _current_context.attach(with_span(span.context))
         self._gpu = _gpu.start(stage.gpu)
         series.in_flight.add(1)
-        self._start = _gpu.clock()
+        self._start = time.perf_counter_ns()
 
     def set(self, **attributes: Any) -> None:
         """Add attributes to the stage's span (ignored when it is not sampled)."""
@@ -111,7 +107,7 @@ class StageRun:
     def close(self, error: BaseException | None) -> None:
         """End the run: metrics, then the span; never raises."""
         try:
-            seconds = (_gpu.clock() - self._start) / 1e9
+            seconds = (time.perf_counter_ns() - self._start) / 1e9
             series = self._series
             series.in_flight.add(-1)
             span = self.span

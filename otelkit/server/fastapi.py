@@ -28,17 +28,14 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation import _SPAN_KEY
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from otelkit import semconv
 from otelkit._hotmetrics import HOT
-from otelkit._spans import LeanSpan, RecordingSpan, SpanRecorder, _SdkSpan
+from otelkit._spans import LeanSpan, RecordingSpan, SpanRecorder, _SdkSpan, with_span
 from otelkit.client._call import internal_error
 from otelkit.propagation import extract
 
@@ -153,7 +150,7 @@ class _Request:
         context = parent  # unsampled: the remote parent stays current, so stages follow it
         if span.sampled:
             _request_attributes(scope, self.method, span.attributes)
-            context = Context({**parent, _SPAN_KEY: trace.NonRecordingSpan(span.context)})
+            context = with_span(span.context, parent)
         self.token = _current_context.attach(context)
         self.start_s = time.perf_counter()
 

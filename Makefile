@@ -35,18 +35,18 @@ test: install prometheus
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check otelkit tests benchmarks
-	$(VENV)/bin/ruff format --check otelkit tests benchmarks
+	$(VENV)/bin/ruff check otelkit tests benchmarks examples
+	$(VENV)/bin/ruff format --check otelkit tests benchmarks examples
 
 typecheck: install
 	$(VENV)/bin/mypy
 
 check: lint typecheck test
 
-demo:
-	@echo "make demo runs the reference deployment end to end; it arrives with issue 5." >&2
-	@echo "What exists today: see README.md (configure, propagation, receiver, loader)." >&2
-	@exit 2
+# The reference deployment end to end: embedded receiver, Triton, five service options, the
+# FastAPI twin, and the breakdown computed from the traces (examples/gnn_tracking/demo.py).
+demo: install
+	PYTHONPATH=examples $(PY) -m gnn_tracking.demo $(DEMO_ARGS)
 
 bench-receiver: install
 	$(PY) benchmarks/bench_receiver.py
@@ -61,4 +61,4 @@ bench-fastapi: install
 	$(PY) benchmarks/bench_fastapi.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces demo-output

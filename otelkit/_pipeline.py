@@ -6,6 +6,7 @@ Nothing here touches process-wide state; ``otelkit.telemetry`` does that.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -33,6 +34,8 @@ from otelkit._export import BatchExportProcessor, LossCounter, MetricPusher, Pul
 from otelkit._exporters import JsonHttpSpanExporter, JsonLinesSpanExporter
 from otelkit._prometheus import PrometheusEndpoint
 from otelkit.config import Settings
+
+_log = logging.getLogger("otelkit")
 
 __all__ = ["Telemetry", "build"]
 
@@ -218,11 +221,22 @@ def build(settings: Settings) -> Telemetry:
             resource,
         )
     if prometheus_reader is not None:
-        port = settings.prometheus_port
-        state.prometheus = PrometheusEndpoint(
-            prometheus_reader,
-            settings.prometheus_host,
-            _DEFAULT_PROMETHEUS_PORT if port is None else port,
-            {k: v for k, v in resource.attributes.items() if isinstance(v, (str, int))},
+        port = (
+            _DEFAULT_PROMETHEUS_PORT
+            if settings.prometheus_port is None
+            else settings.prometheus_port
         )
+        try:
+            state.prometheus = PrometheusEndpoint(
+                prometheus_reader,
+                settings.prometheus_host,
+                port,
+                {k: v for k, v in resource.attributes.items() if isinstance(v, (str, int))},
+            )
+        except OSError as error:  # a taken port (another worker of the same server) must not
+            _log.error(  # stop the program: metrics are still recorded and pushed if configured
+                "otelkit: no Prometheus endpoint on %s:%d (%s); this process's metrics are not"
+                " served (give each process its own OTELKIT_PROMETHEUS_PORT)",
+                settings.prometheus_host, port, error.strerror or error,
+            )  # fmt: skip
     return state

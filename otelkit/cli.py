@@ -4,6 +4,7 @@ Each subcommand lives in the module of its concept, which provides ``add_argumen
 and ``run(args) -> int``; this module only dispatches.
 
     otelkit receive --port 4318 --out ./otelkit-traces   # embedded OTLP/HTTP receiver
+    otelkit breakdown ./otelkit-traces --group-by KEY     # where the time of each trace goes
     otelkit config                                       # the settings configure() would use
 """
 
@@ -23,6 +24,7 @@ __all__ = ["main"]
 # subcommand -> (module, one-line help)
 _COMMANDS = {
     "receive": ("otelkit.receiver", "run the embedded OTLP/HTTP trace receiver"),
+    "breakdown": ("otelkit.analysis.breakdown", "where the time of traced requests goes"),
 }
 
 

@@ -189,6 +189,26 @@ def test_an_sdk_metric_named_like_a_hot_one_does_not_break_the_scrape(tmp_path: 
     assert None not in routes
 
 
+def test_a_taken_prometheus_port_is_logged_and_tracing_still_works(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Five Triton stub processes sharing one environment must not fail to load their models
+    because the first took the port: configure() logs why there is no endpoint and goes on."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        with caplog.at_level(logging.ERROR, logger="otelkit"):
+            telemetry = otelkit.configure(
+                traces_dir=str(tmp_path), prometheus_port=port, prometheus_host="127.0.0.1"
+            )
+    assert telemetry.prometheus_url is None
+    assert f"no Prometheus endpoint on 127.0.0.1:{port}" in caplog.text
+    end_spans(3)
+    otelkit.shutdown()
+    assert len(load_spans(tmp_path)) == 3
+
+
 def test_telemetry_health_metric_names_come_from_semconv(tmp_path: Path) -> None:
     telemetry = otelkit.configure(traces_dir=str(tmp_path), prometheus_port=0)
     end_spans(2)

@@ -1,0 +1,222 @@
+"""Where the time of a request goes, computed from its trace.
+
+A trace root (the client's work for one event, say) is split into components that add up to
+its duration:
+
+- ``client <stage>``: ``otelkit.stage`` spans run in the client process;
+- ``client serialize`` / ``client deserialize``: tritonclient building the request and reading
+  the response (attributes of otelkit's CLIENT span);
+- ``network + offload``: the CLIENT span minus the server's span and the client's (de)serialising
+  — the wire, the client library and the server's frontend, the cost of calling out at all;
+- ``server queue``: Triton's ``QUEUE_START`` to ``COMPUTE_START`` of every model span (each step
+  of an ensemble queues on its own);
+- ``server <stage>``: ``otelkit.stage`` spans inside the server (outermost ones only);
+- ``server other``: the server span minus its queue and stages (Triton, the Python backend's
+  stub round trip, unpacking tensors);
+- ``client other``: the root minus its calls and client stages (application glue).
+
+Each call is checked on the way: its stages must fit in its server span, which must fit in
+its client span; a broken nesting is reported, never silently averaged.
+
+>>> traces = build_traces(load_spans("demo-output/traces"))  # doctest: +SKIP
+>>> print(format_breakdowns(breakdown(traces.values(), group_by=("gnn_tracking.option",))))
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from otelkit import semconv
+from otelkit.analysis.loader import Span, SpanKind, Trace, build_traces, load_spans
+
+__all__ = ["Breakdown", "breakdown", "format_breakdowns", "trace_components"]
+
+TOTAL = "total"
+CLIENT_OTHER = "client other"
+SERVER_OTHER = "server other"
+SERVER_QUEUE = "server queue"
+NETWORK = "network + offload"
+NO_SERVER_SPAN = "call, server span missing"
+_NS = 1e-9
+
+
+@dataclass
+class Breakdown:
+    """The components of every trace of one group, in seconds, one list entry per trace."""
+
+    group: tuple[str, ...]
+    components: dict[str, list[float]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    incomplete: int = 0  # traces left out: a call's server spans are missing
+
+    @property
+    def traces(self) -> int:
+        return len(self.components.get(TOTAL, ()))
+
+    def mean(self, component: str) -> float:
+        """Mean seconds per trace (a trace without the component counts zero)."""
+        values = self.components.get(component, ())
+        return sum(values) / self.traces if self.traces else 0.0
+
+    def median_total(self) -> float:
+        return statistics.median(self.components[TOTAL]) if self.traces else 0.0
+
+    def bottleneck(self) -> tuple[str, float] | None:
+        """The server stage with the most time per trace: with one instance, it caps throughput."""
+        stages = [c for c in self.components if c.startswith("server ") and c != SERVER_QUEUE]
+        stages = [c for c in stages if c != SERVER_OTHER]
+        if not stages:
+            return None
+        worst = max(stages, key=self.mean)
+        return worst, self.mean(worst)
+
+
+def _outermost_stages(trace: Trace, span: Span) -> Iterable[Span]:
+    for child in trace.children(span):
+        if semconv.STAGE_NAME in child.attributes:
+            yield child
+        elif child.kind != SpanKind.CLIENT:
+            yield from _outermost_stages(trace, child)
+
+
+def _subtree(trace: Trace, span: Span) -> Iterable[Span]:
+    yield span
+    for child in trace.children(span):
+        yield from _subtree(trace, child)
+
+
+def _queue_ns(span: Span) -> int:
+    events = {event.name: event.time_ns for event in span.events}
+    if "QUEUE_START" in events and "COMPUTE_START" in events:
+        return max(0, events["COMPUTE_START"] - events["QUEUE_START"])
+    return 0
+
+
+def _add(components: dict[str, float], name: str, seconds: float) -> None:
+    components[name] = components.get(name, 0.0) + seconds
+
+
+def _call(trace: Trace, call: Span, out: dict[str, float], problems: list[str]) -> None:
+    serialize = float(call.attributes.get(semconv.SERIALIZE_S, 0.0))
+    deserialize = float(call.attributes.get(semconv.DESERIALIZE_S, 0.0))
+    _add(out, "client serialize", serialize)
+    _add(out, "client deserialize", deserialize)
+    servers = trace.children(call)
+    if not servers:
+        _add(out, NO_SERVER_SPAN, call.duration_ns * _NS)
+        return
+    server = servers[0]
+    _add(out, NETWORK, call.duration_ns * _NS - server.duration_ns * _NS - serialize - deserialize)
+    queue = sum(_queue_ns(span) for span in _subtree(trace, server)) * _NS
+    _add(out, SERVER_QUEUE, queue)
+    staged = 0.0
+    for stage in _outermost_stages(trace, server):
+        staged += stage.duration_ns * _NS
+        _add(out, f"server {stage.attributes[semconv.STAGE_NAME]}", stage.duration_ns * _NS)
+    _add(out, SERVER_OTHER, server.duration_ns * _NS - queue - staged)
+    model = call.attributes.get(semconv.MODEL_NAME, call.name)
+    if server.duration_ns > call.duration_ns:
+        problems.append(f"{model}: server span longer than its client span ({trace.trace_id})")
+    if staged + queue > server.duration_ns * _NS * (1 + 1e-6):
+        problems.append(f"{model}: stages + queue exceed the server span ({trace.trace_id})")
+
+
+def trace_components(trace: Trace, root: Span) -> tuple[dict[str, float], list[str]]:
+    """The components of ``root``'s time in seconds, and the nesting problems found."""
+    out: dict[str, float] = {}
+    problems: list[str] = []
+    accounted = 0.0
+    pending = list(trace.children(root))
+    while pending:
+        span = pending.pop(0)
+        if span.kind == SpanKind.CLIENT:
+            accounted += span.duration_ns * _NS
+            _call(trace, span, out, problems)
+        elif semconv.STAGE_NAME in span.attributes:
+            accounted += span.duration_ns * _NS
+            _add(out, f"client {span.attributes[semconv.STAGE_NAME]}", span.duration_ns * _NS)
+            # a call made from inside a client stage is accounted within that stage
+        else:
+            pending[:0] = trace.children(span)
+    out[CLIENT_OTHER] = root.duration_ns * _NS - accounted
+    out[TOTAL] = root.duration_ns * _NS
+    return out, problems
+
+
+def breakdown(
+    traces: Iterable[Trace], group_by: Sequence[str] = (), root_name: str | None = None
+) -> dict[tuple[str, ...], Breakdown]:
+    """Components of every root span (named ``root_name`` if given, not an orphan), grouped by
+    the values of the root's attributes ``group_by``."""
+    groups: dict[tuple[str, ...], Breakdown] = {}
+    for trace in traces:
+        for root in trace.roots:
+            if trace.is_orphan(root) or (root_name is not None and root.name != root_name):
+                continue
+            key = tuple(str(root.attributes.get(k, "")) for k in group_by)
+            group = groups.setdefault(key, Breakdown(key))
+            components, problems = trace_components(trace, root)
+            if NO_SERVER_SPAN in components:
+                group.incomplete += 1
+                continue
+            seen = group.traces
+            for name, seconds in components.items():
+                group.components.setdefault(name, [0.0] * seen).append(seconds)
+            for values in group.components.values():
+                values.extend([0.0] * (seen + 1 - len(values)))
+            group.problems.extend(problems)
+    return groups
+
+
+def _order(names: Iterable[str]) -> list[str]:
+    rank = {"client": 0, "client serialize": 1, NETWORK: 2, SERVER_QUEUE: 3, "server": 4}
+    rank.update({SERVER_OTHER: 5, "client deserialize": 6, CLIENT_OTHER: 7})
+
+    def key(name: str) -> int:
+        return rank.get(name, rank.get(name.split(" ")[0], 9))
+
+    return sorted((n for n in names if n != TOTAL), key=key)
+
+
+def format_breakdowns(groups: dict[tuple[str, ...], Breakdown], labels: Sequence[str] = ()) -> str:
+    """A table per group: each component's mean ms per trace and its share of the total."""
+    lines: list[str] = []
+    for key, group in sorted(groups.items()):
+        title = ", ".join(f"{k}={v}" for k, v in zip(labels, key, strict=False)) or "all traces"
+        total = group.mean(TOTAL)
+        left_out = (
+            f" ({group.incomplete} left out: server spans missing)" if group.incomplete else ""
+        )
+        lines.append(
+            f"{title}: {group.traces} traces{left_out}, mean {total * 1e3:.2f} ms, "
+            f"median {group.median_total() * 1e3:.2f} ms"
+        )
+        for name in _order(group.components):
+            mean = group.mean(name)
+            share = 100 * mean / total if total else 0.0
+            lines.append(f"  {name:<24} {mean * 1e3:9.3f} ms  {share:5.1f} %")
+        worst = group.bottleneck()
+        if worst:
+            lines.append(
+                f"  bottleneck: {worst[0]} ({worst[1] * 1e3:.2f} ms per trace: one instance "
+                f"serves at most {1 / worst[1]:.0f}/s)"
+            )
+        for problem in group.problems[:5]:
+            lines.append(f"  nesting problem: {problem}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", help="OTLP JSON files or directories of them")
+    parser.add_argument("--group-by", action="append", default=[], help="root attribute key")
+    parser.add_argument("--root", default=None, help="only roots with this span name")
+
+
+def run(args: argparse.Namespace) -> int:
+    traces = build_traces(load_spans(*args.paths))
+    groups = breakdown(traces.values(), group_by=args.group_by, root_name=args.root)
+    print(format_breakdowns(groups, labels=args.group_by) or "no complete traces found")
+    return 0

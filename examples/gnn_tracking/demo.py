@@ -1,0 +1,290 @@
+"""``make demo``: the reference deployment end to end, on embedded defaults.
+
+    python -m gnn_tracking.demo [--seconds 5] [--threads 1 8] [--out demo-output]
+
+1. starts otelkit's embedded OTLP receiver (the local stand-in for a Collector);
+2. starts Triton on the pipeline's model repository, traced to the receiver, and the FastAPI
+   twin beside it;
+3. checks that the ensemble (option 4) and the in-process pipeline (option 0) label the same
+   events identically;
+4. drives the five service options at each client concurrency (gRPC), then the ensemble over
+   HTTP against Triton and against the FastAPI twin;
+5. snapshots every ``/metrics`` page, stops the servers, and prints the per-stage time
+   breakdown computed from the collected traces (``otelkit.analysis.breakdown``), the
+   throughput per option, and where the traces and metrics went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+import otelkit
+from gnn_tracking.client import RunReport, drive, event_pool
+from gnn_tracking.models import Models, load_models
+from gnn_tracking.options import (
+    OPTION_ATTRIBUTE,
+    OPTIONS,
+    ROOT_SPAN,
+    SERVER_ATTRIBUTE,
+    THREADS_ATTRIBUTE,
+    Remote,
+    ServiceOption,
+    reconstruct,
+)
+from gnn_tracking.serve import models_metrics_base, triton_server
+from gnn_tracking.stages import STAGE_ORDER
+from otelkit.analysis import build_traces, load_spans
+from otelkit.analysis.breakdown import breakdown, format_breakdowns
+from otelkit.receiver import Receiver
+from otelkit.tritonserver import free_port
+
+__all__ = ["main"]
+
+PROTOCOL_ATTRIBUTE = "gnn_tracking.protocol"
+_T0 = time.monotonic()
+
+
+def say(message: str) -> None:
+    print(f"[{time.monotonic() - _T0:6.1f} s] {message}", flush=True)
+
+
+@contextmanager
+def fastapi_twin(traces_url: str, log_path: Path) -> Iterator[str]:
+    """The FastAPI twin in its own process (its own GIL, as a real server); yields host:port."""
+    port = free_port()
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=traces_url)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), *sys.path])
+    env["OTEL_BSP_SCHEDULE_DELAY"] = "200"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gnn_tracking.twin", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the FastAPI twin did not start; see {log_path}") from None
+                time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _snapshot(url: str, path: Path) -> None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            path.write_bytes(response.read())
+    except OSError as error:
+        path.write_text(f"# not reachable: {error}\n")
+
+
+def _settle(receiver: Receiver, quiet_s: float = 1.0, limit_s: float = 20.0) -> None:
+    """Wait until no span has arrived for ``quiet_s`` (servers flush on their own schedule)."""
+    deadline = time.monotonic() + limit_s
+    last, since = receiver.spans_stored, time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if receiver.spans_stored != last:
+            last, since = receiver.spans_stored, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+
+
+def _check_labels(events: list[torch.Tensor], remote: Remote) -> str:
+    models = load_models()
+    direct, ensemble = OPTIONS[0], OPTIONS[4]
+    differing = 0
+    for features in events:
+        local = reconstruct(direct, features, models, None, **{SERVER_ATTRIBUTE: "check"})
+        served = reconstruct(ensemble, features, None, remote, **{SERVER_ATTRIBUTE: "check"})
+        differing += int(not torch.equal(local, served))
+    if differing:
+        return (
+            f"WARNING: {differing} of {len(events)} events labelled differently by options 0 and 4"
+        )
+    return f"options 0 and 4 give identical track labels on {len(events)} events"
+
+
+def _throughput_table(reports: list[tuple[str, RunReport]], threads: list[int]) -> str:
+    lines = [
+        f"{'service option':<38}"
+        + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>24}" for t in threads)
+    ]
+    rows: dict[str, dict[int, RunReport]] = {}
+    for label, report in reports:
+        rows.setdefault(label, {})[report.threads] = report
+    for label, by_threads in rows.items():
+        cells = "".join(
+            f"{by_threads[t].throughput:9.1f} ev/s {by_threads[t].percentile_ms(50):6.1f} ms"
+            if t in by_threads
+            else f"{'-':>24}"
+            for t in threads
+        )
+        lines.append(f"{label:<38}{cells}")
+    return "\n".join(lines) + "\n(events per second, median latency per event)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("demo-output"))
+    parser.add_argument("--seconds", type=float, default=5.0, help="per run")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--n-particles", type=int, default=40, help="event size (~10 hits each)")
+    parser.add_argument("--no-twin", action="store_true", help="skip the FastAPI comparison")
+    args = parser.parse_args(argv)
+    out: Path = args.out
+    torch.set_num_threads(1)  # the client's event threads are its parallelism, as in the seeds
+    shutil.rmtree(out / "traces", ignore_errors=True)
+    (out / "metrics").mkdir(parents=True, exist_ok=True)
+
+    say(f"embedded OTLP receiver -> {out / 'traces'}")
+    receiver = Receiver(out / "traces").start()
+    client_metrics_port = free_port()
+    otelkit.configure(
+        service_name="gnn-tracking-client",
+        traces_endpoint=receiver.traces_url,
+        prometheus_port=client_metrics_port,
+        prometheus_host="127.0.0.1",
+        bsp_schedule_delay_ms=200,
+        bsp_max_queue_size=65536,
+    )
+    events = event_pool(32, args.n_particles)
+    hits = sum(int(e.shape[0]) for e in events) / len(events)
+    say(f"{len(events)} events generated, {hits:.0f} hits each on average")
+    models = load_models()
+    models_metrics = models_metrics_base()
+    server = triton_server(
+        receiver.traces_url, models_metrics_port=models_metrics, log_path=out / "triton.log"
+    )
+    say("starting tritonserver (5 stage models + the ensemble, Python backend on the CPU)...")
+    reports: list[tuple[str, RunReport]] = []
+    with server:
+        say(f"Triton ready: grpc {server.grpc_url}, http {server.http_url}, {server.metrics_url}")
+        grpc, http = Remote(server.grpc_url, "grpc"), Remote(server.http_url, "http")
+        say(_check_labels(events[:4], grpc))
+        for option in OPTIONS:
+            for threads in args.threads:
+                report = _run(option, events, threads, models, grpc, "triton", "grpc", args)
+                reports.append((f"{option.number} {option.title}", report))
+        for threads in args.threads:
+            report = _run(OPTIONS[4], events, threads, models, http, "triton", "http", args)
+            reports.append(("4 one ensemble, Triton over HTTP", report))
+        if not args.no_twin:
+            say("starting the FastAPI twin (KServe v2 over HTTP)...")
+            with fastapi_twin(receiver.traces_url, out / "fastapi.log") as twin_url:
+                twin = Remote(twin_url, "http")
+                for threads in args.threads:
+                    report = _run(
+                        OPTIONS[4], events, threads, models, twin, "fastapi", "http", args
+                    )
+                    reports.append(("4 one pipeline model, FastAPI twin", report))
+                twin.close()
+        _snapshot(server.metrics_url, out / "metrics" / "triton.prom")
+        for offset, stage in enumerate(STAGE_ORDER, start=1):
+            url = f"http://127.0.0.1:{models_metrics + offset}/metrics"
+            _snapshot(url, out / "metrics" / f"model-{stage}.prom")
+        _snapshot(
+            f"http://127.0.0.1:{client_metrics_port}/metrics", out / "metrics" / "client.prom"
+        )
+        grpc.close()
+        http.close()
+        say("stopping Triton (its models flush their spans)...")
+    otelkit.shutdown()
+    _settle(receiver)
+    receiver.stop()
+    say(f"{receiver.spans_stored} spans collected; computing the breakdown from the traces")
+    return _report(out, reports, args.threads)
+
+
+def _run(
+    option: ServiceOption,
+    events: list[torch.Tensor],
+    threads: int,
+    models: Models,
+    remote: Remote,
+    server: str,
+    protocol: str,
+    args: argparse.Namespace,
+) -> RunReport:
+    if not option.served:
+        server, protocol = "none", "-"
+    attributes = {SERVER_ATTRIBUTE: server, PROTOCOL_ATTRIBUTE: protocol}
+    drive(option, events, threads=threads, models=models, remote=remote, count=2,
+          **{SERVER_ATTRIBUTE: "warmup"})  # fmt: skip
+    report = drive(
+        option, events, threads=threads, models=models, remote=remote, seconds=args.seconds,
+        **attributes,
+    )  # fmt: skip
+    where = "in process" if not option.served else f"{server} {protocol}"
+    say(f"{where:<13} {report.line()}")
+    return report
+
+
+def _report(out: Path, reports: list[tuple[str, RunReport]], threads: list[int]) -> int:
+    traces = build_traces(load_spans(out / "traces"))
+    keys = (SERVER_ATTRIBUTE, PROTOCOL_ATTRIBUTE, OPTION_ATTRIBUTE, THREADS_ATTRIBUTE)
+    groups = breakdown(traces.values(), group_by=keys, root_name=ROOT_SPAN)
+    groups = {k: g for k, g in groups.items() if k[0] in ("none", "triton", "fastapi")}
+    print("\n=== where the time goes, per event (mean ms), from the traces ===")
+    print(format_breakdowns(groups, labels=("server", "protocol", "option", "threads")))
+    print("\n=== throughput per service option ===")
+    print(_throughput_table(reports, threads))
+    problems = sum(len(g.problems) for g in groups.values())
+    incomplete = sum(g.incomplete for g in groups.values())
+    print(
+        f"\nnesting check: {'every call consistent' if not problems else f'{problems} problems'}"
+        " (each stage within its server span, each server span within its client span)"
+    )
+    if incomplete:
+        print(
+            f"{incomplete} events left out of the breakdown: Triton lost a call's trace context "
+            "(tritonserver 2.51 reads gRPC metadata past its end, see README)"
+        )
+    summary = {
+        "runs": [
+            {"label": label, "option": r.option, "threads": r.threads, "events": r.events,
+             "errors": r.errors, "events_per_s": round(r.throughput, 2),
+             "p50_ms": round(r.percentile_ms(50), 3), "p99_ms": round(r.percentile_ms(99), 3)}
+            for label, r in reports
+        ],
+        "breakdown_ms": {
+            "/".join(k): {name: round(g.mean(name) * 1e3, 4) for name in g.components}
+            for k, g in groups.items()
+        },
+    }  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(
+        f"\ntraces:  {(out / 'traces' / 'traces.jsonl').resolve()} (OTLP JSON lines; "
+        f"`otelkit breakdown {out / 'traces'} --group-by {OPTION_ATTRIBUTE}` reads them)\n"
+        f"metrics: {(out / 'metrics').resolve()}/ (Triton's nv_inference_*, the stage models' "
+        "otelkit_stage_*, the client's otelkit_client_*, as scraped at the end)\n"
+        f"summary: {(out / 'summary.json').resolve()}; Triton's log: {out / 'triton.log'}"
+    )
+    failed = sum(r.errors for _, r in reports)
+    return 1 if failed or problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

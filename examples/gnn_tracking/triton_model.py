@@ -1,0 +1,105 @@
+"""The Triton Python-backend model behind every stage of ``model_repository``.
+
+Each ``model_repository/<stage>/1/model.py`` is two lines: it puts ``examples/`` on the path
+and binds ``TritonPythonModel = model_for("<stage>")``. The model
+
+- configures otelkit from tritonserver's environment (``OTEL_*``/``OTELKIT_*``); its Prometheus
+  port is ``OTELKIT_PROMETHEUS_PORT`` plus the model's ``metrics_port_offset`` parameter, so
+  the five stage models (five stub processes) each serve their own ``/metrics``;
+- loads the pipeline's weights on the instance's device (``KIND_GPU`` instances use
+  ``cuda:<device_id>``); a CPU instance runs torch on ``GNN_TRACKING_TORCH_THREADS`` threads
+  (default 1: the five stub processes share the cores, and OpenMP threads spinning against
+  each other slow every stage down by orders of magnitude);
+- runs each request under Triton's trace context (``otelkit.server.triton_backend``), so the
+  stage's ``otelkit.stage`` span hangs under Triton's model span in the client's trace;
+- answers a failing request with a Triton error naming the stage, never failing the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import otelkit
+from gnn_tracking.models import WEIGHTS_DIR, load_models
+from gnn_tracking.stages import ENSEMBLE_STAGE, STAGES, Stage
+from otelkit.server import triton_backend
+
+__all__ = ["model_for"]
+
+_log = logging.getLogger("gnn_tracking")
+METRICS_PORT_OFFSET = "metrics_port_offset"
+TORCH_THREADS = "GNN_TRACKING_TORCH_THREADS"  # intra-op threads of a CPU instance (default 1)
+WEIGHTS = "GNN_TRACKING_WEIGHTS"  # a weights directory other than the committed one
+
+
+def _metrics_port(model_config: dict[str, Any]) -> int | None:
+    base = os.environ.get("OTELKIT_PROMETHEUS_PORT")
+    if not base:
+        return None
+    offset = model_config.get("parameters", {}).get(METRICS_PORT_OFFSET, {}).get("string_value")
+    return int(base) + int(offset or 0)
+
+
+def _device(args: dict[str, str]) -> torch.device:
+    if args.get("model_instance_kind") == "GPU":
+        return torch.device("cuda", int(args.get("model_instance_device_id", 0)))
+    return torch.device("cpu")
+
+
+def model_for(stage_name: str) -> type:
+    """A ``TritonPythonModel`` class serving ``stage_name`` (a stage, or the whole pipeline)."""
+    stage = ENSEMBLE_STAGE if stage_name == ENSEMBLE_STAGE.name else STAGES[stage_name]
+
+    class TritonPythonModel:
+        def initialize(self, args: dict[str, str]) -> None:
+            config = json.loads(args["model_config"])
+            otelkit.configure(prometheus_port=_metrics_port(config))
+            self.model_name = args["model_name"]
+            self.device = _device(args)
+            if self.device.type == "cpu":  # instances share the cores: no intra-op threads each
+                torch.set_num_threads(int(os.environ.get(TORCH_THREADS, "1")))
+            self.models = load_models(
+                self.device, weights_dir=Path(os.environ.get(WEIGHTS, WEIGHTS_DIR))
+            )
+            self.stage: Stage = stage
+
+        def execute(self, requests: list[Any]) -> list[Any]:
+            import triton_python_backend_utils as pb_utils
+
+            responses = []
+            for request in triton_backend.each_request(requests, self.model_name):
+                try:
+                    responses.append(self._respond(pb_utils, request))
+                except Exception as error:
+                    _log.exception("%s failed", self.model_name)
+                    message = f"{self.model_name}: {type(error).__name__}: {error}"
+                    responses.append(
+                        pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+                    )
+            return responses
+
+        def _respond(self, pb_utils: Any, request: Any) -> Any:
+            tensors = {}
+            for spec in self.stage.inputs:
+                array = pb_utils.get_input_tensor_by_name(request, spec.name).as_numpy()
+                tensors[spec.name] = torch.from_numpy(array).to(self.device)
+            with torch.inference_mode():
+                outputs = self.stage.run(self.models, tensors)
+            return pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.Tensor(spec.name, outputs[spec.name].cpu().numpy())
+                    for spec in self.stage.outputs
+                ]
+            )
+
+        def finalize(self) -> None:
+            otelkit.shutdown()
+
+    TritonPythonModel.__qualname__ = f"TritonPythonModel[{stage_name}]"
+    return TritonPythonModel

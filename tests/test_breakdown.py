@@ -61,11 +61,8 @@ def one_event(option: int = 1, trace_id: str = TRACE) -> list[Span]:
         **{semconv.MODEL_NAME: "gnn", semconv.SERIALIZE_S: 0.0005, semconv.DESERIALIZE_S: 0.00025},
     )  # fmt: skip
     server = span(call, "InferRequest", 6, 12, SpanKind.SERVER)
-    model = span(
-        server, "gnn", 6, 12,
-        events=(SpanEvent("QUEUE_START", 6 * MS), SpanEvent("COMPUTE_START", 7 * MS)),
-    )  # fmt: skip
-    compute = span(model, "compute", 7, 11)
+    model = span(server, "gnn", 6, 12, events=(SpanEvent("QUEUE_START", 6 * MS),))
+    compute = span(model, "compute", 7, 11, events=(SpanEvent("COMPUTE_START", 7 * MS),))
     outer = stage(compute, "gnn", 7.5, 10.5)
     inner = stage(outer, "message_passing", 8, 10)
     return [root, local, call, server, model, compute, outer, inner]
@@ -104,17 +101,28 @@ def test_groups_by_root_attribute_and_leaves_out_traces_missing_server_spans() -
     assert "bottleneck: server gnn" in text
 
 
-def test_a_server_span_longer_than_its_client_span_is_reported() -> None:
+def test_a_server_span_starting_before_its_client_span_is_reported() -> None:
     spans = one_event()
-    call = spans[2]
-    server = spans[3]
+    call, server = spans[2], spans[3]
     spans[3] = Span(
         server.trace_id, server.span_id, call.span_id, server.name, server.kind,
-        call.start_ns - MS, call.end_ns + MS,
+        call.start_ns - MS, server.end_ns,
     )  # fmt: skip
     trace = build_traces(spans)[TRACE]
     _, problems = trace_components(trace, trace.roots[0])
-    assert problems and "server span longer than its client span" in problems[0]
+    assert problems == [f"gnn: server span starts before its client span ({TRACE})"]
+
+
+def test_stages_overflowing_their_server_span_are_reported() -> None:
+    spans = one_event()
+    outer = spans[6]
+    spans[6] = Span(
+        outer.trace_id, outer.span_id, outer.parent_span_id, outer.name, outer.kind,
+        outer.start_ns, outer.start_ns + 9 * MS, outer.attributes,
+    )  # fmt: skip
+    trace = build_traces(spans)[TRACE]
+    _, problems = trace_components(trace, trace.roots[0])
+    assert problems == [f"gnn: stages + queue exceed the server span ({TRACE})"]
 
 
 def test_root_name_filters_roots() -> None:

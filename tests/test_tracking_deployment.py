@@ -4,6 +4,10 @@ Every model of ``examples/gnn_tracking/model_repository`` loads and answers; the
 options agree on the track labels; an option-4 trace holds every stage span under the
 ensemble's steps, joined to the client's span; the FastAPI twin answers identically through
 ``tritonclient.http``; the committed repository is what ``gnn_tracking.repository`` writes.
+
+Traced calls go over HTTP: the bundled tritonserver 2.51 crashes (SIGSEGV in
+``InferenceRequestDelete``) after a few hundred gRPC requests that carry a trace context, so
+the gRPC path is checked with uninstrumented clients, which send none.
 """
 
 from __future__ import annotations
@@ -101,7 +105,7 @@ def test_every_model_loads_and_declares_the_stage_tensors(pipeline_server: Trito
 def test_each_stage_model_answers_what_the_stage_computes_in_process(
     pipeline_server: TritonServer, models: Models, events: list[torch.Tensor]
 ) -> None:
-    remote = Remote(pipeline_server.grpc_url, "grpc")
+    remote = Remote(pipeline_server.grpc_url, "grpc", instrument=False)
     tensors = {"FEATURES": events[0]}
     for name in STAGE_ORDER:
         stage = STAGES[name]
@@ -118,8 +122,10 @@ def test_each_stage_model_answers_what_the_stage_computes_in_process(
 def test_all_five_options_give_the_labels_of_the_in_process_pipeline(
     pipeline_server: TritonServer, models: Models, events: list[torch.Tensor], protocol: str
 ) -> None:
-    url = pipeline_server.grpc_url if protocol == "grpc" else pipeline_server.http_url
-    remote = Remote(url, protocol)  # type: ignore[arg-type]
+    if protocol == "grpc":
+        remote = Remote(pipeline_server.grpc_url, "grpc", instrument=False)
+    else:
+        remote = Remote(pipeline_server.http_url, "http")
     for features in events:
         expected = reconstruct(OPTIONS[0], features, models, None)
         assert expected.shape == (features.shape[0],)
@@ -139,7 +145,7 @@ def _stage_spans(spans: list[Span]) -> dict[str, Span]:
 def test_an_ensemble_trace_holds_every_stage_under_its_step(
     pipeline_server: TritonServer, traced_client: Path, events: list[torch.Tensor]
 ) -> None:
-    remote = Remote(pipeline_server.http_url, "http")  # HTTP: Triton keeps every context
+    remote = Remote(pipeline_server.http_url, "http")
     reconstruct(OPTIONS[4], events[1], None, remote)
     remote.close()
     otelkit.flush()
@@ -163,8 +169,10 @@ def test_an_ensemble_trace_holds_every_stage_under_its_step(
     assert set(steps) == set(STAGE_ORDER)
     stages = _stage_spans(spans)
     for name, step in steps.items():
+        # Triton hands the model the context of its model span: the stage is a child of the
+        # step's model span, and runs within its compute span
         (compute,) = [c for c in tree.children(step) if c.name == "compute"]
-        assert stages[name].parent_span_id == compute.span_id, name
+        assert stages[name].parent_span_id == step.span_id, name
         assert compute.start_ns <= stages[name].start_ns <= stages[name].end_ns <= compute.end_ns
     groups = breakdown([tree], root_name=ROOT_SPAN)
     (group,) = groups.values()
@@ -175,7 +183,7 @@ def test_an_ensemble_trace_holds_every_stage_under_its_step(
 def test_the_client_drives_every_option_from_a_thread_pool(
     pipeline_server: TritonServer, models: Models, events: list[torch.Tensor]
 ) -> None:
-    remote = Remote(pipeline_server.grpc_url, "grpc")
+    remote = Remote(pipeline_server.http_url, "http")
     for option in OPTIONS:
         report = drive(option, events, threads=4, models=models, remote=remote, count=8)
         assert (report.events, report.errors) == (8, 0), report.first_error
@@ -195,7 +203,7 @@ def test_a_failing_request_is_a_clear_error_and_the_server_keeps_serving(
     features.set_data_from_numpy(np.zeros((4, 3), np.float32))
     with pytest.raises(tritonclient.utils.InferenceServerException, match="filter"):
         client.infer("filter", [features, bad, edges])
-    remote = Remote(pipeline_server.grpc_url, "grpc")
+    remote = Remote(pipeline_server.grpc_url, "grpc", instrument=False)
     assert reconstruct(OPTIONS[4], events[0], None, remote).shape == (events[0].shape[0],)
     remote.close()
 

@@ -79,9 +79,14 @@ def drive(
     remote: Remote | None = None,
     count: int | None = None,
     seconds: float | None = None,
+    max_errors: int = 100,
     **attributes: object,
 ) -> RunReport:
-    """Reconstruct ``count`` events, or as many as ``seconds`` allows, from ``threads`` threads."""
+    """Reconstruct ``count`` events, or as many as ``seconds`` allows, from ``threads`` threads.
+
+    A failed event is counted and the run goes on; after ``max_errors`` failures (a dead
+    server) every thread stops, and the report says so.
+    """
     if not 1 <= threads <= MAX_THREADS:
         raise ValueError(f"threads must be within 1..{MAX_THREADS}, not {threads}")
     if count is None and seconds is None:
@@ -94,7 +99,7 @@ def drive(
     deadline = start + seconds if seconds is not None else float("inf")
 
     def worker() -> None:
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < deadline and len(errors) < max_errors:
             ticket = next(tickets)
             if count is not None and ticket >= count:
                 return

@@ -60,30 +60,32 @@ class Remote:
     """Calls served stages through an instrumented tritonclient at ``url`` (``host:port``).
 
     gRPC shares one client (one channel) between threads; tritonclient's HTTP client is not
-    thread-safe, so each thread gets its own.
+    thread-safe, so each thread gets its own. ``instrument=False`` sends no trace context.
     """
 
-    def __init__(self, url: str, protocol: Protocol = "grpc") -> None:
+    def __init__(self, url: str, protocol: Protocol = "grpc", *, instrument: bool = True) -> None:
         if protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be http or grpc, not {protocol!r}")
-        self.url, self.protocol = url, protocol
+        self.url, self.protocol, self._instrument = url, protocol, instrument
         if protocol == "grpc":
             import tritonclient.grpc as module
         else:
             import tritonclient.http as module  # type: ignore[no-redef]
         self._module: Any = module
-        self._shared = (
-            otelkit.instrument(module.InferenceServerClient(url)) if protocol == "grpc" else None
-        )
+        self._shared = self._new_client() if protocol == "grpc" else None
         self._local = threading.local()
         self._clients: list[Any] = []
+
+    def _new_client(self) -> Any:
+        client = self._module.InferenceServerClient(self.url)
+        return otelkit.instrument(client) if self._instrument else client
 
     def _client(self) -> Any:
         if self._shared is not None:
             return self._shared
         client = getattr(self._local, "client", None)
         if client is None:
-            client = otelkit.instrument(self._module.InferenceServerClient(self.url))
+            client = self._new_client()
             self._local.client = client
             self._clients.append(client)
         return client

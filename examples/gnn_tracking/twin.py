@@ -11,6 +11,7 @@ joined to the client's trace, and the stages' ``otelkit.stage`` spans nest under
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -22,6 +23,7 @@ import otelkit
 from gnn_tracking.kserve import ModelSpec, create_app
 from gnn_tracking.models import Models, load_models
 from gnn_tracking.stages import ENSEMBLE_STAGE, STAGES, Stage
+from gnn_tracking.triton_model import TORCH_THREADS
 
 __all__ = ["create_twin"]
 
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8010)
     args = parser.parse_args(argv)
+    # requests run on the thread pool at once: one intra-op thread each, as the Triton models
+    torch.set_num_threads(int(os.environ.get(TORCH_THREADS, "1")))
     otelkit.configure(service_name="gnn-tracking-fastapi")
     try:
         uvicorn.run(create_twin(), host=args.host, port=args.port, log_level="warning")

@@ -18,7 +18,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -80,7 +80,7 @@ def drive(
     count: int | None = None,
     seconds: float | None = None,
     max_errors: int = 100,
-    **attributes: object,
+    attributes: Mapping[str, str | int] | None = None,
 ) -> RunReport:
     """Reconstruct ``count`` events, or as many as ``seconds`` allows, from ``threads`` threads.
 
@@ -107,7 +107,7 @@ def drive(
             try:
                 reconstruct(
                     option, events[ticket % len(events)], models, remote,
-                    **{THREADS_ATTRIBUTE: threads}, **attributes,
+                    {THREADS_ATTRIBUTE: threads, **(attributes or {})},
                 )  # fmt: skip
             except Exception as error:
                 with lock:

@@ -118,8 +118,8 @@ def _check_labels(events: list[torch.Tensor], remote: Remote) -> str:
     direct, ensemble = OPTIONS[0], OPTIONS[4]
     differing = 0
     for features in events:
-        local = reconstruct(direct, features, models, None, **{SERVER_ATTRIBUTE: "check"})
-        served = reconstruct(ensemble, features, None, remote, **{SERVER_ATTRIBUTE: "check"})
+        local = reconstruct(direct, features, models, None, {SERVER_ATTRIBUTE: "check"})
+        served = reconstruct(ensemble, features, None, remote, {SERVER_ATTRIBUTE: "check"})
         differing += int(not torch.equal(local, served))
     if differing:
         return (
@@ -230,15 +230,15 @@ def _run(
     server: str,
     args: argparse.Namespace,
 ) -> RunReport:
-    protocol = remote.protocol
+    protocol: str = remote.protocol
     if not option.served:
         server, protocol = "none", "-"
     attributes = {SERVER_ATTRIBUTE: server, PROTOCOL_ATTRIBUTE: protocol}
     drive(option, events, threads=threads, models=models, remote=remote, count=2,
-          **{SERVER_ATTRIBUTE: "warmup"})  # fmt: skip
+          attributes={SERVER_ATTRIBUTE: "warmup"})  # fmt: skip
     report = drive(
         option, events, threads=threads, models=models, remote=remote, seconds=args.seconds,
-        **attributes,
+        attributes=attributes,
     )  # fmt: skip
     where = "in process" if not option.served else f"{server} {protocol}"
     say(f"{where:<13} {report.line()}")

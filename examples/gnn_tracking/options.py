@@ -15,6 +15,7 @@ with the option as attribute: the root that ``otelkit.analysis.breakdown`` split
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -70,7 +71,7 @@ class Remote:
         if protocol == "grpc":
             import tritonclient.grpc as module
         else:
-            import tritonclient.http as module  # type: ignore[no-redef]
+            import tritonclient.http as module
         self._module: Any = module
         self._shared = self._new_client() if protocol == "grpc" else None
         self._local = threading.local()
@@ -120,12 +121,15 @@ def reconstruct(
     features: torch.Tensor,
     models: Models | None,
     remote: Remote | None,
-    **attributes: Any,
+    attributes: Mapping[str, str | int] | None = None,
 ) -> torch.Tensor:
     """Track labels of one event under ``option``: served stages via ``remote``, the others
     with the local ``models``. One ``reconstruct event`` span covers it."""
-    span_attributes = {OPTION_ATTRIBUTE: option.number, HITS_ATTRIBUTE: int(features.shape[0])}
-    span_attributes.update(attributes)
+    span_attributes: dict[str, str | int] = {
+        OPTION_ATTRIBUTE: option.number,
+        HITS_ATTRIBUTE: int(features.shape[0]),
+        **(attributes or {}),
+    }
     with _tracer.start_as_current_span(ROOT_SPAN, attributes=span_attributes):
         if option.served == (ENSEMBLE_STAGE.name,):
             return _remote(remote).infer(ENSEMBLE_STAGE, {FEATURES: features})[TRACK_LABELS]

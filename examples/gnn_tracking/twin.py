@@ -14,10 +14,11 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
-import numpy as np
 import torch
 from fastapi import FastAPI
+from numpy.typing import NDArray
 
 import otelkit
 from gnn_tracking.kserve import ModelSpec, create_app
@@ -30,8 +31,8 @@ __all__ = ["create_twin"]
 
 def _infer(
     stage: Stage, models: Models
-) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
-    def infer(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+) -> Callable[[dict[str, NDArray[Any]]], dict[str, NDArray[Any]]]:
+    def infer(arrays: dict[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
         tensors = {
             name: torch.from_numpy(array).to(models.device) for name, array in arrays.items()
         }

@@ -73,10 +73,17 @@ def triton_server(
     models_metrics_port: int | None = None,
     log_path: Path | None = None,
     repository: Path = REPOSITORY,
+    trace_rate: int = 1,
 ) -> TritonServer:
-    """A ``TritonServer`` (not started) for the pipeline; models trace to ``traces_url``."""
+    """A ``TritonServer`` (not started) for the pipeline; models trace to ``traces_url``.
+
+    Triton traces every request that carries a trace context, and one in ``trace_rate`` of
+    the others (1: all of them).
+    """
     models_env = {
         "OTEL_SERVICE_NAME": "gnn-tracking-models",
+        # stage spans follow the caller: a request Triton does not trace gets none
+        "OTEL_TRACES_SAMPLER": "parentbased_always_off",
         "OTEL_BSP_SCHEDULE_DELAY": "200",
         "OTELKIT_METRICS_EXPORTER": "prometheus",
         "OTELKIT_PROMETHEUS_HOST": host,
@@ -91,6 +98,7 @@ def triton_server(
         grpc_port=grpc_port,
         metrics_port=metrics_port,
         trace_url=traces_url,
+        trace_rate=trace_rate,
         trace_resource={"service.name": "triton"},
         extra_args=[f"--model-config-name={GPU_CONFIG}"] if gpu else [],
         env=models_env,

@@ -100,6 +100,18 @@ def fastapi_twin(traces_url: str, log_path: Path) -> Iterator[str]:
             proc.wait()
 
 
+def _crashed(server: TritonServer) -> bool:
+    """Dead, or hung in its crash handler: a segfaulted tritonserver may never exit."""
+    if not server.running:
+        return True
+    try:
+        return "Signal (11)" in (
+            server.log_path.read_text(errors="replace") if server.log_path else ""
+        )
+    except OSError:
+        return False
+
+
 def url_of(server: TritonServer, protocol: str) -> str:
     return server.http_url if protocol == "http" else server.grpc_url
 
@@ -208,24 +220,25 @@ def main(argv: list[str] | None = None) -> int:
     reports: list[tuple[str, RunReport]] = []
     with server:
         say(f"Triton ready: grpc {server.grpc_url}, http {server.http_url}, {server.metrics_url}")
-        remote = Remote(url_of(server, args.protocol), args.protocol)
+        remote = Remote(url_of(server, args.protocol), args.protocol, timeout_s=10)
         say(_check_labels(events[:4], remote))
         restarts = 0
         for option in OPTIONS:
             for threads in args.threads:
                 report = _run(option, events, threads, models, remote, "triton", args)
-                while not server.running:  # tritonserver 2.51's tracing crash (see UNTRACED)
+                while _crashed(server):  # tritonserver 2.51's tracing crash (see UNTRACED)
                     restarts += 1
                     say(
-                        f"tritonserver crashed (Signal 11, upstream issue 7795): restart {restarts}"
+                        f"tritonserver died (2.51 segfaults under tracing, upstream issue 7795): "
+                        f"restarting it, running again ({restarts} of {MAX_RESTARTS})"
                     )
                     if restarts > MAX_RESTARTS:
                         say(f"giving up; its log ends with:\n{server.log_tail(15)}")
                         return 1
-                    server.stop()
+                    server.stop(timeout=5)
                     server.start()
                     remote.close()
-                    remote = Remote(url_of(server, args.protocol), args.protocol)
+                    remote = Remote(url_of(server, args.protocol), args.protocol, timeout_s=10)
                     report = _run(option, events, threads, models, remote, "triton", args)
                 reports.append((f"{option.number} {option.title}", report))
         if not args.no_twin:

@@ -61,13 +61,18 @@ class Remote:
     """Calls served stages through an instrumented tritonclient at ``url`` (``host:port``).
 
     gRPC shares one client (one channel) between threads; tritonclient's HTTP client is not
-    thread-safe, so each thread gets its own. ``instrument=False`` sends no trace context.
+    thread-safe, so each thread gets its own. ``instrument=False`` sends no trace context; a
+    call waits at most ``timeout_s`` for its answer.
     """
 
-    def __init__(self, url: str, protocol: Protocol = "grpc", *, instrument: bool = True) -> None:
+    def __init__(
+        self, url: str, protocol: Protocol = "grpc", *, instrument: bool = True,
+        timeout_s: float = 60.0,
+    ) -> None:  # fmt: skip
         if protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be http or grpc, not {protocol!r}")
         self.url, self.protocol, self._instrument = url, protocol, instrument
+        self.timeout_s = timeout_s
         if protocol == "grpc":
             import tritonclient.grpc as module
         else:
@@ -78,7 +83,12 @@ class Remote:
         self._clients: list[Any] = []
 
     def _new_client(self) -> Any:
-        client = self._module.InferenceServerClient(self.url)
+        if self.protocol == "http":
+            client = self._module.InferenceServerClient(
+                self.url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
+            )
+        else:
+            client = self._module.InferenceServerClient(self.url)
         return otelkit.instrument(client) if self._instrument else client
 
     def _client(self) -> Any:
@@ -100,7 +110,8 @@ class Remote:
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
         outputs = [self._module.InferRequestedOutput(spec.name) for spec in stage.outputs]
-        result = self._client().infer(stage.name, inputs, outputs=outputs)
+        timeout = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        result = self._client().infer(stage.name, inputs, outputs=outputs, **timeout)
         # tritonclient's arrays view its read-only response buffer: torch wants its own copy
         return {spec.name: torch.tensor(result.as_numpy(spec.name)) for spec in stage.outputs}
 

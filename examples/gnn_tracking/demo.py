@@ -136,8 +136,7 @@ def _settle(receiver: Receiver, quiet_s: float = 1.0, limit_s: float = 20.0) -> 
             return
 
 
-def _check_labels(events: list[torch.Tensor], remote: Remote) -> str:
-    models = load_models()
+def _check_labels(events: list[torch.Tensor], models: Models, remote: Remote) -> str:
     direct, ensemble = OPTIONS[0], OPTIONS[4]
     differing = 0
     for features in events:
@@ -221,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     with server:
         say(f"Triton ready: grpc {server.grpc_url}, http {server.http_url}, {server.metrics_url}")
         remote = Remote(url_of(server, args.protocol), args.protocol, timeout_s=10)
-        say(_check_labels(events[:4], remote))
+        say(_check_labels(events[:4], models, remote))
         restarts = 0
         for option in OPTIONS:
             for threads in args.threads:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -52,7 +53,6 @@ def models_metrics_base(host: str = "127.0.0.1", attempts: int = 50) -> int:
 
 
 def _is_free(host: str, port: int) -> bool:
-    import socket
 
     with socket.socket() as sock:
         try:

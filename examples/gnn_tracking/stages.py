@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from numpy.typing import NDArray
 
 from gnn_tracking import pipeline
 from gnn_tracking.kserve import TensorSpec  # a tensor as config.pbtxt and KServe v2 declare it
@@ -38,6 +40,13 @@ class Stage:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     run: Callable[[Models, Tensors], dict[str, torch.Tensor]]
+
+    def run_arrays(self, models: Models, arrays: Mapping[str, NDArray[Any]]) -> dict[str, Any]:
+        """The stage on a server's numpy arrays: onto the models' device, run, back to numpy."""
+        tensors = {name: torch.from_numpy(a).to(models.device) for name, a in arrays.items()}
+        with torch.inference_mode():
+            outputs = self.run(models, tensors)
+        return {name: tensor.cpu().numpy() for name, tensor in outputs.items()}
 
 
 _FEATURES = TensorSpec(FEATURES, "FP32", (-1, 3))

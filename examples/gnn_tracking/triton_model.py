@@ -85,16 +85,14 @@ def model_for(stage_name: str) -> type:
             return responses
 
         def _respond(self, pb_utils: Any, request: Any) -> Any:
-            tensors = {}
-            for spec in self.stage.inputs:
-                array = pb_utils.get_input_tensor_by_name(request, spec.name).as_numpy()
-                tensors[spec.name] = torch.from_numpy(array).to(self.device)
-            with torch.inference_mode():
-                outputs = self.stage.run(self.models, tensors)
+            arrays = {
+                spec.name: pb_utils.get_input_tensor_by_name(request, spec.name).as_numpy()
+                for spec in self.stage.inputs
+            }
+            outputs = self.stage.run_arrays(self.models, arrays)
             return pb_utils.InferenceResponse(
                 output_tensors=[
-                    pb_utils.Tensor(spec.name, outputs[spec.name].cpu().numpy())
-                    for spec in self.stage.outputs
+                    pb_utils.Tensor(spec.name, outputs[spec.name]) for spec in self.stage.outputs
                 ]
             )
 

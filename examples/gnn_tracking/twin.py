@@ -13,41 +13,25 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from functools import partial
 
 import torch
 from fastapi import FastAPI
-from numpy.typing import NDArray
 
 import otelkit
 from gnn_tracking.kserve import ModelSpec, create_app
 from gnn_tracking.models import Models, load_models
-from gnn_tracking.stages import ENSEMBLE_STAGE, STAGES, Stage
+from gnn_tracking.stages import ENSEMBLE_STAGE, STAGES
 from gnn_tracking.triton_model import TORCH_THREADS
 
 __all__ = ["create_twin"]
-
-
-def _infer(
-    stage: Stage, models: Models
-) -> Callable[[dict[str, NDArray[Any]]], dict[str, NDArray[Any]]]:
-    def infer(arrays: dict[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
-        tensors = {
-            name: torch.from_numpy(array).to(models.device) for name, array in arrays.items()
-        }
-        with torch.inference_mode():
-            outputs = stage.run(models, tensors)
-        return {name: tensor.cpu().numpy() for name, tensor in outputs.items()}
-
-    return infer
 
 
 def create_twin(models: Models | None = None) -> FastAPI:
     """The KServe v2 app serving every stage and the whole pipeline, instrumented."""
     models = models or load_models()
     specs = [
-        ModelSpec(stage.name, stage.inputs, stage.outputs, _infer(stage, models))
+        ModelSpec(stage.name, stage.inputs, stage.outputs, partial(stage.run_arrays, models))
         for stage in (*STAGES.values(), ENSEMBLE_STAGE)
     ]
     app = create_app(specs, name="gnn-tracking-fastapi")

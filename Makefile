@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install prometheus test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi clean
+.PHONY: install prometheus test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-gpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,9 @@ bench-client: install
 
 bench-stage: install
 	$(PY) benchmarks/bench_stage.py
+
+bench-gpu: install
+	$(PY) benchmarks/bench_gpu.py
 
 bench-fastapi: install
 	$(PY) benchmarks/bench_fastapi.py

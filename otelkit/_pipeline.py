@@ -34,6 +34,8 @@ from otelkit._export import BatchExportProcessor, LossCounter, MetricPusher, Pul
 from otelkit._exporters import JsonHttpSpanExporter, JsonLinesSpanExporter
 from otelkit._prometheus import PrometheusEndpoint
 from otelkit.config import Settings
+from otelkit.gpu.replay import RecordingError, ReplayBackend
+from otelkit.gpu.sampler import GpuSampler
 
 _log = logging.getLogger("otelkit")
 
@@ -53,6 +55,7 @@ class Telemetry:
     span_processor: BatchExportProcessor | None = None
     metric_pusher: MetricPusher | None = None
     prometheus: PrometheusEndpoint | None = None
+    gpu_sampler: GpuSampler | None = None
     span_loss: LossCounter = field(default_factory=lambda: _span_loss(60.0))
 
     @property
@@ -183,6 +186,18 @@ def _views() -> list[View]:
     return views
 
 
+def _gpu_sampler(settings: Settings) -> GpuSampler | None:
+    """The GPU sampler, started; a recording that cannot be replayed is logged, not raised."""
+    backend = None
+    if settings.gpu_replay:
+        try:
+            backend = ReplayBackend(settings.gpu_replay)
+        except RecordingError as error:
+            _log.error("otelkit: no GPU metrics: %s", error)
+            return None
+    return GpuSampler(backend, settings.gpu_interval_s).start(wait=backend is not None)
+
+
 def build(settings: Settings) -> Telemetry:
     """Everything one configuration needs, started; the caller installs it."""
     resource = _resource(settings)
@@ -209,6 +224,8 @@ def build(settings: Settings) -> Telemetry:
     state = Telemetry(
         settings, tracer_provider, meter_provider, destination, processor, span_loss=loss
     )
+    if settings.gpu or settings.gpu_span_attributes or settings.gpu_replay:
+        state.gpu_sampler = _gpu_sampler(settings)
     if push_reader is not None:
         metric_loss = LossCounter(
             settings.drop_log_interval_s, "metric exports", semconv.TELEMETRY_EXPORT_ERRORS

@@ -78,6 +78,7 @@ class _Pipeline(NamedTuple):
     ids: IdGenerator
     sampler: Sampler
     root_sampled: bool | None  # the decision for a span without a parent, when it is fixed
+    gpu: Callable[[], dict[str, Any]] | None  # attributes of this process's GPU, when enriching
 
 
 def _fixed_root_decision(sampler: Sampler) -> bool | None:
@@ -235,8 +236,9 @@ RecordingSpan = LeanSpan | _SdkSpan | _Unsampled
 class SpanRecorder:
     """Starts lean spans for one instrumentation scope, following ``configure()``."""
 
-    def __init__(self, scope_name: str, version: str = "") -> None:
+    def __init__(self, scope_name: str, version: str = "", *, server: bool = False) -> None:
         self._scope = InstrumentationScope(scope_name, version)
+        self._server = server  # server spans carry GPU attributes when configured to
         self._generation = -1
         self._pipeline: _Pipeline | None = None
         self._tracer = SWITCH.tracers.get_tracer(scope_name, version)
@@ -251,6 +253,7 @@ class SpanRecorder:
                 self._pipeline = _Pipeline(
                     provider._active_span_processor, provider.resource, provider.id_generator,
                     provider.sampler, _fixed_root_decision(provider.sampler),
+                    _gpu_attributes(state),
                 )  # fmt: skip
             self._generation = SWITCH.generation
         return self._pipeline
@@ -264,7 +267,8 @@ class SpanRecorder:
     ) -> RecordingSpan:
         """A span, child of the current span (or of ``context``), or ``UNSAMPLED``.
 
-        Its ``attributes`` dict starts empty: fill it only when ``sampled``.
+        Its ``attributes`` dict starts empty (but for a server recorder's GPU attributes):
+        fill it only when ``sampled``.
         """
         pipeline = self._current()
         current = (_current_context() if context is None else context).get(_SPAN_KEY)
@@ -287,7 +291,15 @@ class SpanRecorder:
             trace_id, pipeline.ids.generate_span_id(), False, TraceFlags(flags | _SAMPLED),
             parent.trace_state,
         )  # fmt: skip
+        gpu = pipeline.gpu
         return LeanSpan(
-            pipeline, self._scope, name, kind, span_context,
-            parent if parent.is_valid else None, {}, links,
+            pipeline, self._scope, name, kind, span_context, parent if parent.is_valid else None,
+            dict(gpu()) if gpu is not None and self._server else {}, links,
         )  # fmt: skip
+
+
+def _gpu_attributes(state: telemetry.Telemetry) -> Callable[[], dict[str, Any]] | None:
+    sampler = state.gpu_sampler
+    if sampler is None or not state.settings.gpu_span_attributes:
+        return None
+    return lambda: sampler.latest.span_attributes

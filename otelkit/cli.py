@@ -5,6 +5,8 @@ and ``run(args) -> int``; this module only dispatches.
 
     otelkit receive --port 4318 --out ./otelkit-traces   # embedded OTLP/HTTP receiver
     otelkit breakdown ./otelkit-traces --group-by KEY     # where the time of each trace goes
+    otelkit gpu-exporter --port 9400                     # NVML GPU metrics for Prometheus
+    otelkit gpu record --out gpus.json                   # real NVML readings, for replay
     otelkit config                                       # the settings configure() would use
 """
 
@@ -25,6 +27,8 @@ __all__ = ["main"]
 _COMMANDS = {
     "receive": ("otelkit.receiver", "run the embedded OTLP/HTTP trace receiver"),
     "breakdown": ("otelkit.analysis.breakdown", "where the time of traced requests goes"),
+    "gpu": ("otelkit.gpu.cli", "show the GPUs as otelkit samples them, or record them"),
+    "gpu-exporter": ("otelkit.gpu.exporter", "serve NVML GPU metrics to Prometheus"),
 }
 
 

@@ -356,6 +356,38 @@ OPTIONS: tuple[Option, ...] = (
         doc="dropped telemetry is logged at most once per this many seconds",
     ),
     Option(
+        "gpu",
+        False,
+        _check_bool,
+        (),
+        _parse_bool,
+        doc="sample this node's GPUs (NVML) and torch's CUDA memory into gauges",
+    ),
+    Option(
+        "gpu_interval_s",
+        1.0,
+        _number_in(0.01, 3_600.0),
+        (),
+        _parse_float,
+        doc="seconds between GPU samples",
+    ),
+    Option(
+        "gpu_replay",
+        None,
+        _check_directory,
+        (),
+        doc="replay a recording of `otelkit gpu record` instead of NVML (demos, tests)",
+    ),
+    Option(
+        "gpu_span_attributes",
+        False,
+        _check_bool,
+        (),
+        _parse_bool,
+        doc="server spans carry the last sampled utilisation and memory of this process's GPU"
+        " (starts the GPU sampler)",
+    ),
+    Option(
         "install_signal_handler",
         True,
         _check_bool,
@@ -393,6 +425,10 @@ class Settings:
     bsp_schedule_delay_ms: float
     bsp_export_timeout_ms: float
     drop_log_interval_s: float
+    gpu: bool
+    gpu_interval_s: float
+    gpu_replay: str | None
+    gpu_span_attributes: bool
     install_signal_handler: bool
 
 

@@ -125,6 +125,7 @@ WIRE_S = f"{PREFIX}.client.wire_s"  # on the wire and in the server, as the clie
 # -- server side: pipeline stages and HTTP server spans -----------------------------------------
 STAGE_NAME = f"{PREFIX}.stage.name"
 STAGE_GPU_S = f"{PREFIX}.stage.gpu_s"  # GPU time between CUDA events around the stage
+STAGE_GPU_MEMORY_GROWTH = f"{PREFIX}.stage.gpu.memory_growth"  # torch bytes allocated, end - start
 STAGE_BATCH_REQUESTS = f"{PREFIX}.stage.batch_requests"  # requests of a batch-wide stage
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_ROUTE = "http.route"
@@ -185,6 +186,113 @@ HTTP_SERVER_DURATION = MetricSpec(
     DURATION_BUCKETS_S,
 )  # fmt: skip
 
+# -- GPU telemetry (NVML), labelled like Triton's nv_gpu_* (gpu_uuid) so the two can be joined --
+M_GPU = "gpu"  # NVML index of the GPU (a MIG instance carries its parent's)
+M_GPU_UUID = "gpu_uuid"
+M_GPU_NAME = "gpu_name"
+M_MIG_INSTANCE = "mig_instance"  # GPU instance id of a MIG device; "" on a whole GPU
+M_PID = "pid"
+M_PROCESS_NAME = "process_name"
+M_OWNER = "owner"  # the Triton model instance (triton:<instance>) or otelkit service of a pid
+M_DIRECTION = "direction"  # transmit, receive
+M_REASON = "reason"
+M_FIELD = "field"
+# span attributes added by span enrichment (configure(gpu_span_attributes=True))
+SPAN_GPU_UUID = f"{PREFIX}.gpu.uuid"
+SPAN_GPU_UTILIZATION = f"{PREFIX}.gpu.utilization"
+SPAN_GPU_MEMORY_USED = f"{PREFIX}.gpu.memory.used"
+
+
+def _gpu_gauge(name: str, unit: str, description: str) -> MetricSpec:
+    return MetricSpec(f"{PREFIX}.gpu.{name}", "gauge", unit, description)
+
+
+GPU_AVAILABLE = _gpu_gauge(
+    "available", "", "1 while at least one GPU is sampled; 0 without NVML, driver or GPU."
+)
+GPU_UTILIZATION = _gpu_gauge(
+    "utilization", "1", "Share of the last sample period a kernel ran on the GPU (NVML)."
+)
+GPU_MEMORY_UTILIZATION = _gpu_gauge(
+    "memory.utilization", "1", "Share of the last sample period device memory was read or written."
+)
+GPU_MEMORY_USED = _gpu_gauge("memory.used", "By", "Device memory in use.")
+GPU_MEMORY_FREE = _gpu_gauge("memory.free", "By", "Device memory free.")
+GPU_MEMORY_TOTAL = _gpu_gauge("memory.total", "By", "Device memory in all.")
+GPU_POWER_USAGE = _gpu_gauge("power.usage", "W", "Power drawn by the board.")
+GPU_POWER_LIMIT = _gpu_gauge("power.limit", "W", "Power limit the driver enforces.")
+GPU_ENERGY = MetricSpec(
+    f"{PREFIX}.gpu.energy", "counter", "J", "Energy used by the GPU since the driver loaded."
+)
+GPU_TEMPERATURE = _gpu_gauge("temperature", "Cel", "GPU core temperature.")
+GPU_CLOCK_SM = _gpu_gauge("clock.sm", "Hz", "Current SM clock.")
+GPU_CLOCK_MEMORY = _gpu_gauge("clock.memory", "Hz", "Current memory clock.")
+GPU_PCIE_THROUGHPUT = _gpu_gauge(
+    "pcie.throughput", "By/s", "PCIe bytes per second over NVML's last 20 ms window, by direction."
+)
+GPU_CLOCKS_EVENT = _gpu_gauge(
+    "clocks_event.active", "", "1 while a reason holds the clocks down (power cap, thermal, ...)."
+)
+GPU_SM_OCCUPANCY = _gpu_gauge(
+    "sm.occupancy", "1", "Resident warps over the SMs' maximum, between samples (GPM, Hopper+)."
+)
+GPU_TENSOR_ACTIVITY = _gpu_gauge(
+    "tensor.activity", "1", "Share of time the SMs ran tensor-core work (GPM, Hopper+)."
+)
+GPU_DRAM_ACTIVITY = _gpu_gauge(
+    "dram.activity", "1", "DRAM bandwidth used over its maximum (GPM, Hopper+)."
+)
+GPU_PROCESS_MEMORY = _gpu_gauge(
+    "process.memory.used", "By", "Device memory of one process, with its owner when known."
+)
+GPU_TORCH_ALLOCATED = _gpu_gauge(
+    "torch.memory.allocated", "By", "Memory held by this process's torch tensors, per device."
+)
+GPU_TORCH_RESERVED = _gpu_gauge(
+    "torch.memory.reserved", "By", "Memory reserved by this process's torch caching allocator."
+)
+GPU_TORCH_PEAK = _gpu_gauge(
+    "torch.memory.peak", "By", "Highest memory held by torch tensors since the process started."
+)
+GPU_LOST = MetricSpec(
+    f"{PREFIX}.gpu.lost", "counter", "{gpu}", "GPUs that fell off the bus (NVML GpuIsLost)."
+)
+GPU_READ_ERRORS = MetricSpec(
+    f"{PREFIX}.gpu.read.errors", "counter", "{error}", "NVML reads that failed, by field."
+)
+GPU_SAMPLE_DURATION = MetricSpec(
+    f"{PREFIX}.gpu.sample.duration", "histogram", "s",
+    "Wall time of one NVML sample of every GPU.", DURATION_BUCKETS_S,
+)  # fmt: skip
+
+# What users already run, to cross-check ours: (DCGM exporter field, Triton metric), "" if none.
+GPU_EQUIVALENTS: dict[str, tuple[str, str]] = {
+    GPU_UTILIZATION.name: ("DCGM_FI_DEV_GPU_UTIL (%)", "nv_gpu_utilization"),
+    GPU_MEMORY_UTILIZATION.name: ("DCGM_FI_DEV_MEM_COPY_UTIL (%)", ""),
+    GPU_MEMORY_USED.name: ("DCGM_FI_DEV_FB_USED (MiB)", "nv_gpu_memory_used_bytes"),
+    GPU_MEMORY_FREE.name: ("DCGM_FI_DEV_FB_FREE (MiB)", ""),
+    GPU_MEMORY_TOTAL.name: ("", "nv_gpu_memory_total_bytes"),
+    GPU_POWER_USAGE.name: ("DCGM_FI_DEV_POWER_USAGE", "nv_gpu_power_usage"),
+    GPU_POWER_LIMIT.name: ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "nv_gpu_power_limit"),
+    GPU_ENERGY.name: ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ)", "nv_energy_consumption"),
+    GPU_TEMPERATURE.name: ("DCGM_FI_DEV_GPU_TEMP", ""),
+    GPU_CLOCK_SM.name: ("DCGM_FI_DEV_SM_CLOCK (MHz)", ""),
+    GPU_CLOCK_MEMORY.name: ("DCGM_FI_DEV_MEM_CLOCK (MHz)", ""),
+    GPU_PCIE_THROUGHPUT.name: ("DCGM_FI_PROF_PCIE_TX_BYTES / _RX_BYTES", ""),
+    GPU_CLOCKS_EVENT.name: ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (bitmask)", ""),
+    GPU_SM_OCCUPANCY.name: ("DCGM_FI_PROF_SM_OCCUPANCY", ""),
+    GPU_TENSOR_ACTIVITY.name: ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", ""),
+    GPU_DRAM_ACTIVITY.name: ("DCGM_FI_PROF_DRAM_ACTIVE", ""),
+}
+
+GPU_METRICS: tuple[MetricSpec, ...] = (
+    GPU_AVAILABLE, GPU_UTILIZATION, GPU_MEMORY_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_FREE,
+    GPU_MEMORY_TOTAL, GPU_POWER_USAGE, GPU_POWER_LIMIT, GPU_ENERGY, GPU_TEMPERATURE, GPU_CLOCK_SM,
+    GPU_CLOCK_MEMORY, GPU_PCIE_THROUGHPUT, GPU_CLOCKS_EVENT, GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVITY,
+    GPU_DRAM_ACTIVITY, GPU_PROCESS_MEMORY, GPU_TORCH_ALLOCATED, GPU_TORCH_RESERVED, GPU_TORCH_PEAK,
+    GPU_LOST, GPU_READ_ERRORS, GPU_SAMPLE_DURATION,
+)  # fmt: skip
+
 SERVER_METRICS: tuple[MetricSpec, ...] = (
     STAGE_DURATION,
     STAGE_GPU_DURATION,
@@ -205,9 +313,12 @@ TELEMETRY_METRICS: tuple[MetricSpec, ...] = (
     TELEMETRY_EXPORT_ERRORS,
     TELEMETRY_QUEUE_SIZE,
 )
-METRICS: tuple[MetricSpec, ...] = CLIENT_METRICS + SERVER_METRICS + TELEMETRY_METRICS
+METRICS: tuple[MetricSpec, ...] = CLIENT_METRICS + SERVER_METRICS + TELEMETRY_METRICS + GPU_METRICS
 
-_UNIT_SUFFIXES = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "1": "ratio"}
+_UNIT_SUFFIXES = {
+    "s": "seconds", "ms": "milliseconds", "By": "bytes", "1": "ratio", "W": "watts",
+    "J": "joules", "Cel": "celsius", "Hz": "hertz", "By/s": "bytes_per_second",
+}  # fmt: skip
 
 
 def prometheus_metric_name(name: str, unit: str, *, counter: bool) -> str:

@@ -25,6 +25,7 @@ from otelkit import semconv
 from otelkit._pipeline import Telemetry, build
 from otelkit._switch import SWITCH
 from otelkit.config import Settings, resolve
+from otelkit.gpu import instruments as gpu_instruments
 from otelkit.propagation import W3CPropagator
 
 __all__ = ["Telemetry", "configure", "current", "flush", "shutdown"]
@@ -92,6 +93,8 @@ def _stop(state: Telemetry, timeout_s: float) -> None:
     if state.prometheus is not None:
         state.prometheus.close()
     state.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+    if state.gpu_sampler is not None:
+        state.gpu_sampler.stop(timeout_s)
 
 
 # -- process-wide hooks -----------------------------------------------------------------------
@@ -127,6 +130,7 @@ def _install_globals() -> None:
             else meter.create_observable_up_down_counter
         )
         create(spec.name, [_health_callback(read)], unit=spec.unit, description=spec.description)
+    gpu_instruments.observe(meter, lambda: _state.gpu_sampler if _state is not None else None)
 
 
 def _queued_observations(state: Telemetry) -> list[Observation]:

@@ -42,6 +42,10 @@ CASES: dict[str, tuple[Any, str, Any, str | None, Any]] = {
     "bsp_schedule_delay_ms": (100, "200", 200.0, "300", 300.0),
     "bsp_export_timeout_ms": (100, "200", 200.0, "300", 300.0),
     "drop_log_interval_s": (1, "2", 2.0, None, None),
+    "gpu": (True, "on", True, None, None),
+    "gpu_interval_s": (5, "0.5", 0.5, None, None),
+    "gpu_replay": ("/tmp/a.json", "/tmp/b.json", "/tmp/b.json", None, None),
+    "gpu_span_attributes": (True, "yes", True, None, None),
     "install_signal_handler": (False, "false", False, None, None),
 }  # fmt: skip
 
@@ -66,6 +70,10 @@ DEFAULTS = {
     "bsp_schedule_delay_ms": 5_000.0,
     "bsp_export_timeout_ms": 30_000.0,
     "drop_log_interval_s": 60.0,
+    "gpu": False,
+    "gpu_interval_s": 1.0,
+    "gpu_replay": None,
+    "gpu_span_attributes": False,
     "install_signal_handler": True,
 }
 

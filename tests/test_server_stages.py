@@ -269,6 +269,8 @@ def test_a_stage_running_cuda_work_records_its_gpu_time(local: Path) -> None:
     for span in spans:
         gpu_s = span.attributes[semconv.STAGE_GPU_S]
         assert isinstance(gpu_s, float) and gpu_s > 0
+        # the product (4096 x 4096 float32) is alive when the stage ends
+        assert span.attributes[semconv.STAGE_GPU_MEMORY_GROWTH] == 4096 * 4096 * 4
     telemetry = otelkit.telemetry.current()
     assert telemetry is not None and telemetry.prometheus_url is not None
     text = scrape(telemetry.prometheus_url)

@@ -28,7 +28,7 @@ from otelkit import semconv
 from otelkit._hotmetrics import HOT, HistogramSeries, SumSeries
 from otelkit._spans import SpanRecorder, with_span
 from otelkit.client._call import error_type, internal_error
-from otelkit.server import _gpu
+from otelkit.gpu import cuda_events as _gpu
 
 __all__ = ["BATCH_LINKS", "CURRENT_MODEL", "Stage", "StageRun", "stage"]
 
@@ -42,7 +42,7 @@ BATCH_LINKS: contextvars.ContextVar[Sequence[Link]] = contextvars.ContextVar(
 _RUN: contextvars.ContextVar[StageRun | None] = contextvars.ContextVar(
     "otelkit_stage", default=None
 )
-_RECORDER = SpanRecorder("otelkit.server")
+_RECORDER = SpanRecorder("otelkit.server", server=True)
 _LABELS = (semconv.M_MODEL, semconv.M_STAGE)
 _ERROR_LABELS = (*_LABELS, semconv.M_ERROR_TYPE)
 _INTERNAL = SpanKind.INTERNAL

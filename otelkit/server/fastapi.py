@@ -43,7 +43,7 @@ __all__ = ["ServerSpanMiddleware", "instrument_app", "uninstrument_app"]
 
 AppT = TypeVar("AppT", bound=Starlette)
 
-_RECORDER = SpanRecorder("otelkit.server.fastapi")
+_RECORDER = SpanRecorder("otelkit.server.fastapi", server=True)
 _LABELS = (semconv.M_HTTP_METHOD, semconv.M_HTTP_ROUTE, semconv.M_HTTP_STATUS)
 _DURATION = HOT.histogram(semconv.HTTP_SERVER_DURATION, _LABELS)
 _SERVER = SpanKind.SERVER

@@ -1,4 +1,4 @@
-"""GPU time of a stage, from CUDA events recorded around it on the current stream.
+"""GPU time and memory growth of a stage, from CUDA events recorded around it and torch.
 
 Host wall time does not show asynchronous GPU work: a stage that launches kernels returns
 before they run. A CUDA event pair measures the GPU side. Reading it means waiting for the
@@ -30,11 +30,12 @@ _warned = False
 
 
 class GpuRun:
-    __slots__ = ("start_event", "torch")
+    __slots__ = ("allocated", "start_event", "torch")
 
     def __init__(self, torch: Any, start_event: Any) -> None:
         self.torch = torch
         self.start_event = start_event
+        self.allocated: int = torch.cuda.memory_allocated()  # a host-side counter: no wait
 
 
 def _warn_once(message: str) -> None:
@@ -65,9 +66,15 @@ def start(gpu: bool | None) -> GpuRun | None:
 
 
 def finish(run: GpuRun, histogram: HistogramSeries, span: RecordingSpan | None) -> None:
-    """Record the end event; the worker adds the GPU time and ends ``span`` (if sampled)."""
-    end_event = run.torch.cuda.Event(enable_timing=True)
+    """Record the end event; the worker adds the GPU time and ends ``span`` (if sampled).
+
+    The span also gets the growth of torch's allocated memory over the stage.
+    """
+    cuda = run.torch.cuda
+    end_event = cuda.Event(enable_timing=True)
     end_event.record()
+    if span is not None:
+        span.attributes[semconv.STAGE_GPU_MEMORY_GROWTH] = cuda.memory_allocated() - run.allocated
     _worker().put((run.start_event, end_event, histogram, span, time.time_ns()))
 
 

@@ -184,8 +184,9 @@ def test_compose_services_have_pinned_images_one_network_and_known_dependencies(
         named = [str(v).split(":")[0] for v in service.get("volumes", [])]
         for volume in (v for v in named if not v.startswith((".", "/"))):
             assert volume in raw["volumes"], f"{name}: volume {volume} is not declared"
-    # Issue 6 brings `otelkit gpu-exporter`: until then its service never starts by default.
+    # The GPU exporter takes DCGM exporter's port: it starts only when asked for.
     assert raw["services"]["gpu-exporter"]["profiles"] == ["gpu-exporter"]
+    assert raw["services"]["gpu-exporter"]["pid"] == "host"  # to name other containers' pids
 
 
 def test_compose_bind_mounts_exist_in_the_repository() -> None:

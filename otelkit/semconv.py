@@ -293,6 +293,38 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     GPU_LOST, GPU_READ_ERRORS, GPU_SAMPLE_DURATION,
 )  # fmt: skip
 
+# -- Triton's own Prometheus metrics (tritonserver 2.51, port 8002), as the dashboards query them --
+# Counters keep Triton's names (no _total). Labels: model, version; nv_gpu_* carry gpu_uuid.
+# The *_summary_us quantiles exist with --metrics-config=summary_latencies=true.
+TRITON_REQUEST_SUCCESS = "nv_inference_request_success"
+TRITON_REQUEST_FAILURE = "nv_inference_request_failure"
+TRITON_INFERENCE_COUNT = "nv_inference_count"  # inferences, a batch of 8 counts 8
+TRITON_EXECUTION_COUNT = "nv_inference_exec_count"  # model executions (batches)
+TRITON_PENDING_REQUESTS = "nv_inference_pending_request_count"
+TRITON_REQUEST_DURATION_US = "nv_inference_request_duration_us"  # cumulative microseconds
+TRITON_QUEUE_DURATION_US = "nv_inference_queue_duration_us"
+TRITON_COMPUTE_INPUT_US = "nv_inference_compute_input_duration_us"
+TRITON_COMPUTE_INFER_US = "nv_inference_compute_infer_duration_us"
+TRITON_COMPUTE_OUTPUT_US = "nv_inference_compute_output_duration_us"
+TRITON_REQUEST_SUMMARY_US = "nv_inference_request_summary_us"
+TRITON_QUEUE_SUMMARY_US = "nv_inference_queue_summary_us"
+TRITON_GPU_UTILIZATION = "nv_gpu_utilization"
+TRITON_GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
+TRITON_GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
+TRITON_GPU_POWER_USAGE = "nv_gpu_power_usage"
+TRITON_GPU_POWER_LIMIT = "nv_gpu_power_limit"
+TRITON_CPU_UTILIZATION = "nv_cpu_utilization"
+TRITON_METRICS: tuple[str, ...] = (
+    TRITON_REQUEST_SUCCESS, TRITON_REQUEST_FAILURE, TRITON_INFERENCE_COUNT, TRITON_EXECUTION_COUNT,
+    TRITON_PENDING_REQUESTS, TRITON_REQUEST_DURATION_US, TRITON_QUEUE_DURATION_US,
+    TRITON_COMPUTE_INPUT_US, TRITON_COMPUTE_INFER_US, TRITON_COMPUTE_OUTPUT_US,
+    TRITON_REQUEST_SUMMARY_US, TRITON_QUEUE_SUMMARY_US, TRITON_GPU_UTILIZATION,
+    TRITON_GPU_MEMORY_USED, TRITON_GPU_MEMORY_TOTAL, TRITON_GPU_POWER_USAGE, TRITON_GPU_POWER_LIMIT,
+    TRITON_CPU_UTILIZATION,
+)  # fmt: skip
+TRITON_MODEL = "model"  # Triton's label names
+TRITON_VERSION = "version"
+
 SERVER_METRICS: tuple[MetricSpec, ...] = (
     STAGE_DURATION,
     STAGE_GPU_DURATION,

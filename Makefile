@@ -19,17 +19,22 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Debian's prometheus (with promtool) for the tests that run a real Prometheus.
+# Debian's prometheus (with promtool) for the tests that run a real Prometheus, and systemd's
+# systemd-analyze for the GPU exporter's unit (in Debian's base image, installed if missing).
 prometheus:
-	@command -v prometheus >/dev/null 2>&1 || { \
+	@missing=""; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing Debian's prometheus"; \
+	    echo "installing Debian's$$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	      --no-install-recommends prometheus >/dev/null; \
+	      --no-install-recommends $$missing >/dev/null; \
 	  else \
-	    echo "prometheus is missing and cannot be installed here (needs root and apt-get);" \
-	         "its tests will skip (and fail under CI=true)"; \
-	  fi; }
+	    echo "$$missing missing and cannot be installed here (needs root and apt-get);" \
+	         "their tests will skip (and fail under CI=true)"; \
+	  fi; \
+	fi
 
 test: install prometheus
 	$(PY) -m pytest -ra $(PYTEST_ARGS)

@@ -54,8 +54,19 @@ _READERS: dict[str, Reader] = {
     "clock.memory": lambda nv, h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
     "pcie.tx": lambda nv, h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES),
     "pcie.rx": lambda nv, h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES),
-    "clocks_event_reasons": lambda nv, h: nv.nvmlDeviceGetCurrentClocksEventReasons(h),
+    "clocks_event_reasons": lambda nv, h: _clocks_event_reasons(nv, h),
 }
+
+
+def _clocks_event_reasons(nv: ModuleType, handle: Any) -> int:
+    """The current reasons; drivers before 535 only have the older "throttle reasons" call."""
+    try:
+        reasons: int = nv.nvmlDeviceGetCurrentClocksEventReasons(handle)
+    except nv.NVMLError_FunctionNotFound:
+        reasons = nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+    return reasons
+
+
 _GPM_METRICS = {  # field -> NVML_GPM_METRIC_* constant name
     "gpm.sm_occupancy": "NVML_GPM_METRIC_SM_OCCUPANCY",
     "gpm.tensor_activity": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
@@ -69,6 +80,7 @@ class _Gpm:
     def __init__(self, previous: Any = None) -> None:
         self.previous = previous
         self.values: dict[str, float] = {}
+        self.unsupported: set[str] = set()
 
 
 class NvmlBackend(GpuBackend):
@@ -154,19 +166,24 @@ class NvmlBackend(GpuBackend):
             gpm.values = {}
             try:
                 sample = nv.nvmlGpmSampleAlloc()
+            except nv.NVMLError as error:
+                logger.debug("otelkit: GPM sample of %s failed: %s", uuid, error)
+                continue
+            try:
                 self._gpm_sample(nv, uuid, sample)
             except nv.NVMLError as error:
                 logger.debug("otelkit: GPM sample of %s failed: %s", uuid, error)
+                _free(nv, sample)
                 continue
             previous, gpm.previous = gpm.previous, sample
             if previous is None:
                 continue
             try:
-                gpm.values = self._gpm_metrics(nv, previous, sample)
+                gpm.values = self._gpm_metrics(nv, previous, sample, gpm.unsupported)
             except nv.NVMLError as error:
                 logger.debug("otelkit: GPM metrics of %s failed: %s", uuid, error)
             finally:
-                nv.nvmlGpmSampleFree(previous)
+                _free(nv, previous)
 
     def _gpm_sample(self, nv: ModuleType, uuid: str, sample: Any) -> None:
         device = self._devices[uuid]
@@ -176,7 +193,9 @@ class NvmlBackend(GpuBackend):
             nv.nvmlGpmMigSampleGet(self._handles[device.parent_uuid], device.mig_instance, sample)
 
     @staticmethod
-    def _gpm_metrics(nv: ModuleType, first: Any, second: Any) -> dict[str, float]:
+    def _gpm_metrics(
+        nv: ModuleType, first: Any, second: Any, unsupported: set[str]
+    ) -> dict[str, float]:
         request = nv.c_nvmlGpmMetricsGet_t()
         request.version = nv.NVML_GPM_METRICS_GET_VERSION
         request.numMetrics = len(_GPM_METRICS)
@@ -189,6 +208,8 @@ class NvmlBackend(GpuBackend):
             metric = request.metrics[slot]
             if metric.nvmlReturn == nv.NVML_SUCCESS:
                 values[field] = float(metric.value)
+            elif metric.nvmlReturn == nv.NVML_ERROR_NOT_SUPPORTED:
+                unsupported.add(field)
         return values
 
     def read(self, device: Device, field: str) -> float:
@@ -197,7 +218,7 @@ class NvmlBackend(GpuBackend):
             raise GpuReadError("the backend is not open")
         if field in _GPM_METRICS:
             gpm = self._gpm.get(device.uuid)
-            if gpm is None:
+            if gpm is None or field in gpm.unsupported:
                 raise FieldNotSupported(field)
             if field not in gpm.values:
                 raise FieldNoData(field)
@@ -246,7 +267,7 @@ class NvmlBackend(GpuBackend):
             return
         for gpm in self._gpm.values():
             if gpm.previous is not None:
-                nv.nvmlGpmSampleFree(gpm.previous)
+                _free(nv, gpm.previous)
         self._gpm.clear()
         self._handles.clear()
         self._devices.clear()
@@ -256,8 +277,20 @@ class NvmlBackend(GpuBackend):
             logger.debug("otelkit: nvmlShutdown failed: %s", error)
 
 
+def _free(nv: ModuleType, sample: Any) -> None:
+    try:
+        nv.nvmlGpmSampleFree(sample)
+    except nv.NVMLError as error:
+        logger.debug("otelkit: freeing a GPM sample failed: %s", error)
+
+
 def _translated(nv: ModuleType, error: Exception) -> Exception:
-    if isinstance(error, (nv.NVMLError_NotSupported, nv.NVMLError_NoPermission)):
+    unsupported = (
+        nv.NVMLError_NotSupported,
+        nv.NVMLError_NoPermission,
+        nv.NVMLError_FunctionNotFound,
+    )
+    if isinstance(error, unsupported):
         return FieldNotSupported(str(error))
     if isinstance(error, (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired)):
         return GpuLost(str(error))

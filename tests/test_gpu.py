@@ -503,14 +503,19 @@ def test_clocks_event_reasons_become_one_series_per_reason(exporter_of: Any) -> 
 # -- owners of GPU processes, read from a real tritonserver's /proc entries ---------------------
 
 
+def parent_pid(entry: Path) -> int | None:
+    try:
+        return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def test_owners_name_triton_model_instances_and_otelkit_services(tmp_path: Path) -> None:
     models = Path(__file__).parent / "models"
     with TritonServer(models, env={"OTEL_SERVICE_NAME": "not-the-owner"}) as server:
         stubs = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and owners.process_name(int(entry.name)) == (
-                "triton_python_backend_stub"
-            ):
+        for entry in Path("/proc").iterdir():  # the stubs of this server (others may run)
+            if entry.name.isdigit() and parent_pid(entry) == server.pid:
                 stubs[int(entry.name)] = owners.owner(int(entry.name))
         server_owner = owners.owner(server.pid)
     assert sorted(stubs.values()) == sorted(

@@ -533,6 +533,7 @@ def test_sbatch_runs_triton_in_apptainer_publishes_its_ports_and_stops_on_scance
     env_file = slurm_job["submit"] / "triton-4242.env"
     sd_file = slurm_job["tmp"] / "file_sd" / "triton-4242.json"
     _wait_for(env_file, job)
+    _wait_for(sd_file, job)  # written right after the environment file
     base = 20000 + 10 * (4242 % 4000)  # the job's port block
     assert _env_file(env_file) == {
         "SLURM_JOB_ID": "4242",

@@ -29,6 +29,7 @@ _COMMANDS = {
     "breakdown": ("otelkit.analysis.breakdown", "where the time of traced requests goes"),
     "gpu": ("otelkit.gpu.cli", "show the GPUs as otelkit samples them, or record them"),
     "gpu-exporter": ("otelkit.gpu.exporter", "serve NVML GPU metrics to Prometheus"),
+    "dashboards": ("otelkit.dashboards.cli", "write the Grafana dashboards' JSON"),
 }
 
 

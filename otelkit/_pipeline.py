@@ -39,7 +39,7 @@ from otelkit.gpu.sampler import GpuSampler
 
 _log = logging.getLogger("otelkit")
 
-__all__ = ["Telemetry", "build"]
+__all__ = ["Telemetry", "build", "make_resource"]
 
 _DEFAULT_PROMETHEUS_PORT = 9464  # the OpenTelemetry specification's default for Prometheus
 
@@ -82,7 +82,8 @@ def _span_loss(interval_s: float) -> LossCounter:
     return LossCounter(interval_s, "spans", semconv.TELEMETRY_SPANS_DROPPED)
 
 
-def _resource(settings: Settings) -> Resource:
+def make_resource(settings: Settings) -> Resource:
+    """The resource of every span and metric: detected, configured, then ``service.name``."""
     attributes: dict[str, Any] = {
         "telemetry.sdk.language": "python",
         "telemetry.sdk.name": "opentelemetry",
@@ -200,7 +201,7 @@ def _gpu_sampler(settings: Settings) -> GpuSampler | None:
 
 def build(settings: Settings) -> Telemetry:
     """Everything one configuration needs, started; the caller installs it."""
-    resource = _resource(settings)
+    resource = make_resource(settings)
     make_span_exporter, destination = _span_exporter(settings)
     tracer_provider = TracerProvider(resource=resource, sampler=_sampler(settings))
     loss = _span_loss(settings.drop_log_interval_s)
@@ -248,7 +249,7 @@ def build(settings: Settings) -> Telemetry:
                 prometheus_reader,
                 settings.prometheus_host,
                 port,
-                {k: v for k, v in resource.attributes.items() if isinstance(v, (str, int))},
+                resource.attributes,
             )
         except OSError as error:  # a taken port (another worker of the same server) must not
             _log.error(  # stop the program: metrics are still recorded and pushed if configured

@@ -13,7 +13,7 @@ import bisect
 import logging
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -164,11 +164,13 @@ class PrometheusEndpoint:
         reader: PullReader,
         host: str,
         port: int,
-        resource: dict[str, str | int],
+        resource: Mapping[str, Any],
         hot: HotRegistry = HOT,
     ):
+        """``resource``: the attributes of ``target_info``; those not str or int are left out."""
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Bridge(reader, resource, hot))
+        labels = {k: v for k, v in resource.items() if isinstance(v, (str, int))}
+        self.registry.register(_Bridge(reader, labels, hot))
         server, thread = start_http_server(port, addr=host, registry=self.registry)
         self._server: WSGIServer = server
         self._thread: threading.Thread = thread

@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import json
 import logging
-import signal
 import socket
 import sys
 import threading
@@ -28,6 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otelkit._jsonl import JsonLinesWriter
 from otelkit._otlp_validate import normalize_json
+from otelkit._signals import stop_on_signals
 from otelkit.otlp_json import request_to_json, span_count
 
 __all__ = ["Receiver", "add_arguments", "run"]
@@ -304,27 +304,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, *, log_every: float = 30.0) -> int:
     """Serve until SIGTERM or SIGINT, then flush and return 0 (1 if it cannot start)."""
-    receiver, stop = Receiver(args.out, args.host, args.port), threading.Event()
+    receiver = Receiver(args.out, args.host, args.port)
     try:
         receiver.start()
     except OSError as exc:
         _log.error("cannot start the receiver on %s:%s: %s", args.host, args.port, exc)
         return 1
-    signals = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
     _log.info(
         "receiving OTLP/HTTP traces on %s, writing %s", receiver.traces_url, receiver.out_path
     )
     logged = (0, 0)
-    try:
-        while not stop.wait(log_every):
-            if (receiver.spans_stored, receiver.requests_rejected) != logged:
-                logged = (receiver.spans_stored, receiver.requests_rejected)
-                _log.info("%d spans stored, %d requests rejected", *logged)
-    finally:
-        receiver.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stop_on_signals() as stop:
+        try:
+            while not stop.wait(log_every):
+                if (receiver.spans_stored, receiver.requests_rejected) != logged:
+                    logged = (receiver.spans_stored, receiver.requests_rejected)
+                    _log.info("%d spans stored, %d requests rejected", *logged)
+        finally:
+            receiver.stop()
     stored, rejected = receiver.spans_stored, receiver.requests_rejected
     _log.info(
         "stopped: %d spans stored in %s, %d requests rejected", stored, receiver.out_path, rejected

@@ -27,6 +27,7 @@ import yaml
 
 from otelkit.analysis import Span, load_spans
 from otelkit.receiver import Receiver
+from tests.conftest import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "gnn_tracking"
@@ -317,9 +318,7 @@ def test_prometheus_scrapes_defined_services_on_their_ports() -> None:
 
 @pytest.mark.prometheus
 def test_promtool_accepts_the_prometheus_config() -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (make test installs Debian's prometheus)")
+    promtool = require_binary("promtool")
     result = subprocess.run(
         [promtool, "check", "config", str(PROMETHEUS_CONFIG)], capture_output=True, text=True
     )

@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
-import signal
-import threading
-from importlib import metadata
 from pathlib import Path
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.resources import Resource
 
-from otelkit import semconv
 from otelkit._export import PullReader
+from otelkit._pipeline import make_resource
 from otelkit._prometheus import PrometheusEndpoint
+from otelkit._signals import stop_on_signals
+from otelkit.config import resolve
+from otelkit.errors import ConfigError
 from otelkit.gpu.backend import GpuBackend
 from otelkit.gpu.instruments import observe
 from otelkit.gpu.replay import RecordingError, ReplayBackend
@@ -45,17 +43,14 @@ class GpuExporter:
         self, backend: GpuBackend | None = None, host: str = "0.0.0.0", port: int = DEFAULT_PORT,
         interval_s: float = 1.0,
     ) -> None:  # fmt: skip
+        # host, Slurm and Kubernetes attributes as every otelkit process has them (target_info)
+        resource = make_resource(resolve({"service_name": "otelkit-gpu-exporter"}))
         self.sampler = GpuSampler(backend, interval_s, torch_cuda=False).start()
-        resource = {
-            semconv.SERVICE_NAME: "otelkit-gpu-exporter",
-            semconv.HOST_NAME: platform.node(),
-            semconv.TELEMETRY_DISTRO_VERSION: metadata.version("otelkit"),
-        }
         reader = PullReader()
-        self._provider = MeterProvider(metric_readers=[reader], resource=Resource(resource))
+        self._provider = MeterProvider(metric_readers=[reader], resource=resource)
         observe(self._provider.get_meter("otelkit.gpu"), lambda: self.sampler)
         try:
-            self.endpoint = PrometheusEndpoint(reader, host, port, dict(resource))
+            self.endpoint = PrometheusEndpoint(reader, host, port, resource.attributes)
         except OSError:
             self.sampler.stop()
             raise
@@ -81,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM or SIGINT; 2 on a bad recording, 1 when the port cannot be opened."""
+    """Serve until SIGTERM or SIGINT; 2 on a bad recording or resource, 1 on a taken port."""
     if not args.interval > 0:
         logger.error("--interval must be positive, not %s", args.interval)
         return 2
@@ -92,22 +87,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         exporter = GpuExporter(backend, args.host, args.port, args.interval)
+    except ConfigError as error:  # a bad OTEL_RESOURCE_ATTRIBUTES, say
+        logger.error("%s", error)
+        return 2
     except OSError as error:
         logger.error("cannot serve on %s:%s: %s", args.host, args.port, error.strerror or error)
         return 1
-    stop = threading.Event()
-    signals = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
     sampler = exporter.sampler
     logger.info(
         "serving %d GPU device(s)%s at %s",
         len(sampler.devices), f" replayed from {args.replay}" if args.replay else "", exporter.url,
     )  # fmt: skip
-    try:
-        stop.wait()
-    finally:
-        exporter.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stop_on_signals() as stop:
+        try:
+            stop.wait()
+        finally:
+            exporter.close()
     logger.info("stopped")
     return 0

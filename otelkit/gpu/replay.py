@@ -39,7 +39,7 @@ from otelkit.gpu.backend import (
 __all__ = ["FORMAT", "RecordingError", "ReplayBackend", "record"]
 
 FORMAT = "otelkit.gpu.recording/1"
-_ERRORS: dict[str, Callable[[str], Exception]] = {
+_ERRORS: dict[str, type[Exception]] = {
     "not_supported": FieldNotSupported,
     "no_data": FieldNoData,
     "gpu_lost": GpuLost,
@@ -120,7 +120,7 @@ class ReplayBackend(GpuBackend):
 
 def _code(error: Exception) -> str:
     for code, kind in _ERRORS.items():
-        if isinstance(error, kind):  # type: ignore[arg-type]
+        if isinstance(error, kind):
             return code
     return f"error: {error}"
 

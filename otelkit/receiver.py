@@ -2,8 +2,10 @@
 
 ``POST /v1/traces`` in protobuf or JSON, gzip, deflate or plain; each request becomes one OTLP
 JSON line of ``traces.jsonl``, which ``otelkit.analysis`` loads. Memory stays bounded: bodies
-over the size limits get 413; requests beyond the concurrency limit get 503 with
-``Retry-After``, which OTLP exporters retry, so a busy receiver slows clients, losing nothing.
+over the size limits get 413; a request beyond the concurrency limit waits for a slot, and
+after ``slot_wait_s`` gets 503 with ``Retry-After``, which OTLP exporters retry, so a busy
+receiver slows clients, losing nothing (exporters that do not retry, as Triton's, lose only
+what waited longer than ``slot_wait_s``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class Receiver:
     """An OTLP/HTTP trace receiver serving on a background thread; a context manager.
 
     ``max_body_bytes`` bounds a body as sent, ``max_decoded_bytes`` once inflated (a gzip bomb
-    stops there); ``max_concurrent`` bounds the requests decoded at once. A protobuf request
+    stops there); ``max_concurrent`` bounds the requests decoded at once, and a request waits
+    at most ``slot_wait_s`` for one before it is refused (503). A protobuf request
     takes about 20 times its decoded size while converted: 1.3 GB at worst with the defaults.
 
     >>> with Receiver("./otelkit-traces") as receiver:  # doctest: +SKIP
@@ -67,12 +70,14 @@ class Receiver:
         max_body_bytes: int = 16 << 20,
         max_decoded_bytes: int = 16 << 20,
         max_concurrent: int = 4,
+        slot_wait_s: float = 2.0,
         max_file_bytes: int | None = None,
     ) -> None:
         self.out_dir, self.host, self._requested_port = Path(out_dir), host, port
         self.out_path = self.out_dir / "traces.jsonl"
         self.max_body_bytes, self.max_decoded_bytes = max_body_bytes, max_decoded_bytes
         self.max_concurrent, self.max_file_bytes = max_concurrent, max_file_bytes
+        self.slot_wait_s = slot_wait_s
         self._slots = threading.Semaphore(max_concurrent)
         self._changed = threading.Condition()
         self._spans_stored = self._requests_rejected = self._port = 0
@@ -209,7 +214,7 @@ class _Handler(BaseHTTPRequestHandler):
         receiver, self._unread = self.server.receiver, 0
         try:
             content_type, coding = self._check_headers(receiver)
-            if not receiver._slots.acquire(blocking=False):
+            if not receiver._slots.acquire(timeout=receiver.slot_wait_s):
                 raise _Reject(HTTPStatus.SERVICE_UNAVAILABLE, "receiver busy, retry later")
             try:
                 body = self.rfile.read(self._unread)

@@ -14,6 +14,7 @@ os.environ.setdefault("OTELKIT_RAISE_INTERNAL_ERRORS", "1")
 import shutil
 import time
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,7 @@ MODELS = Path(__file__).parent / "models"
 @pytest.fixture(scope="session")
 def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
     """The embedded OTLP receiver, as a sink every traced server of the session exports to."""
-    with Receiver(tmp_path_factory.mktemp("receiver")) as running:
+    with Receiver(tmp_path_factory.mktemp("receiver"), max_concurrent=16) as running:
         yield running
 
 
@@ -83,6 +84,34 @@ def triton(receiver: Receiver, model_metrics_port: int) -> Iterator[TritonServer
         env=models_env,
     ) as server:  # fmt: skip
         yield server
+
+
+@dataclass(frozen=True)
+class TrackingServer:
+    """The reference deployment's Triton; stage model ``i`` serves ``/metrics`` on
+    ``models_metrics_port + i`` (``gnn_tracking.stages.STAGE_ORDER``, from 1)."""
+
+    server: TritonServer
+    models_metrics_port: int
+
+
+@pytest.fixture(scope="session")
+def tracking_triton(
+    receiver: Receiver, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TrackingServer]:
+    """A real tritonserver serving the reference deployment (``examples/gnn_tracking``).
+
+    Requests carrying a trace context are traced, to the session's receiver; of the others
+    none (tritonserver 2.51 crashes under heavy tracing: ``gnn_tracking.demo``).
+    """
+    from gnn_tracking.serve import models_metrics_base, triton_server
+
+    port = models_metrics_base()
+    log = tmp_path_factory.mktemp("gnn-triton") / "triton.log"
+    with triton_server(
+        receiver.traces_url, models_metrics_port=port, log_path=log, trace_rate=1_000_000
+    ) as server:
+        yield TrackingServer(server, port)
 
 
 def wait_for_trace(directory: Path, trace_id: str, count: int, timeout: float = 15.0) -> list[Span]:

@@ -11,18 +11,12 @@ import re
 import runpy
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-import numpy as np
 import pytest
-import tritonclient.http as httpclient
 
-import otelkit
 from otelkit import semconv
 from otelkit.cli import main
 from otelkit.dashboards import (
@@ -34,15 +28,8 @@ from otelkit.dashboards import (
     render,
     substitute,
 )
-from otelkit.tritonserver import TritonServer
 from tests.conftest import require_binary
 from tests.prometheus import PrometheusError, PrometheusServer
-from tests.test_client import telemetry
-from tests.test_gpu import FIXTURES as GPU_FIXTURES
-from tests.test_gpu import run_exporter
-from tests.test_gpu import stop as stop_exporter
-
-__all__ = ["telemetry"]  # the fixture, shared with test_client
 
 grafanalib = pytest.importorskip("grafanalib")
 
@@ -386,86 +373,4 @@ def test_dashboard_py_sources_build_the_committed_json(name: str) -> None:
     assert written.getvalue() == (COMMITTED / f"{name}.json").read_text()
 
 
-# -- the panels show a real deployment: Triton, a staged model, a client, GPU exporters ------
-
-GPU_REPLAYS = ("h100x1.json", "h100x8.json")  # processes and GPM; clocks held down (idle)
-# What this deployment has no source for: Triton's nv_gpu_* on a CPU-only Triton (the panels
-# keep otelkit's side), torch CUDA memory, NVML read errors, FastAPI servers, failing calls
-# (the error panels show data after other tests made calls or stages fail in the same session).
-MAY_BE_EMPTY_HERE = {
-    ("clients", "Errors/s by error type"),
-    ("gpu", "torch memory per process"),
-    ("health", "GPU read errors/s by field"),
-    ("inference", "HTTP p95 by route"),
-    ("inference", "HTTP requests/s"),
-    ("stages", "GPU share of stage wall time"),
-    ("stages", "GPU time per stage"),
-    ("stages", "Stage errors/s"),
-}
-
-
-def _load(triton: TritonServer, stop: threading.Event) -> None:
-    data = np.arange(4, dtype=np.float32).reshape(1, 4)
-    with otelkit.instrument(httpclient.InferenceServerClient(triton.http_url)) as client:
-        while not stop.is_set():
-            tensor = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
-            tensor.set_data_from_numpy(data)
-            client.infer("staged_fp32", [tensor])
-            time.sleep(0.005)
-
-
-def empty_panels(prometheus: PrometheusServer, rendered: dict[str, Any]) -> set[tuple[str, str]]:
-    """(dashboard, panel) of the panels none of whose queries returns a series now."""
-    showing, queried = set(), set()
-    for name in NAMES:
-        for query in panel_queries(rendered[name]):
-            queried.add((name, query.panel))
-            expr = substitute(query.expr, {"__rate_interval": "4s", "__range": "1m"})
-            if prometheus.query(expr)["result"]:
-                showing.add((name, query.panel))
-    return queried - showing
-
-
-@pytest.mark.prometheus
-@pytest.mark.triton
-def test_panels_show_a_real_deployment(
-    triton: TritonServer,
-    model_metrics_port: int,
-    telemetry: otelkit.Telemetry,
-    rendered: dict[str, Any],
-    tmp_path: Path,
-) -> None:
-    assert telemetry.prometheus_url is not None
-    exporters = [run_exporter("--replay", str(GPU_FIXTURES / replay), "--interval", "0.5")
-                 for replay in GPU_REPLAYS]  # fmt: skip
-    jobs = {
-        "triton": [f"127.0.0.1:{triton.metrics_port}"],
-        "triton-models": [f"127.0.0.1:{model_metrics_port}"],
-        "client": [urlsplit(telemetry.prometheus_url).netloc],
-        "gpu-exporter": [urlsplit(url).netloc for _, url in exporters],
-    }
-    stop = threading.Event()
-    threads = [threading.Thread(target=_load, args=(triton, stop)) for _ in range(2)]
-    try:
-        with PrometheusServer(require_binary("prometheus"), jobs, tmp_path) as prometheus:
-            for thread in threads:
-                thread.start()
-            prometheus.wait_for_targets()
-            deadline = time.monotonic() + 30
-            while not (empty := empty_panels(prometheus, rendered)) <= MAY_BE_EMPTY_HERE:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(1)
-            exemplars = prometheus.query_exemplars(
-                f"{semconv.prometheus_name(semconv.CLIENT_DURATION)}_bucket",
-                time.time() - 60, time.time(),
-            )  # fmt: skip
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(10)
-        for process, _ in exporters:
-            stop_exporter(process)
-    assert sorted(empty - MAY_BE_EMPTY_HERE) == []
-    trace_ids = {e["labels"].get("trace_id") for series in exemplars for e in series["exemplars"]}
-    assert trace_ids and all(re.fullmatch(r"[0-9a-f]{32}", str(t)) for t in trace_ids)
+# the panels showing a real deployment: tests/test_dashboards_deployment.py

@@ -212,16 +212,22 @@ def test_oversized_and_inflating_bodies_get_413(tmp_path: Path) -> None:
         assert (receiver.spans_stored, receiver.requests_rejected) == (1, 2)
 
 
+def _hold_the_slot(receiver: Receiver, body: bytes) -> socket.socket:
+    """A connection that holds a slot while the rest of its body (after 10 bytes) waits."""
+    slow = socket.create_connection(("127.0.0.1", receiver.port), timeout=10)
+    head = (
+        "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    slow.sendall(head.encode() + body[:10])
+    return slow
+
+
 def test_busy_receiver_answers_503_and_the_exporter_retries(tmp_path: Path) -> None:
     spans = make_spans(2)
-    with Receiver(tmp_path, max_concurrent=1) as receiver:
-        slow = socket.create_connection(("127.0.0.1", receiver.port), timeout=10)
+    with Receiver(tmp_path, max_concurrent=1, slot_wait_s=0) as receiver:
         body = encode_spans(spans).SerializeToString()
-        head = (
-            "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        slow.sendall(head.encode() + body[:10])  # holds the only slot while its body trickles in
+        slow = _hold_the_slot(receiver, body)  # the only slot, while its body trickles in
         deadline, busy = time.monotonic() + 10, None
         while busy is None and time.monotonic() < deadline:
             response = requests.post(receiver.traces_url, data=b"", headers=PROTOBUF, timeout=10)
@@ -238,6 +244,28 @@ def test_busy_receiver_answers_503_and_the_exporter_retries(tmp_path: Path) -> N
         thread.join(timeout=20)
         assert results == [SpanExportResult.SUCCESS]
         assert receiver.spans_stored == 4
+        slow.close()
+
+
+def test_a_request_waits_for_a_slot_before_it_is_refused(tmp_path: Path) -> None:
+    """Exporters that never retry (Triton's) lose nothing to a burst shorter than the wait."""
+    spans = make_spans(3)
+    with Receiver(tmp_path, max_concurrent=1, slot_wait_s=10) as receiver:
+        body = encode_spans(spans).SerializeToString()
+        slow = _hold_the_slot(receiver, body)
+        time.sleep(0.2)  # the slow request holds the slot now
+        answers: list[int] = []
+        waiting = threading.Thread(target=lambda: answers.append(
+            requests.post(receiver.traces_url, data=body, headers=PROTOBUF, timeout=20).status_code
+        ))  # fmt: skip
+        waiting.start()
+        time.sleep(0.5)
+        assert answers == []  # still waiting for the slot, not refused
+        slow.sendall(body[10:])
+        assert slow.recv(1024).startswith(b"HTTP/1.1 200")
+        waiting.join(timeout=20)
+        assert answers == [200]
+        assert (receiver.spans_stored, receiver.requests_rejected) == (6, 0)
         slow.close()
 
 

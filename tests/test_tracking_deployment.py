@@ -26,7 +26,6 @@ from gnn_tracking import repository
 from gnn_tracking.client import drive, event_pool
 from gnn_tracking.models import Models, load_models
 from gnn_tracking.options import OPTIONS, ROOT_SPAN, Remote, reconstruct
-from gnn_tracking.serve import models_metrics_base, triton_server
 from gnn_tracking.stages import ENSEMBLE, STAGE_ORDER, STAGES
 from gnn_tracking.twin import create_twin
 from opentelemetry import trace
@@ -38,7 +37,7 @@ from otelkit.analysis.breakdown import breakdown
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
 
-from .conftest import wait_for_trace
+from .conftest import TrackingServer, wait_for_trace
 
 pytestmark = pytest.mark.triton
 
@@ -54,14 +53,8 @@ def events() -> list[torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def pipeline_server(
-    receiver: Receiver, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[TritonServer]:
-    log = tmp_path_factory.mktemp("gnn-triton") / "triton.log"
-    with triton_server(
-        receiver.traces_url, models_metrics_port=models_metrics_base(), log_path=log
-    ) as server:
-        yield server
+def pipeline_server(tracking_triton: TrackingServer) -> TritonServer:
+    return tracking_triton.server
 
 
 @pytest.fixture(scope="module")

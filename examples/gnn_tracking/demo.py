@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -46,6 +42,7 @@ from gnn_tracking.options import (
 )
 from gnn_tracking.serve import models_metrics_base, triton_server
 from gnn_tracking.stages import STAGE_ORDER
+from gnn_tracking.twin import twin_process
 from otelkit.analysis import build_traces, load_spans
 from otelkit.analysis.breakdown import breakdown, format_breakdowns
 from otelkit.receiver import Receiver
@@ -65,39 +62,6 @@ _T0 = time.monotonic()
 
 def say(message: str) -> None:
     print(f"[{time.monotonic() - _T0:6.1f} s] {message}", flush=True)
-
-
-@contextmanager
-def fastapi_twin(traces_url: str, log_path: Path) -> Iterator[str]:
-    """The FastAPI twin in its own process (its own GIL, as a real server); yields host:port."""
-    port = free_port()
-    env = dict(os.environ, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=traces_url)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), *sys.path])
-    env["OTEL_BSP_SCHEDULE_DELAY"] = "200"
-    env["OTEL_TRACES_SAMPLER"] = "parentbased_always_off"  # follow the client's decision
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gnn_tracking.twin", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the FastAPI twin did not start; see {log_path}") from None
-                time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _crashed(server: TritonServer) -> bool:
@@ -242,12 +206,19 @@ def main(argv: list[str] | None = None) -> int:
                 reports.append((f"{option.number} {option.title}", report))
         if not args.no_twin:
             say("starting the FastAPI twin (KServe v2 over HTTP)...")
-            with fastapi_twin(receiver.traces_url, out / "fastapi.log") as twin_url:
+            twin_metrics_port = free_port()
+            with twin_process(
+                receiver.traces_url, out / "fastapi.log", metrics_port=twin_metrics_port
+            ) as twin_url:
                 twin = Remote(twin_url, "http")
                 for threads in args.threads:
                     report = _run(OPTIONS[4], events, threads, models, twin, "fastapi", args)
                     reports.append(("4 one model, FastAPI twin (HTTP)", report))
                 twin.close()
+                _snapshot(
+                    f"http://127.0.0.1:{twin_metrics_port}/metrics",
+                    out / "metrics" / "fastapi.prom",
+                )
         _snapshot(server.metrics_url, out / "metrics" / "triton.prom")
         for offset, stage in enumerate(STAGE_ORDER, start=1):
             url = f"http://127.0.0.1:{models_metrics + offset}/metrics"
@@ -325,7 +296,8 @@ def _report(out: Path, reports: list[tuple[str, RunReport]], threads: list[int])
         f"\ntraces:  {(out / 'traces' / 'traces.jsonl').resolve()} (OTLP JSON lines; "
         f"`otelkit breakdown {out / 'traces'} --group-by {OPTION_ATTRIBUTE}` reads them)\n"
         f"metrics: {(out / 'metrics').resolve()}/ (Triton's nv_inference_*, the stage models' "
-        "otelkit_stage_*, the client's otelkit_client_*, as scraped at the end)\n"
+        "otelkit_stage_*, the client's otelkit_client_*, the twin's http_server_*, as scraped "
+        "at the end)\n"
         f"summary: {(out / 'summary.json').resolve()}; Triton's log: {out / 'triton.log'}"
     )
     failed = sum(r.errors for _, r in reports)

@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
+from pathlib import Path
 
 import torch
 from fastapi import FastAPI
@@ -23,8 +29,9 @@ from gnn_tracking.kserve import ModelSpec, create_app
 from gnn_tracking.models import Models, load_models
 from gnn_tracking.stages import ENSEMBLE_STAGE, STAGES
 from gnn_tracking.triton_model import TORCH_THREADS
+from otelkit.tritonserver import free_port
 
-__all__ = ["create_twin"]
+__all__ = ["create_twin", "twin_process"]
 
 
 def create_twin(models: Models | None = None) -> FastAPI:
@@ -37,6 +44,47 @@ def create_twin(models: Models | None = None) -> FastAPI:
     app = create_app(specs, name="gnn-tracking-fastapi")
     otelkit.instrument(app)
     return app
+
+
+@contextmanager
+def twin_process(
+    traces_url: str, log_path: Path, *, metrics_port: int | None = None
+) -> Iterator[str]:
+    """The twin in its own process (its own GIL, as a real server); yields its ``host:port``.
+
+    Its spans go to ``traces_url`` and follow the caller's sampling decision; with
+    ``metrics_port`` it serves its Prometheus ``/metrics`` there.
+    """
+    port = free_port()
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=traces_url)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), *sys.path])
+    env["OTEL_BSP_SCHEDULE_DELAY"] = "200"
+    env["OTEL_TRACES_SAMPLER"] = "parentbased_always_off"  # follow the client's decision
+    if metrics_port is not None:
+        env.update(OTELKIT_PROMETHEUS_PORT=str(metrics_port), OTELKIT_PROMETHEUS_HOST="127.0.0.1")
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gnn_tracking.twin", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the FastAPI twin did not start; see {log_path}") from None
+                time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,12 @@ metrics on; phase two runs the instrumented client with its calls not sampled. T
 tracing is off: a propagated context would make the *server* do more work for the traced
 client, and this measures the client. The last line is JSON.
 
-    python benchmarks/bench_client.py [--calls 4000] [--protocol grpc|http] [--profile]
+``--ablate`` adds phases that tell where the overhead goes against the real server: the bare
+client against a second bare client (the noise floor of the method), sampled calls whose spans
+are built but exported nowhere (``traces_exporter=none``: the export thread's share), and
+sampled calls that send no trace context (the share of the extra metadata on the wire).
+
+    python benchmarks/bench_client.py [--calls 4000] [--protocol grpc|http] [--profile] [--ablate]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 import otelkit
+from otelkit.client import _call
 from otelkit.tritonserver import TritonServer
 
 MODELS = Path(__file__).resolve().parent.parent / "tests" / "models"
@@ -82,11 +88,38 @@ def profile(traced: Any, inputs: list[Any], calls: int) -> None:
     stats.print_stats(r"otelkit|opentelemetry", 15)
 
 
+def ablations(
+    bare: Any, traced: Any, inputs: list[Any], calls: int, url: str, module: Any, traces: str
+) -> dict[str, float]:
+    """Overhead (difference of medians, us) with one piece of the instrumented path removed."""
+    found: dict[str, float] = {}
+    other_bare = module.InferenceServerClient(url)
+    result = phase("a/a", bare, other_bare, inputs, calls)
+    found["bare_vs_bare_us"] = result["traced"] - result["bare"]
+    other_bare.close()
+    otelkit.configure(service_name="bench-client", traces_exporter="none", prometheus_port=0)
+    result = phase("no export", bare, traced, inputs, calls)
+    found["sampled_no_export_us"] = result["traced"] - result["bare"]
+    otelkit.configure(
+        service_name="bench-client", traces_dir=traces, prometheus_port=0,
+        bsp_max_queue_size=100_000,
+    )  # fmt: skip
+    own_headers = _call.Call.headers
+    _call.Call.headers = lambda self, caller: dict(caller) if caller else {}  # type: ignore[method-assign]
+    try:
+        result = phase("no context", bare, traced, inputs, calls)
+    finally:
+        _call.Call.headers = own_headers  # type: ignore[method-assign]
+    found["sampled_no_context_us"] = result["traced"] - result["bare"]
+    return {key: round(value, 1) for key, value in found.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=4000, help="interleaved pairs per phase")
     parser.add_argument("--protocol", choices=sorted(MODULES), default="grpc")
     parser.add_argument("--profile", action="store_true", help="profile otelkit's share")
+    parser.add_argument("--ablate", action="store_true", help="where the overhead goes")
     parser.add_argument(
         "--elements", type=int, default=16,
         help="float32 elements per request (16: the smallest call; 150000: a 600 kB event, "
@@ -114,6 +147,9 @@ def main() -> int:
             service_name="bench-client", traces_dir=traces, prometheus_port=0, sampler="always_off"
         )
         unsampled = phase("unsampled", bare, traced, inputs, args.calls)
+        parts = {}
+        if args.ablate:
+            parts = ablations(bare, traced, inputs, args.calls, url, module, traces)
         bare.close()
         traced.close()
     otelkit.shutdown()
@@ -130,6 +166,7 @@ def main() -> int:
         "unsampled_overhead_us": round(unsampled["traced"] - unsampled["bare"], 1),
         "unsampled_paired_overhead_us": round(unsampled["paired"], 1),
         "spans_dropped": sum(n for k, n in stats.items() if k.startswith("dropped")),
+        **parts,
     }
     print(json.dumps(result))
     return 0

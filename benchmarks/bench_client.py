@@ -7,7 +7,8 @@ tracing is off: a propagated context would make the *server* do more work for th
 client, and this measures the client. The last line is JSON.
 
 ``--ablate`` adds phases that tell where the overhead goes against the real server: the bare
-client against a second bare client (the noise floor of the method), sampled calls whose spans
+client against a second bare client (the noise floor of the method), against a bare client
+sending a fixed ``traceparent`` (the header's own cost), sampled calls whose spans
 are built but exported nowhere (``traces_exporter=none``: the export thread's share), and
 sampled calls that send no trace context (the share of the extra metadata on the wire).
 
@@ -88,6 +89,18 @@ def profile(traced: Any, inputs: list[Any], calls: int) -> None:
     stats.print_stats(r"otelkit|opentelemetry", 15)
 
 
+class _WithTraceparent:
+    """A bare client that sends a fixed ``traceparent``: what the header alone costs."""
+
+    HEADERS = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        return self.client.infer(*args, headers=self.HEADERS, **kwargs)
+
+
 def ablations(
     bare: Any, traced: Any, inputs: list[Any], calls: int, url: str, module: Any, traces: str
 ) -> dict[str, float]:
@@ -96,6 +109,8 @@ def ablations(
     other_bare = module.InferenceServerClient(url)
     result = phase("a/a", bare, other_bare, inputs, calls)
     found["bare_vs_bare_us"] = result["traced"] - result["bare"]
+    result = phase("header", bare, _WithTraceparent(other_bare), inputs, calls)
+    found["bare_with_traceparent_us"] = result["traced"] - result["bare"]
     other_bare.close()
     otelkit.configure(service_name="bench-client", traces_exporter="none", prometheus_port=0)
     result = phase("no export", bare, traced, inputs, calls)

@@ -8,6 +8,9 @@ values and keeps it, and an observation is a ``bisect``, a lock and two list sto
 >>> series = duration.series(("identity", "", "127.0.0.1:8001"))
 >>> series.observe(0.0031, trace_id, span_id)  # 0, 0 when the call was not sampled
 
+Series that change together (a call's duration, bytes and in-flight count) can share one lock,
+so a call takes it once: ``HOT.calls(...)`` gives such a ``CallSeries``.
+
 ``HOT.collect()`` snapshots every instrument as SDK ``Metric`` data, cumulative since the process
 started (or a forked child began), which both the Prometheus bridge and the OTLP pusher export
 under the instrument's ``semconv`` name.
@@ -21,7 +24,7 @@ import time
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from opentelemetry.sdk.metrics._internal.exemplar import Exemplar
 from opentelemetry.sdk.metrics.export import (
@@ -42,6 +45,8 @@ from otelkit import semconv
 
 __all__ = [
     "HOT",
+    "CallSeries",
+    "CallSpecs",
     "HistogramSeries",
     "HotCounter",
     "HotHistogram",
@@ -56,19 +61,35 @@ _CUMULATIVE = AggregationTemporality.CUMULATIVE
 _SCOPE = InstrumentationScope("otelkit")
 
 
+class _Guard:
+    """The lock of one series, or of several that change together; replaced after a fork."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
 class HistogramSeries:
     """One label-value combination of a ``HotHistogram``: bucket counts, sum, min, max, and
     the newest exemplar of each bucket as ``(value, trace_id, span_id, time_unix_nano)``."""
 
-    __slots__ = ("_bounds", "_clock", "_counts", "_exemplars", "_lock", "_max", "_min", "_sum")
+    __slots__ = ("_bounds", "_clock", "_counts", "_exemplars", "_guard", "_max", "_min", "_sum")
 
-    def __init__(self, bounds: tuple[float, ...], clock: Clock) -> None:
+    def __init__(
+        self, bounds: tuple[float, ...], clock: Clock, guard: _Guard | None = None
+    ) -> None:
         self._bounds = bounds
         self._clock = clock
+        self._guard = guard or _Guard()
         self._reset()
 
+    @property
+    def _lock(self) -> threading.Lock:
+        return self._guard.lock
+
     def _reset(self) -> None:
-        self._lock = threading.Lock()
+        self._guard.lock = threading.Lock()
         self._counts = [0] * (len(self._bounds) + 1)
         self._exemplars: list[tuple[float, int, int, int] | None] = [None] * len(self._counts)
         self._sum = 0.0
@@ -77,21 +98,25 @@ class HistogramSeries:
 
     def observe(self, value: float, trace_id: int = 0, span_id: int = 0) -> None:
         """Count ``value``; a non-zero ``trace_id`` makes it its bucket's exemplar."""
-        # Buckets are (lower, upper], as in OpenTelemetry; the bridge files exemplars the same way.
-        index = bisect_left(self._bounds, value)
-        lock = self._lock
+        lock = self._guard.lock
         lock.acquire()  # cheaper than ``with``, and fork-safe because _reset replaces it
         try:
-            self._counts[index] += 1
-            self._sum += value
-            if value < self._min:
-                self._min = value
-            if value > self._max:
-                self._max = value
-            if trace_id:
-                self._exemplars[index] = (value, trace_id, span_id, self._clock())
+            self._add(value, trace_id, span_id)
         finally:
             lock.release()
+
+    def _add(self, value: float, trace_id: int, span_id: int) -> None:
+        """``observe`` with the lock held by the caller."""
+        # Buckets are (lower, upper], as in OpenTelemetry; the bridge files exemplars the same way.
+        index = bisect_left(self._bounds, value)
+        self._counts[index] += 1
+        self._sum += value
+        if value < self._min:
+            self._min = value
+        if value > self._max:
+            self._max = value
+        if trace_id:
+            self._exemplars[index] = (value, trace_id, span_id, self._clock())
 
     def _point(self, attributes: dict[str, str], start_ns: int, now_ns: int) -> HistogramDataPoint:
         with self._lock:
@@ -110,18 +135,19 @@ class HistogramSeries:
 class SumSeries:
     """One label-value combination of a ``HotCounter`` or ``HotUpDownCounter``."""
 
-    __slots__ = ("_lock", "_value")
+    __slots__ = ("_guard", "_value")
 
-    def __init__(self) -> None:
+    def __init__(self, guard: _Guard | None = None) -> None:
+        self._guard = guard or _Guard()
         self._reset()
 
     def _reset(self) -> None:
-        self._lock = threading.Lock()
+        self._guard.lock = threading.Lock()
         self._value: float = 0
 
     def add(self, amount: float) -> None:
         """Add ``amount``; a counter's must not be negative, which is not checked here."""
-        lock = self._lock
+        lock = self._guard.lock
         lock.acquire()
         try:
             self._value += amount
@@ -135,6 +161,62 @@ class SumSeries:
 S = TypeVar("S", HistogramSeries, SumSeries)
 
 
+class CallSeries:
+    """The metrics of one call target's label values, changed under one lock: calls in
+    flight, request and response bytes, and the duration histogram (with its exemplar)."""
+
+    __slots__ = ("_guard", "duration", "in_flight", "request_bytes", "response_bytes")
+
+    def __init__(
+        self,
+        guard: _Guard,
+        duration: HistogramSeries,
+        in_flight: SumSeries,
+        request_bytes: SumSeries,
+        response_bytes: SumSeries,
+    ) -> None:
+        self._guard = guard
+        self.duration, self.in_flight = duration, in_flight
+        self.request_bytes, self.response_bytes = request_bytes, response_bytes
+
+    def begin(self) -> None:
+        """A call started: one more in flight."""
+        lock = self._guard.lock
+        lock.acquire()
+        try:
+            self.in_flight._value += 1
+        finally:
+            lock.release()
+
+    def end(
+        self,
+        seconds: float,
+        request_bytes: int,
+        response_bytes: int,
+        trace_id: int = 0,
+        span_id: int = 0,
+    ) -> None:
+        """A call ended after ``seconds``: one less in flight, its bytes and its duration."""
+        lock = self._guard.lock
+        lock.acquire()
+        try:
+            self.in_flight._value -= 1
+            self.request_bytes._value += request_bytes
+            self.response_bytes._value += response_bytes
+            self.duration._add(seconds, trace_id, span_id)
+        finally:
+            lock.release()
+
+
+class CallSpecs(NamedTuple):
+    """The ``semconv`` specs of the four metrics a ``CallSeries`` keeps."""
+
+    duration: semconv.MetricSpec
+    in_flight: semconv.MetricSpec
+    request_bytes: semconv.MetricSpec
+    response_bytes: semconv.MetricSpec
+
+
 class _Instrument(ABC, Generic[S]):
     kind: semconv.InstrumentKind
 
@@ -145,18 +227,22 @@ class _Instrument(ABC, Generic[S]):
         self._series: dict[tuple[str, ...], S] = {}
         self._lock = threading.Lock()
 
-    def series(self, values: tuple[str, ...]) -> S:
-        """The series of one tuple of label values, in the order of ``labels``; keep it."""
+    def series(self, values: tuple[str, ...], guard: _Guard | None = None) -> S:
+        """The series of one tuple of label values, in the order of ``labels``; keep it.
+
+        A new series takes ``guard`` as its lock holder when one is given."""
         found = self._series.get(values)
         if found is None:
             if len(values) != len(self.labels):
                 raise ValueError(f"{self.spec.name}: {values!r} are not values of {self.labels}")
             with self._lock:
-                found = self._series.setdefault(values, self._new_series())
+                found = self._series.setdefault(values, self._new_series(guard))
+        if guard is not None and found._guard is not guard:
+            raise ValueError(f"{self.spec.name}: the series {values!r} has a lock of its own")
         return found
 
     @abstractmethod
-    def _new_series(self) -> S:
+    def _new_series(self, guard: _Guard | None) -> S:
         """A fresh series of this instrument's kind."""
 
     def _reset(self) -> None:
@@ -176,9 +262,9 @@ class HotHistogram(_Instrument[HistogramSeries]):
 
     kind = "histogram"
 
-    def _new_series(self) -> HistogramSeries:
+    def _new_series(self, guard: _Guard | None) -> HistogramSeries:
         assert self.spec.buckets is not None  # checked by HotRegistry.histogram
-        return HistogramSeries(self.spec.buckets, self._clock)
+        return HistogramSeries(self.spec.buckets, self._clock, guard)
 
     def metric(self, start_ns: int, now_ns: int) -> Metric | None:
         """The series observed at least once; an empty one has no min or max to report."""
@@ -192,8 +278,8 @@ class HotCounter(_Instrument[SumSeries]):
 
     kind: semconv.InstrumentKind = "counter"
 
-    def _new_series(self) -> SumSeries:
-        return SumSeries()
+    def _new_series(self, guard: _Guard | None) -> SumSeries:
+        return SumSeries(guard)
 
     def metric(self, start_ns: int, now_ns: int) -> Metric | None:
         """Every series, zeros included: a counter at 0 is news to a ``rate()``."""
@@ -221,7 +307,9 @@ class HotRegistry:
     def __init__(self, clock: Clock = time.time_ns) -> None:
         self._clock = clock
         self._instruments: dict[str, HotHistogram | HotCounter] = {}
+        self._calls: dict[tuple[CallSpecs, tuple[str, ...]], CallSeries] = {}
         self._lock = threading.Lock()
+        self._calls_lock = threading.Lock()
         self.start_time_ns = clock()
 
     def histogram(self, spec: semconv.MetricSpec, labels: tuple[str, ...]) -> HotHistogram:
@@ -236,6 +324,28 @@ class HotRegistry:
         self, spec: semconv.MetricSpec, labels: tuple[str, ...]
     ) -> HotUpDownCounter:
         return self._get(HotUpDownCounter, spec, labels)
+
+    def calls(
+        self, specs: CallSpecs, labels: tuple[str, ...], values: tuple[str, ...]
+    ) -> CallSeries:
+        """The ``CallSeries`` of ``values`` (in the order of ``labels``); keep it."""
+        key = (specs, values)
+        found = self._calls.get(key)
+        if found is not None:
+            return found
+        duration = self.histogram(specs.duration, labels)
+        in_flight = self.up_down_counter(specs.in_flight, labels)
+        request_bytes = self.counter(specs.request_bytes, labels)
+        response_bytes = self.counter(specs.response_bytes, labels)
+        with self._calls_lock:
+            found = self._calls.get(key)
+            if found is None:
+                guard = _Guard()
+                found = self._calls[key] = CallSeries(
+                    guard, duration.series(values, guard), in_flight.series(values, guard),
+                    request_bytes.series(values, guard), response_bytes.series(values, guard),
+                )  # fmt: skip
+        return found
 
     def _get(
         self, kind: type[Instrument], spec: semconv.MetricSpec, labels: tuple[str, ...]
@@ -263,6 +373,7 @@ class HotRegistry:
         the fork: each lock is replaced, never waited on.
         """
         self._lock = threading.Lock()
+        self._calls_lock = threading.Lock()
         for instrument in self._instruments.values():
             instrument._reset()
         self.start_time_ns = self._clock()

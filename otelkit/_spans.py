@@ -272,7 +272,10 @@ class SpanRecorder:
         """
         pipeline = self._current()
         current = (_current_context() if context is None else context).get(_SPAN_KEY)
-        parent = current.get_span_context() if isinstance(current, trace.Span) else _INVALID
+        if current is None:  # no span: skip the isinstance check against an ABC
+            parent = _INVALID
+        else:
+            parent = current.get_span_context() if isinstance(current, trace.Span) else _INVALID
         if pipeline is None:
             span = self._tracer.start_span(name, context, kind, links=links)
             recorded = _SdkSpan(span, {})

@@ -54,12 +54,12 @@ def _attach_grpc_transport(client: Any) -> None:
 
 
 def _attach_aio_grpc_transport(client: Any) -> None:
-    _sync.attach_grpc_transport(client, _aio.AsyncStamped)
+    _sync.attach_grpc_transport(client, _aio.stamp_async)
     _stream.attach_stream_transport(client)
 
 
 def _attach_aio_http_transport(client: Any) -> None:
-    _sync.attach_http_transport(client, _aio.AsyncStamped)
+    _sync.attach_http_transport(client, _aio.stamp_async)
 
 
 @dataclass(frozen=True)

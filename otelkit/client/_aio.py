@@ -2,7 +2,7 @@
 
 ``infer`` is a coroutine there; the call's span lives in the task's own context, so concurrent
 tasks keep their own parents. The transport coroutine (HTTP ``_post``, gRPC ``ModelInfer``) is
-wrapped per client (by ``AsyncStamped``) to stamp when a sampled call's request left and its
+wrapped per client (by ``stamp_async``) to stamp when a sampled call's request left and its
 response came back.
 """
 
@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from otelkit.client._call import CURRENT_CALL, ClientTarget
-from otelkit.client._sync import Stamped, _begin, _enter, _headers_index, _leave
+from otelkit.client._sync import Transport, _begin, _enter, _headers_index, _leave
 
-__all__ = ["AsyncStamped", "traced_aio_infer"]
+__all__ = ["stamp_async", "traced_aio_infer"]
 
 
 def traced_aio_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]) -> Any:
@@ -41,16 +41,17 @@ def traced_aio_infer(target_of: Callable[[Any], ClientTarget], original: Callabl
     return infer
 
 
-class AsyncStamped(Stamped):
-    """An awaited transport call that stamps the sampled call in progress in this task."""
+def stamp_async(original: Any) -> Transport:
+    """``_sync.stamp`` for an awaited transport call, stamping the call of this task."""
+    current = CURRENT_CALL.get
 
-    __slots__ = ()
-
-    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        call = CURRENT_CALL.get()
+    async def stamped(*args: Any, **kwargs: Any) -> Any:
+        call = current()
         if call is None:
-            return await self.original(*args, **kwargs)
+            return await original(*args, **kwargs)
         call.sent()
-        result = await self.original(*args, **kwargs)
+        result = await original(*args, **kwargs)
         call.received()
         return result
+
+    return stamped

@@ -22,7 +22,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind
 
 from otelkit import semconv
-from otelkit._hotmetrics import HOT
+from otelkit._hotmetrics import HOT, CallSpecs
 from otelkit._spans import SpanRecorder
 from otelkit.propagation import headers_for
 
@@ -69,7 +69,9 @@ class Tensors:
 
     __slots__ = ("_input_attribute", "_output_bytes")
 
-    def __init__(self, input_attribute: str, output_bytes: Callable[[Any], int]) -> None:
+    def __init__(
+        self, input_attribute: str, output_bytes: Callable[[Any], tuple[int, int | None]]
+    ) -> None:
         self._input_attribute = input_attribute
         self._output_bytes = output_bytes
 
@@ -82,7 +84,9 @@ class Tensors:
                 total += len(raw)
         return total
 
-    def response(self, result: Any) -> int:
+    def response(self, result: Any) -> tuple[int, int | None]:
+        """The response's tensor bytes, and its number of outputs when counting them was free
+        (``None``: ``output_count`` tells, for sampled calls only)."""
         return self._output_bytes(result)
 
 
@@ -90,24 +94,26 @@ _ITEM_BYTES = {"BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16"
                "INT32": 4, "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8}  # fmt: skip
 
 
-def _grpc_output_bytes(result: Any) -> int:
+def _grpc_output_bytes(result: Any) -> tuple[int, int | None]:
     """From the outputs' shapes and types: reading ``raw_output_contents`` would copy every
     tensor out of the protobuf (about 50 us for 600 kB). A BYTES output has no fixed size:
-    the whole message's size stands in for the total then."""
+    the whole message's size stands in for the total then. The outputs are counted on the
+    way: each access to the protobuf costs microseconds right after a network wait."""
     response = result.get_response()
-    total = 0
+    total = count = 0
     for output in response.outputs:
         size = _ITEM_BYTES.get(output.datatype)
         if size is None:
-            return int(response.ByteSize())
+            return int(response.ByteSize()), None
         for dim in output.shape:
             size *= dim
         total += size
-    return total
+        count += 1
+    return total, count
 
 
-def _http_output_bytes(result: Any) -> int:
-    return len(getattr(result, "_buffer", None) or b"")
+def _http_output_bytes(result: Any) -> tuple[int, int | None]:
+    return len(getattr(result, "_buffer", None) or b""), None
 
 
 GRPC_TENSORS = Tensors("_raw_content", _grpc_output_bytes)
@@ -174,22 +180,20 @@ class ClientTarget:
 
 _LABELS = (semconv.M_MODEL, semconv.M_MODEL_VERSION, semconv.M_SERVER, semconv.M_PROTOCOL)
 _ERROR_LABELS = (*_LABELS, semconv.M_ERROR_TYPE)
+_CALL_METRICS = CallSpecs(
+    semconv.CLIENT_DURATION, semconv.CLIENT_IN_FLIGHT, semconv.CLIENT_REQUEST_BYTES,
+    semconv.CLIENT_RESPONSE_BYTES,
+)  # fmt: skip
 
 
 class _PerModel:
     """Built once per (client, model, version), so that a call only looks it up."""
 
-    __slots__ = ("attributes", "duration", "in_flight", "labels", "request_bytes",
-                 "response_bytes", "span_name")  # fmt: skip
+    __slots__ = ("attributes", "calls", "labels", "span_name")
 
     def __init__(self, target: ClientTarget, model: str, version: str) -> None:
         self.labels = (model, version, target.server, target.protocol)
-        self.duration = HOT.histogram(semconv.CLIENT_DURATION, _LABELS).series(self.labels)
-        self.request_bytes = HOT.counter(semconv.CLIENT_REQUEST_BYTES, _LABELS).series(self.labels)
-        self.response_bytes = HOT.counter(semconv.CLIENT_RESPONSE_BYTES, _LABELS).series(
-            self.labels
-        )
-        self.in_flight = HOT.up_down_counter(semconv.CLIENT_IN_FLIGHT, _LABELS).series(self.labels)
+        self.calls = HOT.calls(_CALL_METRICS, _LABELS, self.labels)
         self.span_name = f"{target.method} {model}"
         self.attributes: dict[str, Any] = {
             semconv.RPC_SYSTEM_NAME: target.system,
@@ -250,7 +254,7 @@ class Call:
                 shape = inputs[0].shape()
                 if shape:
                     attributes[semconv.BATCH_SIZE] = int(shape[0])
-        per.in_flight.add(1)
+        per.calls.begin()
         self.start = time.perf_counter_ns()
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
@@ -268,27 +272,31 @@ class Call:
         try:
             end = time.perf_counter_ns()
             per = self.per
-            per.in_flight.add(-1)
-            per.request_bytes.add(self.request_bytes)
-            response_bytes = self.tensors.response(result) if result is not None else 0
-            per.response_bytes.add(response_bytes)
+            response_bytes, outputs = (0, 0) if result is None else self.tensors.response(result)
             if error is not None:
                 labels = (*per.labels, error_type(error))
                 HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
             if not self.sampled:
-                per.duration.observe((end - self.start) / 1e9)
+                per.calls.end((end - self.start) / 1e9, self.request_bytes, response_bytes)
                 return
-            self._end_span(end, error, result, response_bytes)
+            self._end_span(end, error, result, response_bytes, outputs)
         except Exception:
             internal_error("ending a client span")
 
     def _end_span(
-        self, end: int, error: BaseException | None, result: Any, response_bytes: int
+        self,
+        end: int,
+        error: BaseException | None,
+        result: Any,
+        response_bytes: int,
+        outputs: int | None,
     ) -> None:
         seconds = (end - self.start) / 1e9
         span = self.span
         context = span.context
-        self.per.duration.observe(seconds, context.trace_id, context.span_id)
+        self.per.calls.end(
+            seconds, self.request_bytes, response_bytes, context.trace_id, context.span_id
+        )
         attributes = span.attributes
         if self.sent_ns:
             attributes[semconv.SERIALIZE_S] = (self.sent_ns - self.start) / 1e9
@@ -299,7 +307,9 @@ class Call:
         if result is not None:
             attributes[semconv.RESPONSE_BYTES] = response_bytes
             if semconv.OUTPUT_COUNT not in attributes:
-                attributes[semconv.OUTPUT_COUNT] = output_count(result)
+                attributes[semconv.OUTPUT_COUNT] = (
+                    output_count(result) if outputs is None else outputs
+                )
         if error is not None:
             span.record_error(error)
             attributes[semconv.ERROR_TYPE] = error_type(error)

@@ -17,8 +17,10 @@ from typing import Any, Protocol
 from otelkit.client._call import CURRENT_CALL, TARGET, Call, ClientTarget, internal_error
 
 __all__ = [
+    "Transport",
     "attach_grpc_transport",
     "attach_http_transport",
+    "stamp",
     "traced_grpc_async_infer",
     "traced_http_async_infer",
     "traced_infer",
@@ -101,44 +103,45 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
     return infer
 
 
-class Stamped:
+Transport = Callable[..., Any]
+
+
+def stamp(original: Any) -> Transport:
     """A transport callable (HTTP ``_post``, gRPC ``ModelInfer``) that stamps, for the sampled
     call in progress, when the request left and when the response came back.
 
-    gRPC's ``ModelInfer.future`` (behind ``async_infer``) stamps the send; the callback stamps
-    the receive.
+    A plain function, not an object with ``__call__``: every call goes through it, sampled or
+    not. gRPC's ``ModelInfer.future`` (behind ``async_infer``) stamps the send; the callback
+    stamps the receive.
     """
+    current = CURRENT_CALL.get
 
-    __slots__ = ("original",)
-
-    def __init__(self, original: Any) -> None:
-        self.original = original
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        call = CURRENT_CALL.get()
+    def stamped(*args: Any, **kwargs: Any) -> Any:
+        call = current()
         if call is None:
-            return self.original(*args, **kwargs)
+            return original(*args, **kwargs)
         call.sent()
-        result = self.original(*args, **kwargs)
+        result = original(*args, **kwargs)
         call.received()
         return result
 
-    def future(self, *args: Any, **kwargs: Any) -> Any:
-        call = CURRENT_CALL.get()
+    def future(*args: Any, **kwargs: Any) -> Any:
+        call = current()
         if call is not None:
             call.sent()
-        return self.original.future(*args, **kwargs)
+        return original.future(*args, **kwargs)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.original, name)
+    if hasattr(original, "future"):
+        stamped.future = future  # type: ignore[attr-defined]
+    return stamped
 
 
-def attach_grpc_transport(client: Any, stamped: type[Stamped] = Stamped) -> None:
+def attach_grpc_transport(client: Any, stamped: Callable[[Any], Transport] = stamp) -> None:
     stub = client._client_stub
     stub.ModelInfer = stamped(stub.ModelInfer)
 
 
-def attach_http_transport(client: Any, stamped: type[Stamped] = Stamped) -> None:
+def attach_http_transport(client: Any, stamped: Callable[[Any], Transport] = stamp) -> None:
     client._post = stamped(client._post)
 
 

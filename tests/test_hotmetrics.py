@@ -26,7 +26,14 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 import otelkit
 from otelkit import semconv
 from otelkit._export import PullReader
-from otelkit._hotmetrics import HOT, HistogramSeries, HotRegistry, with_hot_metrics
+from otelkit._hotmetrics import (
+    HOT,
+    CallSeries,
+    CallSpecs,
+    HistogramSeries,
+    HotRegistry,
+    with_hot_metrics,
+)
 from otelkit._prometheus import PrometheusEndpoint
 from tests.test_telemetry import scrape
 
@@ -37,6 +44,14 @@ DURATION = semconv.MetricSpec(
 )
 BYTES = semconv.MetricSpec("tests.hot.sent", "counter", "By", "Bytes sent.")
 IN_FLIGHT = semconv.MetricSpec("tests.hot.in_flight", "up_down_counter", "{request}", "Calls.")
+CALLS = CallSpecs(  # metrics of their own: series of other tests outlive HOT.reset()
+    semconv.MetricSpec(
+        "tests.call.duration", "histogram", "s", "Calls.", semconv.DURATION_BUCKETS_S
+    ),
+    semconv.MetricSpec("tests.call.in_flight", "up_down_counter", "{request}", "In flight."),
+    semconv.MetricSpec("tests.call.sent", "counter", "By", "Bytes sent."),
+    semconv.MetricSpec("tests.call.received", "counter", "By", "Bytes received."),
+)
 SECOND = 1_000_000_000
 
 
@@ -141,6 +156,52 @@ def test_no_increment_is_lost_under_256_threads() -> None:
     )  # fmt: skip
 
 
+def test_a_call_series_changes_its_four_metrics_together_under_256_threads() -> None:
+    calls = HOT.calls(CALLS, LABELS, ("tracking", "b:8001"))
+    assert HOT.calls(CALLS, LABELS, ("tracking", "b:8001")) is calls  # clients share it
+    start, ended = threading.Barrier(256), threading.Barrier(256)
+    seen_in_flight: list[float] = []
+
+    def work(thread: int) -> None:
+        start.wait()
+        calls.begin()
+        ended.wait()  # every call is in flight at once here
+        if thread == 0:
+            seen_in_flight.append(_points((CALLS.in_flight.name,))[0][1][0])
+        ended.wait()
+        calls.end(0.002, 10, 20, thread + 1, 7)
+        for _ in range(999):
+            calls.begin()
+            calls.end(0.002, 10, 20)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(256)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ours = {spec.name for spec in CALLS}
+    points = {m.name: m.data.data_points[0] for m in HOT.collect() if m.name in ours}
+    duration = points[CALLS.duration.name]
+    assert isinstance(duration, HistogramDataPoint)
+    assert seen_in_flight == [256]
+    assert (duration.count, duration.sum) == (256_000, pytest.approx(512.0))
+    assert {name: p.value for name, p in points.items() if isinstance(p, NumberDataPoint)} == {
+        CALLS.in_flight.name: 0,
+        CALLS.request_bytes.name: 2_560_000,
+        CALLS.response_bytes.name: 5_120_000,
+    }
+    (exemplar,) = duration.exemplars  # the newest of the sampled calls, in its bucket
+    assert exemplar.span_id == 7 and 1 <= exemplar.trace_id <= 256
+
+
+def test_a_call_series_needs_series_of_its_own() -> None:
+    hot = HotRegistry()
+    hot.histogram(CALLS.duration, LABELS).series(("gnn", "a:8001"))  # created with its own lock
+    with pytest.raises(ValueError, match="has a lock of its own"):
+        hot.calls(CALLS, LABELS, ("gnn", "a:8001"))
+    assert isinstance(hot.calls(CALLS, LABELS, ("embed", "a:8001")), CallSeries)
+
+
 class _OtlpMetrics(http.server.BaseHTTPRequestHandler):
     received: queue.Queue[ExportMetricsServiceRequest]
 
@@ -243,6 +304,33 @@ def _report_in_child(histogram: HistogramSeries, conn: Connection) -> None:
     before = _points((BATCH.name, BYTES.name))
     histogram.observe(2)  # the parent held this series' lock when it forked
     conn.send((before, _points((BATCH.name,))))
+
+
+def _call_in_child(calls: CallSeries, conn: Connection) -> None:
+    calls.begin()  # the parent held this call series' shared lock when it forked
+    calls.end(0.5, 1, 2)
+    conn.send(_points(tuple(spec.name for spec in CALLS)))
+
+
+def test_forked_child_takes_a_call_series_lock_held_at_the_fork() -> None:
+    calls = HOT.calls(CALLS, LABELS, ("tracking", "b:8001"))
+    calls.begin()
+    calls.end(0.1, 100, 200)
+    context = multiprocessing.get_context("fork")
+    parent_end, child_end = context.Pipe()
+    calls.duration._lock.acquire()  # the one lock of all four series
+    try:
+        child = context.Process(target=_call_in_child, args=(calls, child_end))
+        child.start()
+    finally:
+        calls.duration._lock.release()
+    assert parent_end.poll(20), "the child hung: it inherited a lock held at the fork"
+    child.join(10)
+    assert parent_end.recv() == [
+        (CALLS.duration.name, [1]), (CALLS.in_flight.name, [0]),
+        (CALLS.response_bytes.name, [2]), (CALLS.request_bytes.name, [1]),
+    ]  # sorted by name  # fmt: skip
+    assert child.exitcode == 0
 
 
 def test_forked_child_starts_from_zero_with_the_series_it_holds() -> None:

@@ -84,10 +84,6 @@ class HistogramSeries:
         self._guard = guard or _Guard()
         self._reset()
 
-    @property
-    def _lock(self) -> threading.Lock:
-        return self._guard.lock
-
     def _reset(self) -> None:
         self._guard.lock = threading.Lock()
         self._counts = [0] * (len(self._bounds) + 1)
@@ -119,7 +115,7 @@ class HistogramSeries:
             self._exemplars[index] = (value, trace_id, span_id, self._clock())
 
     def _point(self, attributes: dict[str, str], start_ns: int, now_ns: int) -> HistogramDataPoint:
-        with self._lock:
+        with self._guard.lock:
             counts, total = list(self._counts), self._sum
             low, high, newest = self._min, self._max, list(self._exemplars)
         exemplars = [
@@ -181,12 +177,7 @@ class CallSeries:
 
     def begin(self) -> None:
         """A call started: one more in flight."""
-        lock = self._guard.lock
-        lock.acquire()
-        try:
-            self.in_flight._value += 1
-        finally:
-            lock.release()
+        self.in_flight.add(1)
 
     def end(
         self,

@@ -14,6 +14,7 @@ Only the panels fed by CUDA (torch memory, stage GPU time) have no source on thi
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import threading
 import time
@@ -101,7 +102,7 @@ class Load:
         ]
 
     def _run(self, remote: Remote, fail_every: int = 5) -> None:
-        for number in range(1_000_000):
+        for number in itertools.count():
             if self.stop.is_set():
                 return
             try:

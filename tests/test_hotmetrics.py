@@ -318,12 +318,12 @@ def test_forked_child_takes_a_call_series_lock_held_at_the_fork() -> None:
     calls.end(0.1, 100, 200)
     context = multiprocessing.get_context("fork")
     parent_end, child_end = context.Pipe()
-    calls.duration._lock.acquire()  # the one lock of all four series
+    calls.duration._guard.lock.acquire()  # the one lock of all four series
     try:
         child = context.Process(target=_call_in_child, args=(calls, child_end))
         child.start()
     finally:
-        calls.duration._lock.release()
+        calls.duration._guard.lock.release()
     assert parent_end.poll(20), "the child hung: it inherited a lock held at the fork"
     child.join(10)
     assert parent_end.recv() == [
@@ -341,12 +341,12 @@ def test_forked_child_starts_from_zero_with_the_series_it_holds() -> None:
         counter.add(5)
     context = multiprocessing.get_context("fork")
     parent_end, child_end = context.Pipe()
-    histogram._lock.acquire()  # as if another thread were mid-observation at the fork
+    histogram._guard.lock.acquire()  # as if another thread were mid-observation at the fork
     try:
         child = context.Process(target=_report_in_child, args=(histogram, child_end))
         child.start()
     finally:
-        histogram._lock.release()
+        histogram._guard.lock.release()
     assert parent_end.poll(20), "the child hung: it inherited a lock held at the fork"
     child.join(10)
     # an empty histogram is not exported; a counter at zero is

@@ -49,13 +49,13 @@ def _aio_http_url(client: Any) -> str:
 
 
 def _attach_grpc_transport(client: Any) -> None:
-    _sync.attach_grpc_transport(client)
+    _sync.attach_model_infer(client)
     _stream.attach_stream_transport(client)
 
 
-def _attach_aio_grpc_transport(client: Any) -> None:
-    _sync.attach_grpc_transport(client, _aio.stamp_async)
-    _stream.attach_stream_transport(client)
+def _detach_grpc_transport(client: Any) -> None:
+    _sync.detach_model_infer(client)
+    _stream.detach_stream_transport(client)
 
 
 def _attach_aio_http_transport(client: Any) -> None:
@@ -72,6 +72,7 @@ class _Kind:
     tensors: Tensors
     wrappers: dict[str, Callable[[Callable[[Any], ClientTarget], Callable[..., Any]], Any]]
     attach_transport: Callable[[Any], None]
+    detach_transport: Callable[[Any], None]
 
 
 _GRPC, _HTTP = semconv.RPC_SYSTEM_TRITON_GRPC, semconv.RPC_SYSTEM_TRITON_HTTP
@@ -80,7 +81,7 @@ _KINDS: dict[str, _Kind] = {
     "tritonclient.http": _Kind(
         "tritonclient.http", "http", _HTTP, _HTTP_INFER, _http_url, HTTP_TENSORS,
         {"infer": _sync.traced_infer, "async_infer": _sync.traced_http_async_infer},
-        _sync.attach_http_transport,
+        _sync.attach_http_transport, _sync.detach_http_transport,
     ),
     "tritonclient.grpc": _Kind(
         "tritonclient.grpc", "grpc", _GRPC, _GRPC_INFER, _grpc_url, GRPC_TENSORS,
@@ -88,17 +89,17 @@ _KINDS: dict[str, _Kind] = {
          "start_stream": _stream.traced_start_stream,
          "async_stream_infer": _stream.traced_async_stream_infer,
          "stop_stream": _stream.traced_stop_stream},
-        _attach_grpc_transport,
+        _attach_grpc_transport, _detach_grpc_transport,
     ),
     "tritonclient.http.aio": _Kind(
         "tritonclient.http.aio", "http", _HTTP, _HTTP_INFER, _aio_http_url, HTTP_TENSORS,
         {"infer": _aio.traced_aio_infer},
-        _attach_aio_http_transport,
+        _attach_aio_http_transport, _sync.detach_http_transport,
     ),
     "tritonclient.grpc.aio": _Kind(
         "tritonclient.grpc.aio", "grpc", _GRPC, _GRPC_INFER, _grpc_url, GRPC_TENSORS,
         {"infer": _aio.traced_aio_infer, "stream_infer": _stream.traced_aio_stream_infer},
-        _attach_aio_grpc_transport,
+        _attach_grpc_transport, _detach_grpc_transport,
     ),
 }  # fmt: skip
 
@@ -163,6 +164,9 @@ def uninstrument_client(client: Any) -> Any:
         return client
     for name in kind.wrappers:
         client.__dict__.pop(name, None)
+    with _lock:
+        if client.__dict__.pop(TARGET, None) is not None:
+            kind.detach_transport(client)
     return client
 
 

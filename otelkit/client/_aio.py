@@ -1,9 +1,10 @@
 """Wrappers for the asyncio clients, ``tritonclient.http.aio`` and ``tritonclient.grpc.aio``.
 
 ``infer`` is a coroutine there; the call's span lives in the task's own context, so concurrent
-tasks keep their own parents. The transport coroutine (HTTP ``_post``, gRPC ``ModelInfer``) is
-wrapped per client (by ``stamp_async``) to stamp when a sampled call's request left and its
-response came back.
+tasks keep their own parents. The HTTP client's transport coroutine (``_post``) is wrapped per
+client (by ``stamp_async``) to stamp when a sampled call's request left and its response came
+back; the gRPC client stamps in its (de)serialiser (``_sync.attach_model_infer``), which runs in
+the call's own task.
 """
 
 from __future__ import annotations

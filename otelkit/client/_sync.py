@@ -15,16 +15,24 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from otelkit.client._call import CURRENT_CALL, TARGET, Call, ClientTarget, internal_error
+from otelkit.client._wire import keep_received
 
 __all__ = [
     "Transport",
-    "attach_grpc_transport",
     "attach_http_transport",
+    "attach_model_infer",
+    "detach_http_transport",
+    "detach_model_infer",
     "stamp",
     "traced_grpc_async_infer",
     "traced_http_async_infer",
     "traced_infer",
 ]
+
+
+_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_OWN_MODEL_INFER = "_otelkit_own_model_infer"
+_OWN_POST = "_otelkit_own_post"
 
 
 def _headers_index(method: Callable[..., Any]) -> int:
@@ -111,8 +119,7 @@ def stamp(original: Any) -> Transport:
     call in progress, when the request left and when the response came back.
 
     A plain function, not an object with ``__call__``: every call goes through it, sampled or
-    not. gRPC's ``ModelInfer.future`` (behind ``async_infer``) stamps the send; the callback
-    stamps the receive.
+    not. (gRPC clients stamp in their (de)serialiser instead: ``attach_model_infer``.)
     """
     current = CURRENT_CALL.get
 
@@ -125,24 +132,75 @@ def stamp(original: Any) -> Transport:
         call.received()
         return result
 
-    def future(*args: Any, **kwargs: Any) -> Any:
-        call = current()
-        if call is not None:
-            call.sent()
-        return original.future(*args, **kwargs)
-
-    if hasattr(original, "future"):
-        stamped.future = future  # type: ignore[attr-defined]
     return stamped
 
 
-def attach_grpc_transport(client: Any, stamped: Callable[[Any], Transport] = stamp) -> None:
+def _serializer(original: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    current = CURRENT_CALL.get
+
+    def serialize(request: Any) -> bytes:
+        raw = original(request)
+        call = current()
+        if call is not None:
+            call.sent()
+        return raw
+
+    return serialize
+
+
+def _deserializer(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    current = CURRENT_CALL.get
+
+    def deserialize(raw: bytes) -> Any:
+        call = current()
+        if call is not None:
+            call.received()
+        message = original(raw)
+        try:
+            keep_received(message, raw)
+        except Exception:
+            internal_error("counting a gRPC response's tensor bytes")
+        return message
+
+    return deserialize
+
+
+def attach_model_infer(client: Any) -> None:
+    """Rebuild a gRPC client's ``ModelInfer`` (sync or asyncio) on its channel, with a
+    serialiser that stamps *sent* for the sampled call in progress once its request is bytes,
+    and a deserialiser that stamps *received* before parsing and counts the tensor bytes
+    (``_wire``). Serialising and parsing are the stub's own functions.
+
+    The sync serialiser runs in the caller's thread, the asyncio ones in the call's task
+    (which copied the caller's context), so ``CURRENT_CALL`` is the call they serve; a future's
+    response is parsed on gRPC's thread, and ``async_infer``'s callback stamps it instead.
+    """
     stub = client._client_stub
-    stub.ModelInfer = stamped(stub.ModelInfer)
+    own = stub.ModelInfer
+    rebuilt = client._channel.unary_unary(
+        _MODEL_INFER, _serializer(own._request_serializer),
+        _deserializer(own._response_deserializer), _registered_method=True,
+    )  # fmt: skip
+    client.__dict__[_OWN_MODEL_INFER] = own
+    stub.ModelInfer = rebuilt
+
+
+def detach_model_infer(client: Any) -> None:
+    """Give a gRPC client its stub's own ``ModelInfer`` back."""
+    own = client.__dict__.pop(_OWN_MODEL_INFER, None)
+    if own is not None:
+        client._client_stub.ModelInfer = own
 
 
 def attach_http_transport(client: Any, stamped: Callable[[Any], Transport] = stamp) -> None:
+    client.__dict__[_OWN_POST] = client._post
     client._post = stamped(client._post)
+
+
+def detach_http_transport(client: Any) -> None:
+    own = client.__dict__.pop(_OWN_POST, None)
+    if own is not None:
+        client._post = own
 
 
 def traced_grpc_async_infer(

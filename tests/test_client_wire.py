@@ -1,0 +1,158 @@
+"""Tensor bytes counted on the wire: the scan against protobuf's own parse, and the rebuilt
+``ModelInfer`` of a real gRPC client (sync, ``async_infer`` and asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aiogrpcclient
+from tritonclient.grpc import service_pb2
+
+import otelkit
+from otelkit import semconv
+from otelkit.analysis import Span, load_spans
+from otelkit.client import _wire
+from otelkit.receiver import Receiver
+from otelkit.tritonserver import TritonServer
+
+DATA = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+
+def response(*tensors: bytes | None, **fields: Any) -> service_pb2.ModelInferResponse:
+    """A response with one output per tensor; ``None``: an output without raw content
+    (sent through shared memory)."""
+    message = service_pb2.ModelInferResponse(**fields)
+    for index, raw in enumerate(tensors):
+        message.outputs.add(name=f"OUTPUT{index}", datatype="FP32", shape=[1, 1])
+        if raw is not None:
+            message.raw_output_contents.append(raw)
+    return message
+
+
+def parsed_counts(message: service_pb2.ModelInferResponse) -> tuple[int, int]:
+    return sum(len(raw) for raw in message.raw_output_contents), len(message.outputs)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        response(np.arange(16, dtype=np.float32).tobytes()),
+        response(b"\x00" * 600_000, b"\x01" * 130, model_name="m", model_version="7", id="req"),
+        response(b"\x05\x00\x00\x00hello\x03\x00\x00\x00abc"),  # a BYTES tensor as Triton sends it
+        response(None, b"\x00" * 40),
+        response(),
+    ],
+    ids=["16 floats", "600 kB and 130 B", "bytes tensor", "one output in shared memory", "empty"],
+)
+def test_the_scan_counts_what_protobuf_parses(message: service_pb2.ModelInferResponse) -> None:
+    message.parameters["sequence_end"].bool_param = True
+    assert _wire.wire_tensors(message.SerializeToString()) == parsed_counts(message)
+
+
+def test_the_scan_skips_fields_it_does_not_know() -> None:
+    """A newer server may send fields this tritonclient does not know: fixed64 (wire type 1),
+    fixed32 (5), a varint and a field number above 15 (a two-byte key)."""
+    message = response(b"\x00" * 300)
+    unknown = bytes([0x09, *range(8), 0x15, *range(4), 0x18, 0x96, 0x01, 0xA2, 0x06, 0x02, 1, 2])
+    raw = message.SerializeToString() + unknown
+    assert len(service_pb2.ModelInferResponse.FromString(raw).outputs) == 1
+    assert _wire.wire_tensors(raw) == (300, 1)
+
+
+@pytest.mark.parametrize("raw", [b"\x32\x05abc", b"\x32", b"\x0b\x00", b"\x32\xff"])
+def test_the_scan_refuses_bytes_that_are_not_a_message(raw: bytes) -> None:
+    with pytest.raises((ValueError, IndexError)):
+        _wire.wire_tensors(raw)
+
+
+def test_counts_are_taken_once_and_only_for_their_own_message() -> None:
+    first, second = response(b"\x00" * 12), response(b"\x00" * 12)
+    _wire.keep_received(first, first.SerializeToString())
+    assert _wire.received_tensors(second) is None
+    assert _wire.received_tensors(first) == (12, 1)
+    assert _wire.received_tensors(first) is None
+
+
+def test_counts_nobody_takes_do_not_pile_up() -> None:
+    kept = [response(b"\x00" * 4) for _ in range(3 * _wire.MAX_WAITING)]
+    for message in kept:
+        _wire.keep_received(message, message.SerializeToString())
+    assert len(_wire.RECEIVED) <= _wire.MAX_WAITING
+    _wire.RECEIVED.clear()
+
+
+@pytest.fixture
+def telemetry(receiver: Receiver) -> Iterator[otelkit.Telemetry]:
+    yield otelkit.configure(
+        service_name="wire-tests", traces_endpoint=receiver.traces_url, bsp_schedule_delay_ms=50
+    )
+    otelkit.shutdown()
+
+
+def tensor(module: Any) -> list[Any]:
+    found = module.InferInput("INPUT0", list(DATA.shape), "FP32")
+    found.set_data_from_numpy(DATA)
+    return [found]
+
+
+@pytest.mark.triton
+def test_a_grpc_client_counts_every_call_style_on_the_wire(
+    triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
+) -> None:
+    """Sync ``infer``, ``async_infer`` and asyncio ``infer``: the spans carry the tensor bytes
+    and outputs counted on the wire, the client phases in order, and no count is left over;
+    ``uninstrument`` gives the stub its own ``ModelInfer`` back."""
+    _wire.RECEIVED.clear()
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    own = client._client_stub.ModelInfer
+    otelkit.instrument(client)
+    assert client._client_stub.ModelInfer is not own
+    results: queue.Queue[Any] = queue.Queue()
+    client.infer("identity_fp32", tensor(grpcclient), request_id="wire-sync")
+    client.async_infer(
+        "identity_fp32", tensor(grpcclient), lambda result, error: results.put((result, error)),
+        request_id="wire-callback",
+    )  # fmt: skip
+    result, error = results.get(timeout=10)
+    assert error is None and np.array_equal(result.as_numpy("OUTPUT0"), DATA)
+
+    async def asyncio_call() -> None:
+        async with otelkit.instrument(aiogrpcclient.InferenceServerClient(triton.grpc_url)) as aio:
+            await aio.infer("identity_fp32", tensor(aiogrpcclient), request_id="wire-asyncio")
+
+    asyncio.run(asyncio_call())
+    assert _wire.RECEIVED == {}
+    otelkit.uninstrument(client)
+    assert client._client_stub.ModelInfer is own
+    client.infer("identity_fp32", tensor(grpcclient))
+    assert _wire.RECEIVED == {}
+    client.close()
+    telemetry.flush()
+    spans = wait_for_requests(receiver, {"wire-sync", "wire-callback", "wire-asyncio"})
+    for span in spans:
+        assert span.attributes[semconv.RESPONSE_BYTES] == DATA.nbytes
+        assert span.attributes[semconv.OUTPUT_COUNT] == 1
+        phases = [span.attributes[key] for key in (semconv.SERIALIZE_S, semconv.WIRE_S)]
+        assert all(0 < seconds < span.duration_ns / 1e9 for seconds in phases), span.attributes
+
+
+def wait_for_requests(receiver: Receiver, request_ids: set[str], timeout: float = 15) -> list[Span]:
+    deadline = time.monotonic() + timeout
+    while True:
+        spans = [
+            span
+            for span in load_spans(receiver.out_dir)
+            if span.attributes.get(semconv.REQUEST_ID) in request_ids
+        ]
+        if len(spans) >= len(request_ids) or time.monotonic() > deadline:
+            found = {span.attributes.get(semconv.REQUEST_ID) for span in spans}
+            assert found == request_ids
+            return spans
+        time.sleep(0.05)

@@ -12,13 +12,11 @@ through the global tracer instead: slower, but into whatever pipeline the proces
 
 from __future__ import annotations
 
-import contextvars
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -36,6 +34,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.propagation import _SPAN_KEY
 
 from otelkit import semconv, telemetry
+from otelkit._context import current_context as _current_context
 from otelkit._switch import SWITCH
 
 __all__ = ["LeanSpan", "SpanRecorder", "with_span"]
@@ -43,23 +42,6 @@ __all__ = ["LeanSpan", "SpanRecorder", "with_span"]
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
 _INVALID = trace.INVALID_SPAN_CONTEXT
-
-
-def _context_reader() -> Callable[[], Context]:
-    """``opentelemetry.context.get_current``, minus three calls where the runtime allows.
-
-    The default runtime context keeps the current ``Context`` in one ``ContextVar``; reading
-    it directly costs a fraction of the API's call chain. Any other runtime goes the API way.
-    """
-    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
-    variable = getattr(runtime, "_current_context", None)
-    if isinstance(variable, contextvars.ContextVar):
-        read: Callable[[], Context] = variable.get
-        return read
-    return otel_context.get_current
-
-
-_current_context = _context_reader()
 
 
 def with_span(span_context: SpanContext, base: Context | None = None) -> Context:

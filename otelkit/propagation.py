@@ -15,13 +15,15 @@ import re
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, cast
 
-from opentelemetry import baggage, trace
-from opentelemetry.context import Context, get_current
+from opentelemetry import trace
+from opentelemetry.baggage import _BAGGAGE_KEY
+from opentelemetry.context import Context
 from opentelemetry.propagators import textmap
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from otelkit._baggage import format_baggage, parse_baggage
 from otelkit._carriers import Carrier, CarrierT, read, write
+from otelkit._context import current_context
 
 __all__ = [
     "Carrier",
@@ -216,7 +218,7 @@ def _extract(fields: Mapping[str, str], context: Context | None) -> Context:
 
 def _fields(context: Context | None) -> tuple[list[tuple[str, str]], frozenset[str]]:
     """The headers to write for ``context`` and the names they replace."""
-    context = get_current() if context is None else context
+    context = current_context() if context is None else context
     return _span_fields(trace.get_current_span(context).get_span_context(), context)
 
 
@@ -225,8 +227,8 @@ def _span_fields(
 ) -> tuple[list[tuple[str, str]], frozenset[str]]:
     # One unpacking instead of four property calls: this runs on every inference call.
     trace_id, span_id, _, flags, trace_state, is_valid = span_context
-    entries = baggage.get_all(context)
-    baggage_header = format_baggage(entries) if entries else ""
+    entries = context.get(_BAGGAGE_KEY)  # what baggage.get_all reads, without its copy
+    baggage_header = format_baggage(entries) if entries and isinstance(entries, dict) else ""
     if not is_valid:
         return ([(_BAGGAGE, baggage_header)], _BAGGAGE_ONLY) if baggage_header else ([], _FIELDS)
     fields = [(_TRACEPARENT, _format_traceparent(trace_id, span_id, flags))]
@@ -247,7 +249,7 @@ def headers_for(span_context: SpanContext, context: Context | None = None) -> li
     >>> headers_for(SpanContext(0xAB, 0xCD, False, TraceFlags(1)))
     [('traceparent', '00-000000000000000000000000000000ab-00000000000000cd-01')]
     """
-    return _span_fields(span_context, get_current() if context is None else context)[0]
+    return _span_fields(span_context, current_context() if context is None else context)[0]
 
 
 def extract(carrier: Carrier, context: Context | None = None) -> Context:

@@ -140,12 +140,16 @@ def test_identity_model_answers(server: TritonServer, protocol: str) -> None:
 def test_traceparent_joins_triton_spans_to_the_callers_trace(
     server: TritonServer, sink: SpanSink, protocol: str
 ) -> None:
-    trace_id, parent_id = os.urandom(16).hex(), os.urandom(8).hex()
-    traceparent = f"00-{trace_id}-{parent_id}-01"
-    sent = time.monotonic()
-    INFER[protocol](server, np.ones((1, 2), np.float32), {"traceparent": traceparent})
-
-    spans = sink.wait_for(trace_id, count=3)
+    for attempt in range(1, 4):
+        # Triton 2.51 loses the traceparent of 2-3 % of gRPC requests (see conftest's
+        # joined_trace): such a request starts a trace of its own and is sent again.
+        trace_id, parent_id = os.urandom(16).hex(), os.urandom(8).hex()
+        traceparent = f"00-{trace_id}-{parent_id}-01"
+        sent = time.monotonic()
+        INFER[protocol](server, np.ones((1, 2), np.float32), {"traceparent": traceparent})
+        spans = sink.wait_for(trace_id, count=3, timeout=15.0 if attempt == 3 else 5.0)
+        if len(spans) >= 3:
+            break
     print(f"{protocol}: Triton's spans arrived {time.monotonic() - sent:.2f} s after the call")
     names = {span["spanId"]: span["name"] for span in spans}
     tree = {(span["name"], names.get(span["parentSpanId"], span["parentSpanId"])) for span in spans}

@@ -137,14 +137,18 @@ def with_trace_context(caller: Mapping[str, str] | None, span: SpanContext) -> d
     whatever its own sampling rate (triton-inference-server/server#8474), so an unsampled
     call sends none. A header the caller set under the same name (any case) is replaced.
     """
-    merged = dict(caller) if caller else {}
     try:
-        for name, value in headers_for(span):
-            for existing in [key for key in merged if key.lower() == name]:
-                del merged[existing]
-            merged[name] = value
+        fields = headers_for(span)
     except Exception:
         internal_error("injecting trace context")
+        fields = []
+    if not caller:
+        return dict(fields)
+    merged = dict(caller)
+    for name, value in fields:
+        for existing in [key for key in merged if key.lower() == name]:
+            del merged[existing]
+        merged[name] = value
     return merged
 
 

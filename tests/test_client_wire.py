@@ -111,9 +111,10 @@ def test_a_grpc_client_counts_every_call_style_on_the_wire(
     ``uninstrument`` gives the stub its own ``ModelInfer`` back."""
     _wire.RECEIVED.clear()
     client = grpcclient.InferenceServerClient(triton.grpc_url)
-    own = client._client_stub.ModelInfer
+    own, own_stream = client._client_stub.ModelInfer, client._client_stub.ModelStreamInfer
     otelkit.instrument(client)
     assert client._client_stub.ModelInfer is not own
+    assert client._client_stub.ModelStreamInfer is not own_stream
     results: queue.Queue[Any] = queue.Queue()
     client.infer("identity_fp32", tensor(grpcclient), request_id="wire-sync")
     client.async_infer(
@@ -131,6 +132,7 @@ def test_a_grpc_client_counts_every_call_style_on_the_wire(
     assert _wire.RECEIVED == {}
     otelkit.uninstrument(client)
     assert client._client_stub.ModelInfer is own
+    assert client._client_stub.ModelStreamInfer is own_stream
     client.infer("identity_fp32", tensor(grpcclient))
     assert _wire.RECEIVED == {}
     client.close()

@@ -34,7 +34,7 @@ from otelkit.client._call import (
     internal_error,
     with_trace_context,
 )
-from otelkit.client._sync import _headers_index, _with_headers
+from otelkit.client._sync import _headers_index, _with_headers, swap_back, swap_in
 
 __all__ = ["StreamCalls", "attach_stream_transport", "detach_stream_transport",
            "traced_aio_stream_infer", "traced_async_stream_infer", "traced_start_stream",
@@ -43,7 +43,6 @@ __all__ = ["StreamCalls", "attach_stream_transport", "detach_stream_transport",
 _STREAM = "_otelkit_stream"
 _OPENING = "_otelkit_opening_stream"
 _FINAL = "triton_final_response"
-_OWN_STREAM_INFER = "_otelkit_own_stream_infer"
 
 
 class StreamClosedError(Exception):
@@ -206,14 +205,11 @@ def attach_stream_transport(client: Any) -> None:
         stream: StreamCalls | None = client.__dict__.get(_OPENING)
         return _Watched(responses, stream) if stream is not None else responses
 
-    client.__dict__[_OWN_STREAM_INFER] = original
-    stub.ModelStreamInfer = model_stream_infer
+    swap_in(client, stub, "ModelStreamInfer", model_stream_infer)
 
 
 def detach_stream_transport(client: Any) -> None:
-    own = client.__dict__.pop(_OWN_STREAM_INFER, None)
-    if own is not None:
-        client._client_stub.ModelStreamInfer = own
+    swap_back(client, client._client_stub, "ModelStreamInfer")
 
 
 def _opening(client: Any, stream: StreamCalls, start: Callable[[], Any]) -> Any:

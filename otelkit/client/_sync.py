@@ -24,6 +24,8 @@ __all__ = [
     "detach_http_transport",
     "detach_model_infer",
     "stamp",
+    "swap_back",
+    "swap_in",
     "traced_grpc_async_infer",
     "traced_http_async_infer",
     "traced_infer",
@@ -31,8 +33,7 @@ __all__ = [
 
 
 _MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-_OWN_MODEL_INFER = "_otelkit_own_model_infer"
-_OWN_POST = "_otelkit_own_post"
+_OWN = "_otelkit_own"  # + the name of a replaced transport attribute: the client's own one
 
 
 def _headers_index(method: Callable[..., Any]) -> int:
@@ -181,26 +182,34 @@ def attach_model_infer(client: Any) -> None:
         _MODEL_INFER, _serializer(own._request_serializer),
         _deserializer(own._response_deserializer), _registered_method=True,
     )  # fmt: skip
-    client.__dict__[_OWN_MODEL_INFER] = own
-    stub.ModelInfer = rebuilt
+    swap_in(client, stub, "ModelInfer", rebuilt)
 
 
 def detach_model_infer(client: Any) -> None:
     """Give a gRPC client its stub's own ``ModelInfer`` back."""
-    own = client.__dict__.pop(_OWN_MODEL_INFER, None)
+    swap_back(client, client._client_stub, "ModelInfer")
+
+
+def swap_in(client: Any, holder: Any, name: str, replacement: Any) -> None:
+    """Set ``holder.name`` (``holder``: the client or its stub) to ``replacement``, keeping the
+    one it replaces in the client for ``swap_back``."""
+    client.__dict__[_OWN + name] = getattr(holder, name)
+    setattr(holder, name, replacement)
+
+
+def swap_back(client: Any, holder: Any, name: str) -> None:
+    """Undo ``swap_in``; nothing when it was not done."""
+    own = client.__dict__.pop(_OWN + name, None)
     if own is not None:
-        client._client_stub.ModelInfer = own
+        setattr(holder, name, own)
 
 
 def attach_http_transport(client: Any, stamped: Callable[[Any], Transport] = stamp) -> None:
-    client.__dict__[_OWN_POST] = client._post
-    client._post = stamped(client._post)
+    swap_in(client, client, "_post", stamped(client._post))
 
 
 def detach_http_transport(client: Any) -> None:
-    own = client.__dict__.pop(_OWN_POST, None)
-    if own is not None:
-        client._post = own
+    swap_back(client, client, "_post")
 
 
 def traced_grpc_async_infer(

@@ -22,6 +22,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind
 
 from otelkit import semconv
+from otelkit._carriers import write
 from otelkit._hotmetrics import HOT, CallSpecs
 from otelkit._spans import SpanRecorder
 from otelkit.client._wire import received_tensors
@@ -137,19 +138,15 @@ def with_trace_context(caller: Mapping[str, str] | None, span: SpanContext) -> d
     whatever its own sampling rate (triton-inference-server/server#8474), so an unsampled
     call sends none. A header the caller set under the same name (any case) is replaced.
     """
+    merged = dict(caller) if caller else {}
     try:
         fields = headers_for(span)
+        if not merged:
+            return dict(fields)
+        return write(merged, fields, frozenset(name for name, _ in fields))
     except Exception:
         internal_error("injecting trace context")
-        fields = []
-    if not caller:
-        return dict(fields)
-    merged = dict(caller)
-    for name, value in fields:
-        for existing in [key for key in merged if key.lower() == name]:
-            del merged[existing]
-        merged[name] = value
-    return merged
+        return merged
 
 
 class ClientTarget:

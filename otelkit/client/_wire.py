@@ -12,7 +12,6 @@ them takes them (``received_tensors``); when too many wait, nobody was taking th
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 __all__ = ["RECEIVED", "keep_received", "received_tensors", "wire_tensors"]
@@ -22,7 +21,6 @@ _RAW_OUTPUT_KEY = 0x32  # field 6, length-delimited: ModelInferResponse.raw_outp
 MAX_WAITING = 64  # each keeps its message alive: a bound on memory, not only on entries
 
 RECEIVED: dict[int, tuple[Any, int, int]] = {}  # id(message) -> (message, bytes, outputs)
-_clearing = threading.Lock()
 
 
 def _varint(raw: bytes, pos: int) -> tuple[int, int]:
@@ -78,8 +76,7 @@ def keep_received(message: Any, raw: bytes) -> None:
     """Count ``raw`` (the bytes ``message`` was parsed from) for its call to take."""
     counted = wire_tensors(raw)
     if len(RECEIVED) >= MAX_WAITING:
-        with _clearing:
-            RECEIVED.clear()
+        RECEIVED.clear()  # one step under the GIL: no lock needed
     RECEIVED[id(message)] = (message, *counted)
 
 

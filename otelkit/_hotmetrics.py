@@ -18,6 +18,7 @@ under the instrument's ``semconv`` name.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -53,6 +54,7 @@ __all__ = [
     "HotRegistry",
     "HotUpDownCounter",
     "SumSeries",
+    "UpDownSeries",
     "with_hot_metrics",
 ]
 
@@ -154,12 +156,38 @@ class SumSeries:
         return NumberDataPoint(attributes, start_ns, now_ns, self._value)
 
 
-S = TypeVar("S", HistogramSeries, SumSeries)
+class UpDownSeries(SumSeries):
+    """A ``SumSeries`` that also counts one up without taking its lock: ``begin()``.
+
+    ``begin`` is ``next()`` on an ``itertools.count``, one step of C code under the GIL (so
+    atomic, and no Python frame for the caller); reading the series takes one more number
+    from the count, which ``_reads`` discounts. Calls in flight begin this way and end under
+    their series' lock.
+    """
+
+    __slots__ = ("_begun", "_reads", "begin")
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._begun = itertools.count()
+        self._reads = 0
+        self.begin = self._begun.__next__
+
+    def _point(self, attributes: dict[str, str], start_ns: int, now_ns: int) -> NumberDataPoint:
+        with self._guard.lock:
+            begun = next(self._begun) - self._reads
+            self._reads += 1
+            value = self._value + begun
+        return NumberDataPoint(attributes, start_ns, now_ns, value)
+
+
+S = TypeVar("S", HistogramSeries, SumSeries, UpDownSeries)
 
 
 class CallSeries:
-    """The metrics of one call target's label values, changed under one lock: calls in
-    flight, request and response bytes, and the duration histogram (with its exemplar)."""
+    """The metrics of one call target's label values: calls in flight, request and response
+    bytes, and the duration histogram (with its exemplar). A call begins without a lock
+    (``in_flight.begin()``) and ends under one, taken once for all four."""
 
     __slots__ = ("_guard", "duration", "in_flight", "request_bytes", "response_bytes")
 
@@ -167,7 +195,7 @@ class CallSeries:
         self,
         guard: _Guard,
         duration: HistogramSeries,
-        in_flight: SumSeries,
+        in_flight: UpDownSeries,
         request_bytes: SumSeries,
         response_bytes: SumSeries,
     ) -> None:
@@ -176,8 +204,9 @@ class CallSeries:
         self.request_bytes, self.response_bytes = request_bytes, response_bytes
 
     def begin(self) -> None:
-        """A call started: one more in flight."""
-        self.in_flight.add(1)
+        """A call started: one more in flight (callers on a hot path call
+        ``in_flight.begin()`` themselves, which is C code)."""
+        self.in_flight.begin()
 
     def end(
         self,
@@ -283,6 +312,14 @@ class HotUpDownCounter(HotCounter):
     """A sum that goes up and down, such as calls in flight."""
 
     kind = "up_down_counter"
+
+    def _new_series(self, guard: _Guard | None) -> UpDownSeries:
+        return UpDownSeries(guard)
+
+    def series(self, values: tuple[str, ...], guard: _Guard | None = None) -> UpDownSeries:
+        found = super().series(values, guard)
+        assert isinstance(found, UpDownSeries)  # every series of this kind is made here
+        return found
 
 
 def _metric(spec: semconv.MetricSpec, data: Histogram | Sum) -> Metric:

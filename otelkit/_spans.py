@@ -42,6 +42,8 @@ __all__ = ["LeanSpan", "SpanRecorder", "with_span"]
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
 _INVALID = trace.INVALID_SPAN_CONTEXT
+_SAMPLED_FLAGS = {flags: TraceFlags(flags | _SAMPLED) for flags in (0, _RANDOM)}
+_UNSET = Status(StatusCode.UNSET)  # immutable: one for every span that has not failed
 
 
 def with_span(span_context: SpanContext, base: Context | None = None) -> Context:
@@ -124,7 +126,7 @@ class LeanSpan:
         self.attributes = attributes
         self.links = links
         self.events: list[Event] = []
-        self.status = Status(StatusCode.UNSET)
+        self.status = _UNSET
         self.start_ns = time.time_ns()
 
     sampled = True
@@ -252,9 +254,11 @@ class SpanRecorder:
         Its ``attributes`` dict starts empty (but for a server recorder's GPU attributes):
         fill it only when ``sampled``.
         """
-        pipeline = self._current()
+        pipeline = self._pipeline if self._generation == SWITCH.generation else self._current()
         current = (_current_context() if context is None else context).get(_SPAN_KEY)
         if current is None:  # no span: skip the isinstance check against an ABC
+            if pipeline is not None and pipeline.root_sampled is False:
+                return UNSAMPLED  # the usual unsampled call: decided before drawing ids
             parent = _INVALID
         else:
             parent = current.get_span_context() if isinstance(current, trace.Span) else _INVALID
@@ -262,23 +266,28 @@ class SpanRecorder:
             span = self._tracer.start_span(name, context, kind, links=links)
             recorded = _SdkSpan(span, {})
             return recorded if recorded.sampled else UNSAMPLED
-        if parent.is_valid:
+        if parent is not _INVALID and parent.is_valid:
             trace_id = parent.trace_id
             flags = int(parent.trace_flags) & _RANDOM
-        elif pipeline.root_sampled is False:  # ALWAYS_OFF at the root: no ids to draw
-            return UNSAMPLED
+            if not _sampled(pipeline.sampler, parent, trace_id, name, kind):
+                return UNSAMPLED
+            parent_context: SpanContext | None = parent
         else:
+            fixed = pipeline.root_sampled
+            if fixed is False:  # ALWAYS_OFF at the root: no ids to draw
+                return UNSAMPLED
             trace_id = pipeline.ids.generate_trace_id()
             flags = _RANDOM if pipeline.ids.is_trace_id_random() else 0
-        if not _sampled(pipeline.sampler, parent, trace_id, name, kind):
-            return UNSAMPLED
+            if fixed is None and not _sampled(pipeline.sampler, _INVALID, trace_id, name, kind):
+                return UNSAMPLED
+            parent_context = None
         span_context = SpanContext(
-            trace_id, pipeline.ids.generate_span_id(), False, TraceFlags(flags | _SAMPLED),
+            trace_id, pipeline.ids.generate_span_id(), False, _SAMPLED_FLAGS[flags],
             parent.trace_state,
         )  # fmt: skip
         gpu = pipeline.gpu
         return LeanSpan(
-            pipeline, self._scope, name, kind, span_context, parent if parent.is_valid else None,
+            pipeline, self._scope, name, kind, span_context, parent_context,
             dict(gpu()) if gpu is not None and self._server else {}, links,
         )  # fmt: skip
 

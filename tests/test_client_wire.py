@@ -7,18 +7,22 @@ import asyncio
 import queue
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpcclient
+from opentelemetry.sdk.metrics.export import Sum
 from tritonclient.grpc import service_pb2
 
 import otelkit
 from otelkit import semconv
+from otelkit._hotmetrics import HOT
 from otelkit.analysis import Span, load_spans
 from otelkit.client import _wire
+from otelkit.client._call import CURRENT_CALL, GRPC_TENSORS
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
 
@@ -143,6 +147,43 @@ def test_a_grpc_client_counts_every_call_style_on_the_wire(
         assert span.attributes[semconv.OUTPUT_COUNT] == 1
         phases = [span.attributes[key] for key in (semconv.SERIALIZE_S, semconv.WIRE_S)]
         assert all(0 < seconds < span.duration_ns / 1e9 for seconds in phases), span.attributes
+
+
+@pytest.mark.triton
+def test_unsampled_grpc_calls_count_their_tensor_bytes_on_the_wire(
+    triton: TritonServer, tmp_path: Path
+) -> None:
+    """A call that is not sampled still counts its tensor bytes (for the metrics) on the wire,
+    into the call itself: no walk of the outputs, nothing left waiting, no span, and the
+    current call is reset after it."""
+    otelkit.configure(service_name="wire-unsampled", traces_dir=str(tmp_path), sampler="always_off")
+    _wire.RECEIVED.clear()
+    client = otelkit.instrument(grpcclient.InferenceServerClient(triton.grpc_url))
+    walk = GRPC_TENSORS._output_bytes
+    GRPC_TENSORS._output_bytes = lambda result: pytest.fail("counted from the outputs' shapes")
+    try:
+        before = client_sums()
+        for _ in range(3):
+            client.infer("identity_fp32", tensor(grpcclient))
+        after = client_sums()
+    finally:
+        GRPC_TENSORS._output_bytes = walk
+        client.close()
+        otelkit.shutdown()
+    assert CURRENT_CALL.get() is None and _wire.RECEIVED == {}
+    for spec in (semconv.CLIENT_REQUEST_BYTES, semconv.CLIENT_RESPONSE_BYTES):
+        assert after[spec.name] - before.get(spec.name, 0) == 3 * DATA.nbytes
+    assert after[semconv.CLIENT_IN_FLIGHT.name] == 0
+    assert load_spans(tmp_path) == []
+
+
+def client_sums() -> dict[str, float]:
+    """The client's byte counters and calls in flight, each summed over its series."""
+    sums = {}
+    for metric in HOT.collect():
+        if metric.name.startswith(f"{semconv.PREFIX}.client.") and isinstance(metric.data, Sum):
+            sums[metric.name] = sum(point.value for point in metric.data.data_points)
+    return sums
 
 
 def wait_for_requests(receiver: Receiver, request_ids: set[str], timeout: float = 15) -> list[Span]:

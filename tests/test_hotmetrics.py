@@ -156,6 +156,30 @@ def test_no_increment_is_lost_under_256_threads() -> None:
     )  # fmt: skip
 
 
+def test_reading_calls_in_flight_counts_no_call() -> None:
+    """A call begins without the lock, on a count that every read also draws from: reads must
+    discount themselves, and a reset (a forked child) starts from zero."""
+    hot = HotRegistry()
+    in_flight = hot.up_down_counter(IN_FLIGHT, LABELS).series(("gnn", "a:8001"))
+
+    def value() -> float:
+        (metric,) = hot.collect()
+        (point,) = metric.data.data_points
+        assert isinstance(point, NumberDataPoint)
+        return point.value
+
+    in_flight.begin()
+    in_flight.begin()
+    in_flight.add(-1)  # a stage or a call that ended
+    assert [value() for _ in range(5)] == [1, 1, 1, 1, 1]
+    in_flight.begin()
+    assert value() == 2
+    hot.reset()
+    assert value() == 0
+    in_flight.begin()
+    assert [value() for _ in range(3)] == [1, 1, 1]
+
+
 def test_a_call_series_changes_its_four_metrics_together_under_256_threads() -> None:
     calls = HOT.calls(CALLS, LABELS, ("tracking", "b:8001"))
     assert HOT.calls(CALLS, LABELS, ("tracking", "b:8001")) is calls  # clients share it

@@ -66,25 +66,21 @@ class Tensors:
 
     Counted from the objects the caller and tritonclient already hold (the binary part only:
     tensors sent as JSON or through shared memory count zero), so no transport hook is needed
-    for the byte metrics, and an unsampled call pays two attribute reads.
+    for the byte metrics. ``on_wire``: the transport counts the response's tensors as it
+    parses them (gRPC's rebuilt ``ModelInfer``), for the current call, sampled or not.
     """
 
-    __slots__ = ("_input_attribute", "_output_bytes")
+    __slots__ = ("_output_bytes", "input_attribute", "on_wire")
 
     def __init__(
-        self, input_attribute: str, output_bytes: Callable[[Any], tuple[int, int | None]]
+        self,
+        input_attribute: str,
+        output_bytes: Callable[[Any], tuple[int, int | None]],
+        on_wire: bool = False,
     ) -> None:
-        self._input_attribute = input_attribute
+        self.input_attribute = input_attribute
         self._output_bytes = output_bytes
-
-    def request(self, inputs: Sequence[Any]) -> int:
-        name = self._input_attribute
-        total = 0
-        for tensor in inputs:
-            raw = getattr(tensor, name, None)
-            if raw:
-                total += len(raw)
-        return total
+        self.on_wire = on_wire
 
     def response(self, result: Any) -> tuple[int, int | None]:
         """The response's tensor bytes, and its number of outputs when counting them was free
@@ -97,7 +93,8 @@ _ITEM_BYTES = {"BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16"
 
 
 def _grpc_output_bytes(result: Any) -> tuple[int, int | None]:
-    """As counted on the wire (``_wire``), else from the outputs' shapes and types: reading
+    """As counted on the wire for a future's callback (``_wire.received_tensors``), else from
+    the outputs' shapes and types (a stream's responses): reading
     ``raw_output_contents`` would copy every tensor out of the protobuf (about 50 us for
     600 kB). A BYTES output has no fixed size: the whole message's size stands in then."""
     response = result.get_response()
@@ -120,7 +117,7 @@ def _http_output_bytes(result: Any) -> tuple[int, int | None]:
     return len(getattr(result, "_buffer", None) or b""), None
 
 
-GRPC_TENSORS = Tensors("_raw_content", _grpc_output_bytes)
+GRPC_TENSORS = Tensors("_raw_content", _grpc_output_bytes, on_wire=True)
 HTTP_TENSORS = Tensors("_raw_data", _http_output_bytes)
 
 
@@ -193,11 +190,12 @@ _CALL_METRICS = CallSpecs(
 class _PerModel:
     """Built once per (client, model, version), so that a call only looks it up."""
 
-    __slots__ = ("attributes", "calls", "labels", "span_name")
+    __slots__ = ("attributes", "calls", "in_flight", "labels", "span_name")
 
     def __init__(self, target: ClientTarget, model: str, version: str) -> None:
         self.labels = (model, version, target.server, target.protocol)
         self.calls = HOT.calls(_CALL_METRICS, _LABELS, self.labels)
+        self.in_flight = self.calls.in_flight
         self.span_name = f"{target.method} {model}"
         self.attributes: dict[str, Any] = {
             semconv.RPC_SYSTEM_NAME: target.system,
@@ -215,12 +213,15 @@ class _PerModel:
 class Call:
     """One inference request in flight.
 
-    An unsampled call records its metrics and nothing else: no attributes, no headers, no
-    transport stamps. A sampled one also fills its span and sends its context to the server.
+    An unsampled call records its metrics and nothing else: no attributes, no headers. A
+    sampled one also fills its span and sends its context to the server. Over gRPC, the
+    rebuilt ``ModelInfer`` (``_sync.attach_model_infer``) stamps ``sent_ns`` and
+    ``received_ns`` and sets ``counted`` (the response's tensor bytes and outputs) for the
+    current call, sampled or not.
     """
 
-    __slots__ = ("per", "received_ns", "request_bytes", "sampled", "sent_ns", "span", "start",
-                 "tensors")  # fmt: skip
+    __slots__ = ("counted", "per", "received_ns", "request_bytes", "sampled", "sent_ns", "span",
+                 "start", "tensors")  # fmt: skip
 
     def __init__(
         self,
@@ -240,26 +241,44 @@ class Call:
         self.per = per = target.by_model.get((model, version)) or target.per_model(model, version)
         self.tensors = tensors = target.tensors
         self.sent_ns = self.received_ns = 0
-        self.request_bytes = tensors.request(inputs)
+        self.counted: tuple[int, int] | None = None
+        request_bytes = 0  # tensors.request(inputs), written out: one Python call less
+        name = tensors.input_attribute
+        for tensor in inputs:
+            raw = getattr(tensor, name, None)
+            if raw:
+                request_bytes += len(raw)
+        self.request_bytes = request_bytes
         self.span = span = RECORDER.start(per.span_name, SpanKind.CLIENT, context, links)
         self.sampled = sampled = span.sampled
         if sampled:
-            outputs = args[3] if count > 3 else kwargs.get("outputs")
-            request_id = args[4] if count > 4 else kwargs.get("request_id")
-            attributes = span.attributes
-            attributes.update(per.attributes)
-            attributes[semconv.CALL_STYLE] = style
-            attributes[semconv.INPUT_COUNT] = len(inputs)
-            if request_id:
-                attributes[semconv.REQUEST_ID] = request_id
-            if outputs:
-                attributes[semconv.OUTPUT_COUNT] = len(outputs)
-            if inputs:
-                shape = inputs[0].shape()
-                if shape:
-                    attributes[semconv.BATCH_SIZE] = int(shape[0])
-        per.calls.begin()
+            self._describe(span.attributes, args, kwargs, inputs, style)
+        per.in_flight.begin()
         self.start = time.perf_counter_ns()
+
+    def _describe(
+        self,
+        attributes: dict[str, Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        inputs: Sequence[Any],
+        style: str,
+    ) -> None:
+        """The sampled span's attributes known before the call."""
+        count = len(args)
+        outputs = args[3] if count > 3 else kwargs.get("outputs")
+        request_id = args[4] if count > 4 else kwargs.get("request_id")
+        attributes.update(self.per.attributes)
+        attributes[semconv.CALL_STYLE] = style
+        attributes[semconv.INPUT_COUNT] = len(inputs)
+        if request_id:
+            attributes[semconv.REQUEST_ID] = request_id
+        if outputs:
+            attributes[semconv.OUTPUT_COUNT] = len(outputs)
+        if inputs:
+            shape = inputs[0].shape()
+            if shape:
+                attributes[semconv.BATCH_SIZE] = int(shape[0])
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
         """The caller's headers plus this call's trace context (see ``with_trace_context``)."""
@@ -276,7 +295,12 @@ class Call:
         try:
             end = time.perf_counter_ns()
             per = self.per
-            response_bytes, outputs = (0, 0) if result is None else self.tensors.response(result)
+            counted: tuple[int, int | None] | None = self.counted
+            if result is None:
+                counted = (0, 0)
+            elif counted is None:
+                counted = self.tensors.response(result)
+            response_bytes, outputs = counted
             if error is not None:
                 labels = (*per.labels, error_type(error))
                 HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)

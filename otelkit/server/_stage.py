@@ -25,7 +25,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Link, SpanKind
 
 from otelkit import semconv
-from otelkit._hotmetrics import HOT, HistogramSeries, SumSeries
+from otelkit._hotmetrics import HOT, HistogramSeries, UpDownSeries
 from otelkit._spans import SpanRecorder, with_span
 from otelkit.client._call import error_type, internal_error
 from otelkit.gpu import cuda_events as _gpu
@@ -62,7 +62,7 @@ class _Series:
         self.gpu_duration: HistogramSeries = HOT.histogram(
             semconv.STAGE_GPU_DURATION, _LABELS
         ).series(self.labels)
-        self.in_flight: SumSeries = HOT.up_down_counter(semconv.STAGE_IN_FLIGHT, _LABELS).series(
+        self.in_flight: UpDownSeries = HOT.up_down_counter(semconv.STAGE_IN_FLIGHT, _LABELS).series(
             self.labels
         )
 
@@ -92,7 +92,7 @@ class StageRun:
                 attributes.update(stage.attributes)
             self._token = _current_context.attach(with_span(span.context))
         self._gpu = _gpu.start(stage.gpu)
-        series.in_flight.add(1)
+        series.in_flight.begin()
         self._start = time.perf_counter_ns()
 
     def set(self, **attributes: Any) -> None:

@@ -64,10 +64,10 @@ def error_type(error: BaseException) -> str:
 class Tensors:
     """How one protocol's tritonclient objects hold tensor bytes.
 
-    Counted from the objects the caller and tritonclient already hold (the binary part only:
-    tensors sent as JSON or through shared memory count zero), so no transport hook is needed
-    for the byte metrics. ``on_wire``: the transport counts the response's tensors as it
-    parses them (gRPC's rebuilt ``ModelInfer``), for the current call, sampled or not.
+    Requests are counted from the inputs the caller holds (``input_attribute``: the binary
+    part only; tensors sent as JSON or through shared memory count zero), responses from the
+    result (``response``), or, where ``on_wire`` is set (gRPC's rebuilt ``ModelInfer``), by the
+    transport as it parses the response, for the current call, sampled or not.
     """
 
     __slots__ = ("_output_bytes", "input_attribute", "on_wire")
@@ -242,7 +242,7 @@ class Call:
         self.tensors = tensors = target.tensors
         self.sent_ns = self.received_ns = 0
         self.counted: tuple[int, int] | None = None
-        request_bytes = 0  # tensors.request(inputs), written out: one Python call less
+        request_bytes = 0
         name = tensors.input_attribute
         for tensor in inputs:
             raw = getattr(tensor, name, None)

@@ -204,8 +204,7 @@ class CallSeries:
         self.request_bytes, self.response_bytes = request_bytes, response_bytes
 
     def begin(self) -> None:
-        """A call started: one more in flight (callers on a hot path call
-        ``in_flight.begin()`` themselves, which is C code)."""
+        """A call started: one more in flight, without the lock."""
         self.in_flight.begin()
 
     def end(

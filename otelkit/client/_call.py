@@ -64,13 +64,13 @@ def error_type(error: BaseException) -> str:
 class Tensors:
     """How one protocol's tritonclient objects hold tensor bytes.
 
-    Requests are counted from the inputs the caller holds (``input_attribute``: the binary
-    part only; tensors sent as JSON or through shared memory count zero), responses from the
-    result (``response``), or, where ``on_wire`` is set (gRPC's rebuilt ``ModelInfer``), by the
+    Requests are counted from the inputs the caller holds (``request``: the binary part only;
+    tensors sent as JSON or through shared memory count zero), responses from the result
+    (``response``), or, where ``on_wire`` is set (gRPC's rebuilt ``ModelInfer``), by the
     transport as it parses the response, for the current call, sampled or not.
     """
 
-    __slots__ = ("_output_bytes", "input_attribute", "on_wire")
+    __slots__ = ("_input_attribute", "_output_bytes", "on_wire")
 
     def __init__(
         self,
@@ -78,9 +78,18 @@ class Tensors:
         output_bytes: Callable[[Any], tuple[int, int | None]],
         on_wire: bool = False,
     ) -> None:
-        self.input_attribute = input_attribute
+        self._input_attribute = input_attribute
         self._output_bytes = output_bytes
         self.on_wire = on_wire
+
+    def request(self, inputs: Sequence[Any]) -> int:
+        name = self._input_attribute
+        total = 0
+        for tensor in inputs:
+            raw = getattr(tensor, name, None)
+            if raw:
+                total += len(raw)
+        return total
 
     def response(self, result: Any) -> tuple[int, int | None]:
         """The response's tensor bytes, and its number of outputs when counting them was free
@@ -190,12 +199,11 @@ _CALL_METRICS = CallSpecs(
 class _PerModel:
     """Built once per (client, model, version), so that a call only looks it up."""
 
-    __slots__ = ("attributes", "calls", "in_flight", "labels", "span_name")
+    __slots__ = ("attributes", "calls", "labels", "span_name")
 
     def __init__(self, target: ClientTarget, model: str, version: str) -> None:
         self.labels = (model, version, target.server, target.protocol)
         self.calls = HOT.calls(_CALL_METRICS, _LABELS, self.labels)
-        self.in_flight = self.calls.in_flight
         self.span_name = f"{target.method} {model}"
         self.attributes: dict[str, Any] = {
             semconv.RPC_SYSTEM_NAME: target.system,
@@ -242,18 +250,12 @@ class Call:
         self.tensors = tensors = target.tensors
         self.sent_ns = self.received_ns = 0
         self.counted: tuple[int, int] | None = None
-        request_bytes = 0
-        name = tensors.input_attribute
-        for tensor in inputs:
-            raw = getattr(tensor, name, None)
-            if raw:
-                request_bytes += len(raw)
-        self.request_bytes = request_bytes
+        self.request_bytes = tensors.request(inputs)
         self.span = span = RECORDER.start(per.span_name, SpanKind.CLIENT, context, links)
         self.sampled = sampled = span.sampled
         if sampled:
             self._describe(span.attributes, args, kwargs, inputs, style)
-        per.in_flight.begin()
+        per.calls.begin()
         self.start = time.perf_counter_ns()
 
     def _describe(

@@ -43,6 +43,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelkit import semconv
+from otelkit._later import LATER, Later
 
 __all__ = [
     "HOT",
@@ -331,8 +332,9 @@ Instrument = TypeVar("Instrument", HotHistogram, HotCounter, HotUpDownCounter)
 class HotRegistry:
     """Every hot instrument of the process, by ``semconv`` name, so that clients share series."""
 
-    def __init__(self, clock: Clock = time.time_ns) -> None:
+    def __init__(self, clock: Clock = time.time_ns, later: Later = LATER) -> None:
         self._clock = clock
+        self._later = later
         self._instruments: dict[str, HotHistogram | HotCounter] = {}
         self._calls: dict[tuple[CallSpecs, tuple[str, ...]], CallSeries] = {}
         self._lock = threading.Lock()
@@ -388,7 +390,9 @@ class HotRegistry:
         return found
 
     def collect(self) -> list[Metric]:
-        """A cumulative snapshot of every instrument that has data."""
+        """A cumulative snapshot of every instrument that has data, calls that ended but wait
+        in its ``Later`` included."""
+        self._later.drain()
         now_ns = self._clock()
         found = (i.metric(self.start_time_ns, now_ns) for i in list(self._instruments.values()))
         return [metric for metric in found if metric is not None]

@@ -32,6 +32,7 @@ from otelkit import resource as resource_detection
 from otelkit import semconv
 from otelkit._export import BatchExportProcessor, LossCounter, MetricPusher, PullReader
 from otelkit._exporters import JsonHttpSpanExporter, JsonLinesSpanExporter
+from otelkit._later import LATER, DrainFirst
 from otelkit._prometheus import PrometheusEndpoint
 from otelkit.config import Settings
 from otelkit.gpu.replay import RecordingError, ReplayBackend
@@ -204,6 +205,7 @@ def build(settings: Settings) -> Telemetry:
     resource = make_resource(settings)
     make_span_exporter, destination = _span_exporter(settings)
     tracer_provider = TracerProvider(resource=resource, sampler=_sampler(settings))
+    tracer_provider.add_span_processor(DrainFirst(LATER))  # before the one that exports
     loss = _span_loss(settings.drop_log_interval_s)
     processor = None
     if make_span_exporter is not None:

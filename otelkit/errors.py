@@ -8,9 +8,14 @@ line for the optional integration that is missing. ``TritonStartError`` says why
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 __all__ = ["ConfigError", "MissingExtraError", "OtelkitError", "StartFailure", "TritonStartError"]
+
+#: Tests set ``OTELKIT_RAISE_INTERNAL_ERRORS=1``: otelkit's own failures, which a user's program
+#: only sees logged, are raised instead (``client._call.internal_error``, ``_later.Later``).
+RAISE_INTERNAL_ERRORS = os.environ.get("OTELKIT_RAISE_INTERNAL_ERRORS", "") == "1"
 
 StartFailure = Literal["port_in_use", "model_failed", "not_found", "timeout", "exited"]
 

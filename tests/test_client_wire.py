@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2
 import otelkit
 from otelkit import semconv
 from otelkit._hotmetrics import HOT
+from otelkit._later import LATER
 from otelkit.analysis import Span, load_spans
 from otelkit.client import _wire
 from otelkit.client._call import CURRENT_CALL, GRPC_TENSORS
@@ -175,6 +176,36 @@ def test_unsampled_grpc_calls_count_their_tensor_bytes_on_the_wire(
         assert after[spec.name] - before.get(spec.name, 0) == 3 * DATA.nbytes
     assert after[semconv.CLIENT_IN_FLIGHT.name] == 0
     assert load_spans(tmp_path) == []
+
+
+def test_a_call_returns_before_its_telemetry_ends(triton: TritonServer, tmp_path: Path) -> None:
+    """Ending a call's span and metrics waits in ``LATER``, off the caller's path; a metric read
+    and a flush end what waits first, and a span ended late still lasts as long as its call."""
+    otelkit.configure(service_name="later", traces_dir=str(tmp_path))
+    client = otelkit.instrument(grpcclient.InferenceServerClient(triton.grpc_url))
+    took: list[float] = []
+    try:
+        client.infer("identity_fp32", tensor(grpcclient))  # channel up, series made
+        before = client_sums()
+        with LATER._lock:  # the worker cannot end them meanwhile
+            for _ in range(3):
+                start = time.perf_counter()
+                client.infer("identity_fp32", tensor(grpcclient))
+                took.append(time.perf_counter() - start)
+            assert LATER.pending() == 3
+            time.sleep(0.3)  # ended well after the calls
+        after = client_sums()
+        otelkit.flush()
+    finally:
+        client.close()
+        otelkit.shutdown()
+    assert after[semconv.CLIENT_IN_FLIGHT.name] == 0
+    for spec in (semconv.CLIENT_REQUEST_BYTES, semconv.CLIENT_RESPONSE_BYTES):
+        assert after[spec.name] - before[spec.name] == 3 * DATA.nbytes
+    spans = sorted(load_spans(tmp_path), key=lambda span: span.start_ns)
+    assert len(spans) == 4
+    for span, seconds in zip(spans[1:], took, strict=True):
+        assert 0 < span.duration_ns / 1e9 <= seconds  # not until it was ended
 
 
 def client_sums() -> dict[str, float]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -24,8 +23,10 @@ from opentelemetry.trace import Link, SpanContext, SpanKind
 from otelkit import semconv
 from otelkit._carriers import write
 from otelkit._hotmetrics import HOT, CallSpecs
-from otelkit._spans import SpanRecorder
+from otelkit._later import LATER
+from otelkit._spans import LeanSpan, SpanRecorder
 from otelkit.client._wire import received_tensors
+from otelkit.errors import RAISE_INTERNAL_ERRORS
 from otelkit.propagation import headers_for
 
 __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
@@ -38,14 +39,13 @@ CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
 )
 RECORDER = SpanRecorder("otelkit.client")
 TARGET = "_otelkit_target"  # the instance attribute that holds a client's ClientTarget
-_RAISE_INTERNAL = os.environ.get("OTELKIT_RAISE_INTERNAL_ERRORS", "") == "1"
 _logged_internal = False
 
 
 def internal_error(where: str) -> None:
     """Log a failure of otelkit's own code once; re-raise it when tests ask for that."""
     global _logged_internal
-    if _RAISE_INTERNAL:
+    if RAISE_INTERNAL_ERRORS:
         raise
     if not _logged_internal:
         _logged_internal = True
@@ -228,8 +228,8 @@ class Call:
     current call, sampled or not.
     """
 
-    __slots__ = ("counted", "per", "received_ns", "request_bytes", "sampled", "sent_ns", "span",
-                 "start", "tensors")  # fmt: skip
+    __slots__ = ("counted", "end", "per", "received_ns", "request_bytes", "result", "sampled",
+                 "sent_ns", "span", "start", "tensors")  # fmt: skip
 
     def __init__(
         self,
@@ -249,7 +249,7 @@ class Call:
         self.per = per = target.by_model.get((model, version)) or target.per_model(model, version)
         self.tensors = tensors = target.tensors
         self.sent_ns = self.received_ns = 0
-        self.counted: tuple[int, int] | None = None
+        self.counted: tuple[int, int | None] | None = None
         self.request_bytes = tensors.request(inputs)
         self.span = span = RECORDER.start(per.span_name, SpanKind.CLIENT, context, links)
         self.sampled = sampled = span.sampled
@@ -293,35 +293,36 @@ class Call:
         self.received_ns = time.perf_counter_ns()
 
     def finish(self, error: BaseException | None = None, result: Any = None) -> None:
-        """End the span and record the metrics; never raises."""
+        """The call is over: its telemetry ends off the caller's path (``LATER``), or here for
+        a failure or a span of another SDK's tracer. Never raises."""
         try:
-            end = time.perf_counter_ns()
-            per = self.per
+            self.end = time.perf_counter_ns()
             counted: tuple[int, int | None] | None = self.counted
             if result is None:
                 counted = (0, 0)
             elif counted is None:
                 counted = self.tensors.response(result)
-            response_bytes, outputs = counted
-            if error is not None:
-                labels = (*per.labels, error_type(error))
-                HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
-            if not self.sampled:
-                per.calls.end((end - self.start) / 1e9, self.request_bytes, response_bytes)
+            self.counted = counted
+            if error is None and (not self.sampled or self.span.__class__ is LeanSpan):
+                # the output count may still need the result: keep it only then
+                self.result = result if self.sampled and counted[1] is None else None
+                LATER.add(self._end)
                 return
-            self._end_span(end, error, result, response_bytes, outputs)
+            self.result = result
+            if error is not None:
+                labels = (*self.per.labels, error_type(error))
+                HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
+            self._end(error)
         except Exception:
             internal_error("ending a client span")
 
-    def _end_span(
-        self,
-        end: int,
-        error: BaseException | None,
-        result: Any,
-        response_bytes: int,
-        outputs: int | None,
-    ) -> None:
-        seconds = (end - self.start) / 1e9
+    def _end(self, error: BaseException | None = None) -> None:
+        """Record the metrics, and end the span of a sampled call."""
+        response_bytes, outputs = self.counted  # type: ignore[misc]  # set by finish
+        seconds = (self.end - self.start) / 1e9
+        if not self.sampled:
+            self.per.calls.end(seconds, self.request_bytes, response_bytes)
+            return
         span = self.span
         context = span.context
         self.per.calls.end(
@@ -332,15 +333,18 @@ class Call:
             attributes[semconv.SERIALIZE_S] = (self.sent_ns - self.start) / 1e9
             if self.received_ns:
                 attributes[semconv.WIRE_S] = (self.received_ns - self.sent_ns) / 1e9
-                attributes[semconv.DESERIALIZE_S] = (end - self.received_ns) / 1e9
+                attributes[semconv.DESERIALIZE_S] = (self.end - self.received_ns) / 1e9
         attributes[semconv.REQUEST_BYTES] = self.request_bytes
-        if result is not None:
+        if error is None:
             attributes[semconv.RESPONSE_BYTES] = response_bytes
             if semconv.OUTPUT_COUNT not in attributes:
                 attributes[semconv.OUTPUT_COUNT] = (
-                    output_count(result) if outputs is None else outputs
+                    output_count(self.result) if outputs is None else outputs
                 )
-        if error is not None:
+        else:
             span.record_error(error)
             attributes[semconv.ERROR_TYPE] = error_type(error)
-        span.end()
+        if span.__class__ is LeanSpan:  # ended later than it ended: its own clock says when
+            span.end(span.start_ns + self.end - self.start)
+        else:
+            span.end()

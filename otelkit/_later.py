@@ -1,0 +1,132 @@
+"""Work taken off the caller's path: what is left of a call once its result is in hand.
+
+Ending a sampled call (the span's phases and attributes, four metrics with an exemplar, the
+``ReadableSpan`` to the export queue) costs about 10 us right after a network wait, and none of
+it changes what the caller gets. So the call hands that work to ``LATER`` and returns; a
+background thread runs it a few milliseconds later, mostly while the caller waits on the
+network again. Polling, not a wake-up per call: waking the thread as each call ends made it
+contend for the GIL with the caller's next request and cost more than it saved.
+
+Whoever needs the results now drains first, so nothing read is stale: the metric snapshot
+(``HOT.collect``) and, through ``DrainFirst``, the first span processor of otelkit's tracer
+provider, a ``force_flush`` or ``shutdown`` of it (``otelkit.flush()``, ``shutdown()``, exit).
+
+Nothing is lost unseen: when ``limit`` items wait (a starved worker), a caller runs its own
+work at once; a failure in the work is counted (``failed``) and logged, never raised (but by
+the next ``drain`` when ``OTELKIT_RAISE_INTERNAL_ERRORS=1``, as in otelkit's tests). A forked
+child drops what its parent had pending (the parent ends those) and starts a worker of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+from otelkit.errors import RAISE_INTERNAL_ERRORS
+
+__all__ = ["LATER", "DrainFirst", "Later"]
+
+_log = logging.getLogger("otelkit")
+Work = Callable[[], None]
+
+
+class Later:
+    """A queue of zero-argument callables, run by a polling daemon thread or by ``drain``."""
+
+    def __init__(self, interval_s: float = 0.005, limit: int = 4096) -> None:
+        self._interval_s = interval_s
+        self._limit = limit
+        self._items: deque[Work] = deque()
+        self.failed = 0
+        self._failure: Exception | None = None
+        self._lock = threading.Lock()  # held while an item runs: drain waits for the worker's
+        self._start_worker()
+
+    def add(self, work: Work) -> None:
+        """Run ``work`` soon, off this thread (at once, here, when too much waits)."""
+        items = self._items
+        if len(items) < self._limit:
+            items.append(work)  # one step of C code under the GIL: no lock needed
+            return
+        with self._lock:
+            self._run(work)
+
+    def pending(self) -> int:
+        return len(self._items)
+
+    def drain(self) -> None:
+        """Run everything handed in so far; on return, all of it has run (the item the worker
+        was running included)."""
+        items = self._items
+        with self._lock:
+            while items:
+                self._run(items.popleft())
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def close(self) -> None:
+        """Stop the worker after it ran what waits (for instances other than ``LATER``)."""
+        self._closed = True
+        self.drain()
+
+    def _work(self) -> None:
+        items = self._items
+        while not self._closed:
+            time.sleep(self._interval_s)
+            while items:
+                with self._lock:
+                    if not items:  # a drain took them
+                        break
+                    self._run(items.popleft())
+                time.sleep(0)  # give the GIL to a caller back from the network
+
+    def _run(self, work: Work) -> None:
+        try:
+            work()
+        except Exception as error:
+            self.failed += 1
+            if RAISE_INTERNAL_ERRORS:
+                self._failure = error
+            if self.failed == 1:
+                _log.exception("otelkit: ending a call's telemetry failed; the call was unaffected")
+
+    def _start_worker(self) -> None:
+        self._closed = False
+        threading.Thread(target=self._work, name="otelkit-later", daemon=True).start()
+
+    def _after_fork_in_child(self) -> None:
+        self._items.clear()
+        self._lock = threading.Lock()
+        self._start_worker()
+
+
+class DrainFirst(SpanProcessor):
+    """The first span processor of otelkit's tracer provider: a flush or a shutdown of the
+    provider first ends the calls still waiting in ``later``, so their spans are exported."""
+
+    def __init__(self, later: Later) -> None:
+        self._later = later
+
+    def on_start(self, span: Span, parent_context: object = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        self._later.drain()
+        return True
+
+    def shutdown(self) -> None:
+        self._later.drain()
+
+
+LATER = Later()
+os.register_at_fork(after_in_child=LATER._after_fork_in_child)

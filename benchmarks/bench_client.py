@@ -39,6 +39,7 @@ import tritonclient.http as httpclient
 import otelkit
 from otelkit import semconv
 from otelkit._hotmetrics import HotRegistry
+from otelkit._later import LATER
 from otelkit.client import _call
 from otelkit.tritonserver import TritonServer
 
@@ -69,18 +70,43 @@ def interleave(
     return bare_us, traced_us
 
 
+def cpu_per_call(bare: Any, traced: Any, inputs: list[Any], calls: int) -> tuple[float, float]:
+    """This process's CPU time per call (us), bare and traced, in alternating blocks.
+
+    Latency is what the caller waits; CPU is what a CPU-bound job (a reconstruction that
+    offloads inference) gives up. It counts every thread of the client process (gRPC's, and
+    otelkit's worker, which ends calls off the caller's path: it is drained inside each traced
+    block so that its work is counted there), not the server's."""
+    spent = {"bare": 0, "traced": 0}
+    blocks, per_block = 10, max(1, calls // 20)
+    for block in range(blocks):
+        order = [("bare", bare), ("traced", traced)]
+        for name, client in order if block % 2 else reversed(order):
+            start = time.process_time_ns()
+            for _ in range(per_block):
+                client.infer("identity_fp32", inputs)
+            LATER.drain()
+            spent[name] += time.process_time_ns() - start
+    return spent["bare"] / blocks / per_block / 1000, spent["traced"] / blocks / per_block / 1000
+
+
 def phase(name: str, bare: Any, traced: Any, inputs: list[Any], calls: int) -> dict[str, float]:
     interleave(bare, traced, inputs, max(200, calls // 10))  # warm both paths and channels
     bare_us, traced_us = interleave(bare, traced, inputs, calls)
     bare_median, traced_median = statistics.median(bare_us), statistics.median(traced_us)
     paired = statistics.median(t - b for b, t in zip(bare_us, traced_us, strict=True))
+    bare_cpu, traced_cpu = cpu_per_call(bare, traced, inputs, calls)
     print(
         f"{name:>10}: bare median {bare_median:8.1f} us, instrumented {traced_median:8.1f} us, "
         f"difference of medians {traced_median - bare_median:+6.1f} us, "
-        f"median paired difference {paired:+6.1f} us ({calls} pairs)",
+        f"median paired difference {paired:+6.1f} us ({calls} pairs); "
+        f"CPU per call {bare_cpu:.1f} / {traced_cpu:.1f} us ({traced_cpu - bare_cpu:+.1f})",
         flush=True,
     )
-    return {"bare": bare_median, "traced": traced_median, "paired": paired}
+    return {
+        "bare": bare_median, "traced": traced_median, "paired": paired,
+        "cpu": traced_cpu - bare_cpu,
+    }  # fmt: skip
 
 
 def profile(traced: Any, inputs: list[Any], calls: int) -> None:
@@ -213,6 +239,8 @@ def main() -> int:
         "paired_overhead_us": round(sampled["paired"], 1),
         "unsampled_overhead_us": round(unsampled["traced"] - unsampled["bare"], 1),
         "unsampled_paired_overhead_us": round(unsampled["paired"], 1),
+        "cpu_overhead_us": round(sampled["cpu"], 1),
+        "unsampled_cpu_overhead_us": round(unsampled["cpu"], 1),
         "spans_dropped": sum(n for k, n in stats.items() if k.startswith("dropped")),
         **parts,
     }

@@ -3,9 +3,11 @@
 Ending a sampled call (the span's phases and attributes, four metrics with an exemplar, the
 ``ReadableSpan`` to the export queue) costs about 10 us right after a network wait, and none of
 it changes what the caller gets. So the call hands that work to ``LATER`` and returns; a
-background thread runs it a few milliseconds later, mostly while the caller waits on the
-network again. Polling, not a wake-up per call: waking the thread as each call ends made it
-contend for the GIL with the caller's next request and cost more than it saved.
+background thread runs it within about 10 ms, in batches, mostly while the caller waits on the
+network again. Polling, not a wake-up per call: waking the thread as each call ended made it
+contend for the GIL with the caller's next request and cost more latency than it saved; and
+handing the GIL back after every item instead of every batch made the CPU cost per call
+three times larger (unsampled: +40 us against +13).
 
 Whoever needs the results now drains first, so nothing read is stale: the metric snapshot
 (``HOT.collect``) and, through ``DrainFirst``, the first span processor of otelkit's tracer
@@ -34,12 +36,13 @@ __all__ = ["LATER", "DrainFirst", "Later"]
 
 _log = logging.getLogger("otelkit")
 Work = Callable[[], None]
+_CHUNK = 64  # items run per hold of the lock (and, mostly, of the GIL)
 
 
 class Later:
     """A queue of zero-argument callables, run by a polling daemon thread or by ``drain``."""
 
-    def __init__(self, interval_s: float = 0.005, limit: int = 4096) -> None:
+    def __init__(self, interval_s: float = 0.01, limit: int = 4096) -> None:
         self._interval_s = interval_s
         self._limit = limit
         self._items: deque[Work] = deque()
@@ -82,10 +85,9 @@ class Later:
             time.sleep(self._interval_s)
             while items:
                 with self._lock:
-                    if not items:  # a drain took them
-                        break
-                    self._run(items.popleft())
-                time.sleep(0)  # give the GIL to a caller back from the network
+                    for _ in range(min(len(items), _CHUNK)):
+                        self._run(items.popleft())
+                time.sleep(0)  # between chunks, not items: each hand-over of the GIL costs CPU
 
     def _run(self, work: Work) -> None:
         try:

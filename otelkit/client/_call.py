@@ -15,7 +15,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind
@@ -218,6 +218,43 @@ class _PerModel:
             self.attributes[semconv.MODEL_VERSION] = version
 
 
+class _Facts(NamedTuple):
+    """What a sampled call's span says of its request, taken when the call starts (the caller
+    may reuse its inputs for the next call before the span is ended)."""
+
+    style: str
+    inputs: int
+    outputs: int
+    request_id: str | None
+    batch: int | None
+
+
+def _facts(
+    args: tuple[Any, ...], kwargs: dict[str, Any], inputs: Sequence[Any], style: str
+) -> _Facts:
+    count = len(args)
+    outputs = args[3] if count > 3 else kwargs.get("outputs")
+    request_id = args[4] if count > 4 else kwargs.get("request_id")
+    shape = inputs[0].shape() if inputs else None
+    return _Facts(
+        style, len(inputs), len(outputs) if outputs else 0, request_id or None,
+        int(shape[0]) if shape else None,
+    )  # fmt: skip
+
+
+def _describe(attributes: dict[str, Any], per: _PerModel, facts: _Facts) -> None:
+    """The sampled span's attributes known before the call."""
+    attributes.update(per.attributes)
+    attributes[semconv.CALL_STYLE] = facts.style
+    attributes[semconv.INPUT_COUNT] = facts.inputs
+    if facts.request_id:
+        attributes[semconv.REQUEST_ID] = facts.request_id
+    if facts.outputs:
+        attributes[semconv.OUTPUT_COUNT] = facts.outputs
+    if facts.batch is not None:
+        attributes[semconv.BATCH_SIZE] = facts.batch
+
+
 class Call:
     """One inference request in flight.
 
@@ -228,8 +265,8 @@ class Call:
     current call, sampled or not.
     """
 
-    __slots__ = ("counted", "end", "per", "received_ns", "request_bytes", "result", "sampled",
-                 "sent_ns", "span", "start", "tensors")  # fmt: skip
+    __slots__ = ("counted", "end", "facts", "per", "received_ns", "request_bytes", "result",
+                 "sampled", "sent_ns", "span", "start", "tensors")  # fmt: skip
 
     def __init__(
         self,
@@ -254,33 +291,9 @@ class Call:
         self.span = span = RECORDER.start(per.span_name, SpanKind.CLIENT, context, links)
         self.sampled = sampled = span.sampled
         if sampled:
-            self._describe(span.attributes, args, kwargs, inputs, style)
+            self.facts = _facts(args, kwargs, inputs, style)
         per.calls.begin()
         self.start = time.perf_counter_ns()
-
-    def _describe(
-        self,
-        attributes: dict[str, Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        inputs: Sequence[Any],
-        style: str,
-    ) -> None:
-        """The sampled span's attributes known before the call."""
-        count = len(args)
-        outputs = args[3] if count > 3 else kwargs.get("outputs")
-        request_id = args[4] if count > 4 else kwargs.get("request_id")
-        attributes.update(self.per.attributes)
-        attributes[semconv.CALL_STYLE] = style
-        attributes[semconv.INPUT_COUNT] = len(inputs)
-        if request_id:
-            attributes[semconv.REQUEST_ID] = request_id
-        if outputs:
-            attributes[semconv.OUTPUT_COUNT] = len(outputs)
-        if inputs:
-            shape = inputs[0].shape()
-            if shape:
-                attributes[semconv.BATCH_SIZE] = int(shape[0])
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
         """The caller's headers plus this call's trace context (see ``with_trace_context``)."""
@@ -329,6 +342,7 @@ class Call:
             seconds, self.request_bytes, response_bytes, context.trace_id, context.span_id
         )
         attributes = span.attributes
+        _describe(attributes, self.per, self.facts)
         if self.sent_ns:
             attributes[semconv.SERIALIZE_S] = (self.sent_ns - self.start) / 1e9
             if self.received_ns:
@@ -337,7 +351,7 @@ class Call:
         attributes[semconv.REQUEST_BYTES] = self.request_bytes
         if error is None:
             attributes[semconv.RESPONSE_BYTES] = response_bytes
-            if semconv.OUTPUT_COUNT not in attributes:
+            if not self.facts.outputs:
                 attributes[semconv.OUTPUT_COUNT] = (
                     output_count(self.result) if outputs is None else outputs
                 )

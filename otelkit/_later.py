@@ -46,6 +46,7 @@ class Later:
         self._interval_s = interval_s
         self._limit = limit
         self._items: deque[Work] = deque()
+        self._each_cycle: list[Work] = []
         self.failed = 0
         self._failure: Exception | None = None
         self._lock = threading.Lock()  # held while an item runs: drain waits for the worker's
@@ -59,6 +60,11 @@ class Later:
             return
         with self._lock:
             self._run(work)
+
+    def each_cycle(self, work: Work) -> None:
+        """Run ``work`` every time the worker wakes, before the items (e.g. to prepare what
+        calls will take ready-made)."""
+        self._each_cycle.append(work)
 
     def pending(self) -> int:
         return len(self._items)
@@ -83,6 +89,8 @@ class Later:
         items = self._items
         while not self._closed:
             time.sleep(self._interval_s)
+            for work in self._each_cycle:
+                self._run(work)
             while items:
                 with self._lock:
                     for _ in range(min(len(items), _CHUNK)):

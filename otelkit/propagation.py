@@ -32,6 +32,7 @@ __all__ = [
     "extract",
     "format_traceparent",
     "format_tracestate",
+    "has_baggage",
     "headers_for",
     "inject",
     "parse_traceparent",
@@ -239,6 +240,11 @@ def _span_fields(
         return fields, _FIELDS
     # A tracestate left from another request would describe another trace: it goes too.
     return fields, _TRACE_ONLY
+
+
+def has_baggage(context: Context | None = None) -> bool:
+    """Whether ``context`` (default: the current one) holds baggage that ``inject`` would send."""
+    return bool((current_context() if context is None else context).get(_BAGGAGE_KEY))
 
 
 def headers_for(span_context: SpanContext, context: Context | None = None) -> list[tuple[str, str]]:

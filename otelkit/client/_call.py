@@ -27,7 +27,7 @@ from otelkit._later import LATER
 from otelkit._spans import LeanSpan, SpanRecorder
 from otelkit.client._wire import received_tensors
 from otelkit.errors import RAISE_INTERNAL_ERRORS
-from otelkit.propagation import headers_for
+from otelkit.propagation import has_baggage, headers_for
 
 __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
            "ClientTarget", "Tensors", "error_type", "internal_error", "output_count",
@@ -137,22 +137,28 @@ def output_count(result: Any) -> int:
     return len(outputs) if outputs is not None else 0
 
 
-def with_trace_context(caller: Mapping[str, str] | None, span: SpanContext) -> dict[str, str]:
+def with_trace_context(
+    caller: Mapping[str, str] | None, span: SpanContext, traceparent: str | None = None
+) -> dict[str, str]:
     """A copy of the caller's headers, untouched, with the trace context of ``span`` added.
 
     Only sampled spans come here: Triton traces every request that carries a context,
     whatever its own sampling rate (triton-inference-server/server#8474), so an unsampled
     call sends none. A header the caller set under the same name (any case) is replaced.
+    ``traceparent``: the span's header, when it came ready-made (``_spans.ReadyRoots``); it is
+    all there is to send when the caller has no headers and the context no baggage.
     """
-    merged = dict(caller) if caller else {}
     try:
+        if traceparent is not None and not caller and not has_baggage():
+            return {"traceparent": traceparent}
+        merged = dict(caller) if caller else {}
         fields = headers_for(span)
         if not merged:
             return dict(fields)
         return write(merged, fields, frozenset(name for name, _ in fields))
     except Exception:
         internal_error("injecting trace context")
-        return merged
+        return dict(caller) if caller else {}
 
 
 class ClientTarget:
@@ -297,7 +303,8 @@ class Call:
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
         """The caller's headers plus this call's trace context (see ``with_trace_context``)."""
-        return with_trace_context(caller, self.span.context)
+        span = self.span
+        return with_trace_context(caller, span.context, span.traceparent)
 
     def sent(self) -> None:
         self.sent_ns = time.perf_counter_ns()

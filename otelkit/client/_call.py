@@ -365,7 +365,7 @@ class Call:
         else:
             span.record_error(error)
             attributes[semconv.ERROR_TYPE] = error_type(error)
-        if span.__class__ is LeanSpan:  # ended later than it ended: its own clock says when
+        if span.__class__ is LeanSpan:  # ended on the worker, at the call's end on its own clock
             span.end(span.start_ns + self.end - self.start)
         else:
             span.end()

@@ -89,8 +89,9 @@ class Later:
         items = self._items
         while not self._closed:
             time.sleep(self._interval_s)
-            for work in self._each_cycle:
-                self._run(work)
+            with self._lock:
+                for work in self._each_cycle:
+                    self._run(work)
             while items:
                 with self._lock:
                     for _ in range(min(len(items), _CHUNK)):

@@ -317,6 +317,7 @@ class SpanRecorder:
             span = self._tracer.start_span(name, context, kind, links=links)
             recorded = _SdkSpan(span, {})
             return recorded if recorded.sampled else UNSAMPLED
+        ready: tuple[SpanContext, str] | None = None
         if parent is not _INVALID and parent.is_valid:
             trace_id = parent.trace_id
             flags = int(parent.trace_flags) & _RANDOM
@@ -327,29 +328,27 @@ class SpanRecorder:
             fixed = pipeline.root_sampled
             if fixed is False:  # ALWAYS_OFF at the root: no ids to draw
                 return UNSAMPLED
-            if fixed and pipeline.ready_roots and (ready := READY_ROOTS.take()) is not None:
-                return LeanSpan(
-                    pipeline, self._scope, name, kind, ready[0], None,
-                    _gpu_attributes_now(pipeline) if self._server else {}, links, ready[1],
-                )  # fmt: skip
-            trace_id = pipeline.ids.generate_trace_id()
-            flags = _RANDOM if pipeline.ids.is_trace_id_random() else 0
-            if fixed is None and not _sampled(pipeline.sampler, _INVALID, trace_id, name, kind):
-                return UNSAMPLED
             parent_context = None
-        span_context = SpanContext(
-            trace_id, pipeline.ids.generate_span_id(), False, _SAMPLED_FLAGS[flags],
-            parent.trace_state,
-        )  # fmt: skip
+            if fixed and pipeline.ready_roots:
+                ready = READY_ROOTS.take()
+            if ready is None:
+                trace_id = pipeline.ids.generate_trace_id()
+                flags = _RANDOM if pipeline.ids.is_trace_id_random() else 0
+                if fixed is None and not _sampled(pipeline.sampler, _INVALID, trace_id, name, kind):
+                    return UNSAMPLED
+        if ready is None:
+            span_context = SpanContext(
+                trace_id, pipeline.ids.generate_span_id(), False, _SAMPLED_FLAGS[flags],
+                parent.trace_state,
+            )  # fmt: skip
+            traceparent = None
+        else:
+            span_context, traceparent = ready
+        gpu = pipeline.gpu
         return LeanSpan(
             pipeline, self._scope, name, kind, span_context, parent_context,
-            _gpu_attributes_now(pipeline) if self._server else {}, links,
+            dict(gpu()) if gpu is not None and self._server else {}, links, traceparent,
         )  # fmt: skip
-
-
-def _gpu_attributes_now(pipeline: _Pipeline) -> dict[str, Any]:
-    gpu = pipeline.gpu
-    return dict(gpu()) if gpu is not None else {}
 
 
 def _gpu_attributes(state: telemetry.Telemetry) -> Callable[[], dict[str, Any]] | None:

@@ -208,6 +208,31 @@ def test_a_call_returns_before_its_telemetry_ends(triton: TritonServer, tmp_path
         assert 0 < span.duration_ns / 1e9 <= seconds  # not until it was ended
 
 
+@pytest.mark.triton
+def test_small_responses_are_counted_off_the_callers_path(triton: TritonServer) -> None:
+    """A response up to ``KEEP_WIRE_BYTES`` waits with its call and is counted on the worker; a
+    larger one is counted as it arrives (no call holds it); both reach the byte counters."""
+    otelkit.configure(service_name="wire-kept", traces_exporter="none")
+    client = otelkit.instrument(grpcclient.InferenceServerClient(triton.grpc_url))
+    large = np.arange(_wire.KEEP_WIRE_BYTES // 4 + 1, dtype=np.float32).reshape(1, -1)
+    big = grpcclient.InferInput("INPUT0", list(large.shape), "FP32").set_data_from_numpy(large)
+    try:
+        client.infer("identity_fp32", tensor(grpcclient))  # channel up, series made
+        before = client_sums()
+        with LATER._lock:
+            client.infer("identity_fp32", tensor(grpcclient))
+            client.infer("identity_fp32", [big])
+            small_call, large_call = (item.__self__ for item in list(LATER._items)[-2:])
+            assert small_call.counted is None and len(small_call.wire) > DATA.nbytes
+            assert large_call.wire is None and large_call.counted == (large.nbytes, 1)
+        after = client_sums()
+    finally:
+        client.close()
+        otelkit.shutdown()
+    name = semconv.CLIENT_RESPONSE_BYTES.name
+    assert after[name] - before[name] == DATA.nbytes + large.nbytes
+
+
 def client_sums() -> dict[str, float]:
     """The client's byte counters and calls in flight, each summed over its series."""
     sums = {}

@@ -15,7 +15,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind
@@ -25,7 +25,7 @@ from otelkit._carriers import write
 from otelkit._hotmetrics import HOT, CallSpecs
 from otelkit._later import LATER
 from otelkit._spans import LeanSpan, SpanRecorder
-from otelkit.client._wire import received_tensors
+from otelkit.client._wire import received_tensors, wire_tensors
 from otelkit.errors import RAISE_INTERNAL_ERRORS
 from otelkit.propagation import has_baggage, headers_for
 
@@ -161,6 +161,14 @@ def with_trace_context(
         return dict(caller) if caller else {}
 
 
+def _count_wire(raw: bytes) -> tuple[int, int]:
+    try:
+        return wire_tensors(raw)
+    except Exception:
+        internal_error("counting a gRPC response's tensor bytes")
+        return 0, 0
+
+
 class ClientTarget:
     """Everything per instrumented client: where it calls, and its metric series per model."""
 
@@ -224,41 +232,24 @@ class _PerModel:
             self.attributes[semconv.MODEL_VERSION] = version
 
 
-class _Facts(NamedTuple):
-    """What a sampled call's span says of its request, taken when the call starts (the caller
-    may reuse its inputs for the next call before the span is ended)."""
-
-    style: str
-    inputs: int
-    outputs: int
-    request_id: str | None
-    batch: int | None
-
-
-def _facts(
-    args: tuple[Any, ...], kwargs: dict[str, Any], inputs: Sequence[Any], style: str
-) -> _Facts:
-    count = len(args)
-    outputs = args[3] if count > 3 else kwargs.get("outputs")
-    request_id = args[4] if count > 4 else kwargs.get("request_id")
-    shape = inputs[0].shape() if inputs else None
-    return _Facts(
-        style, len(inputs), len(outputs) if outputs else 0, request_id or None,
-        int(shape[0]) if shape else None,
-    )  # fmt: skip
+# What a sampled call's span says of its request, taken when the call starts (the caller may
+# reuse its inputs for the next call before the span is ended): call style, number of inputs,
+# number of outputs asked for, request id, first dimension of the first input (batch size).
+_Facts = tuple[str, int, int, "str | None", "int | None"]
 
 
 def _describe(attributes: dict[str, Any], per: _PerModel, facts: _Facts) -> None:
     """The sampled span's attributes known before the call."""
+    style, inputs, outputs, request_id, batch = facts
     attributes.update(per.attributes)
-    attributes[semconv.CALL_STYLE] = facts.style
-    attributes[semconv.INPUT_COUNT] = facts.inputs
-    if facts.request_id:
-        attributes[semconv.REQUEST_ID] = facts.request_id
-    if facts.outputs:
-        attributes[semconv.OUTPUT_COUNT] = facts.outputs
-    if facts.batch is not None:
-        attributes[semconv.BATCH_SIZE] = facts.batch
+    attributes[semconv.CALL_STYLE] = style
+    attributes[semconv.INPUT_COUNT] = inputs
+    if request_id:
+        attributes[semconv.REQUEST_ID] = request_id
+    if outputs:
+        attributes[semconv.OUTPUT_COUNT] = outputs
+    if batch is not None:
+        attributes[semconv.BATCH_SIZE] = int(batch)
 
 
 class Call:
@@ -267,12 +258,13 @@ class Call:
     An unsampled call records its metrics and nothing else: no attributes, no headers. A
     sampled one also fills its span and sends its context to the server. Over gRPC, the
     rebuilt ``ModelInfer`` (``_sync.attach_model_infer``) stamps ``sent_ns`` and
-    ``received_ns`` and sets ``counted`` (the response's tensor bytes and outputs) for the
-    current call, sampled or not.
+    ``received_ns`` for the current call, sampled or not, and either keeps the response's
+    bytes (``wire``, a small response: counted off the caller's path) or sets ``counted``
+    (the response's tensor bytes and outputs, counted as it arrived).
     """
 
     __slots__ = ("counted", "end", "facts", "per", "received_ns", "request_bytes", "result",
-                 "sampled", "sent_ns", "span", "start", "tensors")  # fmt: skip
+                 "sampled", "sent_ns", "span", "start", "tensors", "wire")  # fmt: skip
 
     def __init__(
         self,
@@ -293,11 +285,18 @@ class Call:
         self.tensors = tensors = target.tensors
         self.sent_ns = self.received_ns = 0
         self.counted: tuple[int, int | None] | None = None
+        self.wire: bytes | None = None
         self.request_bytes = tensors.request(inputs)
         self.span = span = RECORDER.start(per.span_name, SpanKind.CLIENT, context, links)
         self.sampled = sampled = span.sampled
-        if sampled:
-            self.facts = _facts(args, kwargs, inputs, style)
+        if sampled:  # plain values, not a named tuple: no Python frame to build them
+            outputs = args[3] if count > 3 else kwargs.get("outputs")
+            request_id = args[4] if count > 4 else kwargs.get("request_id")
+            shape = inputs[0].shape() if inputs else None
+            self.facts: _Facts = (
+                style, len(inputs), len(outputs) if outputs else 0, request_id,
+                shape[0] if shape else None,
+            )  # fmt: skip
         per.calls.begin()
         self.start = time.perf_counter_ns()
 
@@ -320,12 +319,13 @@ class Call:
             counted: tuple[int, int | None] | None = self.counted
             if result is None:
                 counted = (0, 0)
-            elif counted is None:
+            elif counted is None and self.wire is None:
                 counted = self.tensors.response(result)
             self.counted = counted
             if error is None and (not self.sampled or self.span.__class__ is LeanSpan):
                 # the output count may still need the result: keep it only then
-                self.result = result if self.sampled and counted[1] is None else None
+                keep = self.sampled and counted is not None and counted[1] is None
+                self.result = result if keep else None
                 LATER.add(self._end)
                 return
             self.result = result
@@ -338,7 +338,10 @@ class Call:
 
     def _end(self, error: BaseException | None = None) -> None:
         """Record the metrics, and end the span of a sampled call."""
-        response_bytes, outputs = self.counted  # type: ignore[misc]  # set by finish
+        counted = self.counted
+        if counted is None:  # the response's bytes, kept to be counted here (``wire``)
+            counted = _count_wire(self.wire)  # type: ignore[arg-type]  # set when counted is not
+        response_bytes, outputs = counted
         seconds = (self.end - self.start) / 1e9
         if not self.sampled:
             self.per.calls.end(seconds, self.request_bytes, response_bytes)
@@ -358,7 +361,7 @@ class Call:
         attributes[semconv.REQUEST_BYTES] = self.request_bytes
         if error is None:
             attributes[semconv.RESPONSE_BYTES] = response_bytes
-            if not self.facts.outputs:
+            if not self.facts[2]:  # no outputs named: as many as came back
                 attributes[semconv.OUTPUT_COUNT] = (
                     output_count(self.result) if outputs is None else outputs
                 )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from otelkit.client._call import CURRENT_CALL, TARGET, Call, ClientTarget, internal_error
-from otelkit.client._wire import keep_received, wire_tensors
+from otelkit.client._wire import KEEP_WIRE_BYTES, keep_received, wire_tensors
 
 __all__ = [
     "Transport",
@@ -163,6 +163,9 @@ def _deserializer(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
         call = current()
         if call is not None:
             call.received_ns = clock()
+            if len(raw) <= KEEP_WIRE_BYTES:
+                call.wire = raw  # counted when the call's telemetry ends, off the caller's path
+                return original(raw)
             try:
                 call.counted = wire_tensors(raw)
             except Exception:

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RECEIVED", "keep_received", "received_tensors", "wire_tensors"]
+__all__ = ["KEEP_WIRE_BYTES", "RECEIVED", "keep_received", "received_tensors", "wire_tensors"]
 
 _OUTPUTS_KEY = 0x2A  # field 5, length-delimited: ModelInferResponse.outputs
 _RAW_OUTPUT_KEY = 0x32  # field 6, length-delimited: ModelInferResponse.raw_output_contents
+# A call keeps a response up to this size to count it off the caller's path (about 2 us saved
+# right after the network wait); a larger one is counted as it arrives, so that calls waiting
+# for the worker (at most ``Later``'s limit, 4,096) never hold more than 64 MiB of responses.
+KEEP_WIRE_BYTES = 16 * 1024
 MAX_WAITING = 64  # each keeps its message alive: a bound on memory, not only on entries
 
 RECEIVED: dict[int, tuple[Any, int, int]] = {}  # id(message) -> (message, bytes, outputs)

@@ -30,7 +30,8 @@ from collections.abc import Callable
 
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from otelkit.errors import RAISE_INTERNAL_ERRORS
+from otelkit import errors
+from otelkit._internal import caught
 
 __all__ = ["LATER", "DrainFirst", "Later"]
 
@@ -103,10 +104,10 @@ class Later:
             work()
         except Exception as error:
             self.failed += 1
-            if RAISE_INTERNAL_ERRORS:
-                self._failure = error
-            if self.failed == 1:
-                _log.exception("otelkit: ending a call's telemetry failed; the call was unaffected")
+            if errors.RAISE_INTERNAL_ERRORS:
+                self._failure = error  # raised by the next drain, where a test sees it
+            else:
+                caught("ending a call's telemetry")
 
     def _start_worker(self) -> None:
         self._closed = False

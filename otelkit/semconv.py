@@ -90,6 +90,11 @@ TELEMETRY_EXPORT_ERRORS = MetricSpec(
     f"{PREFIX}.telemetry.export.errors", "counter", "{error}",
     "Export requests that failed, by exporter.",
 )  # fmt: skip
+TELEMETRY_INTERNAL_ERRORS = MetricSpec(
+    f"{PREFIX}.telemetry.internal.errors", "counter", "{error}",
+    "Failures of otelkit's own code, caught so that the program went on (the first at each "
+    "place is logged with its traceback).",
+)  # fmt: skip
 TELEMETRY_QUEUE_SIZE = MetricSpec(
     f"{PREFIX}.telemetry.spans.queued", "up_down_counter", "{span}",
     "Spans waiting in the export queue.",
@@ -343,6 +348,7 @@ TELEMETRY_METRICS: tuple[MetricSpec, ...] = (
     TELEMETRY_SPANS_EXPORTED,
     TELEMETRY_SPANS_DROPPED,
     TELEMETRY_EXPORT_ERRORS,
+    TELEMETRY_INTERNAL_ERRORS,
     TELEMETRY_QUEUE_SIZE,
 )
 METRICS: tuple[MetricSpec, ...] = CLIENT_METRICS + SERVER_METRICS + TELEMETRY_METRICS + GPU_METRICS

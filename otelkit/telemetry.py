@@ -21,7 +21,7 @@ from typing import Any
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from otelkit import semconv
+from otelkit import _internal, semconv
 from otelkit._pipeline import Telemetry, build
 from otelkit._switch import SWITCH
 from otelkit.config import Settings, resolve
@@ -157,10 +157,15 @@ def _export_error_observations(state: Telemetry) -> list[Observation]:
     ]
 
 
+def _internal_error_observations(state: Telemetry) -> list[Observation]:
+    return [Observation(_internal.INTERNAL_ERRORS.total)]  # the whole process's, like the log
+
+
 _HEALTH: tuple[tuple[semconv.MetricSpec, Callable[[Telemetry], list[Observation]]], ...] = (
     (semconv.TELEMETRY_SPANS_EXPORTED, lambda state: [Observation(state.stats()["exported"])]),
     (semconv.TELEMETRY_SPANS_DROPPED, _dropped_observations),
     (semconv.TELEMETRY_EXPORT_ERRORS, _export_error_observations),
+    (semconv.TELEMETRY_INTERNAL_ERRORS, _internal_error_observations),
     (semconv.TELEMETRY_QUEUE_SIZE, _queued_observations),
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import socket
 from collections.abc import Iterator
@@ -17,12 +18,14 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 import otelkit
-from otelkit import semconv
+from otelkit import _internal, semconv
+from otelkit._later import LATER
 from otelkit.analysis import Span, build_traces, load_spans
+from otelkit.client import _call
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
 from tests.conftest import MODELS, joined_trace, wait_for_trace
-from tests.test_telemetry import scrape
+from tests.test_telemetry import samples, scrape
 
 pytestmark = pytest.mark.triton
 MODULES = {"http": httpclient, "grpc": grpcclient}
@@ -258,6 +261,42 @@ def test_results_unchanged_when_the_collector_is_dead(triton: TritonServer) -> N
         assert telemetry.stats().get("dropped_export_failed", 0) == 5
     finally:
         otelkit.shutdown()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_failure_inside_otelkit_never_reaches_the_call(
+    protocol: str, triton: TritonServer, telemetry: otelkit.Telemetry,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """otelkit's own code failing where a call starts, where its headers are made and where
+    its telemetry ends (on the worker): every call returns its result, each failure is
+    counted on the health metric and each place is logged once."""
+    monkeypatch.setattr("otelkit.errors.RAISE_INTERNAL_ERRORS", False)  # as for a user
+    monkeypatch.setattr("otelkit._internal.INTERNAL_ERRORS", _internal.InternalErrors())
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("otelkit bug")
+
+    places = [(_call.RECORDER, "start"), (_call, "headers_for"), (_call, "_describe")]
+    client = otelkit.instrument(client_for(protocol, triton))
+    with caplog.at_level(logging.ERROR, logger="otelkit"):
+        for holder, name in places:
+            with monkeypatch.context() as patch:
+                patch.setattr(holder, name, broken)
+                for _ in range(2):
+                    result = client.infer("identity_fp32", inputs(protocol), headers={"x-a": "b"})
+                    assert np.array_equal(result.as_numpy("OUTPUT0"), DATA)
+                LATER.drain()
+    client.close()
+    assert _internal.INTERNAL_ERRORS.total == 2 * len(places)
+    assert [record.getMessage().split(";")[0] for record in caplog.records] == [
+        "otelkit: telemetry failed while starting a client span for infer",
+        "otelkit: telemetry failed while injecting trace context",
+        "otelkit: telemetry failed while ending a call's telemetry",
+    ]
+    assert telemetry.prometheus_url is not None
+    name = semconv.prometheus_name(semconv.TELEMETRY_INTERNAL_ERRORS)
+    assert samples(scrape(telemetry.prometheus_url), name) == {(): 2.0 * len(places)}
 
 
 def test_uninstrument_restores_the_client(

@@ -12,7 +12,6 @@ guard and its exceptions pass through untouched.
 from __future__ import annotations
 
 import contextvars
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,33 +22,21 @@ from opentelemetry.trace import Link, SpanContext, SpanKind
 from otelkit import semconv
 from otelkit._carriers import write
 from otelkit._hotmetrics import HOT, CallSpecs
+from otelkit._internal import internal_error
 from otelkit._later import LATER
 from otelkit._spans import LeanSpan, SpanRecorder
 from otelkit.client._wire import received_tensors, wire_tensors
-from otelkit.errors import RAISE_INTERNAL_ERRORS
 from otelkit.propagation import has_baggage, headers_for
 
 __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
-           "ClientTarget", "Tensors", "error_type", "internal_error", "output_count",
+           "ClientTarget", "Tensors", "error_type", "output_count",
            "with_trace_context"]  # fmt: skip
 
-logger = logging.getLogger("otelkit")
 CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
     "otelkit_current_call", default=None
 )
 RECORDER = SpanRecorder("otelkit.client")
 TARGET = "_otelkit_target"  # the instance attribute that holds a client's ClientTarget
-_logged_internal = False
-
-
-def internal_error(where: str) -> None:
-    """Log a failure of otelkit's own code once; re-raise it when tests ask for that."""
-    global _logged_internal
-    if RAISE_INTERNAL_ERRORS:
-        raise
-    if not _logged_internal:
-        _logged_internal = True
-        logger.exception("otelkit: telemetry failed in %s; the inference call is unaffected", where)
 
 
 def error_type(error: BaseException) -> str:

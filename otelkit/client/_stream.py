@@ -25,13 +25,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from otelkit import semconv
+from otelkit._internal import internal_error
 from otelkit._spans import with_span
 from otelkit.client._call import (
     RECORDER,
     Call,
     ClientTarget,
     error_type,
-    internal_error,
     with_trace_context,
 )
 from otelkit.client._sync import _headers_index, _with_headers, swap_back, swap_in

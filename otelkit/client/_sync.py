@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from otelkit.client._call import CURRENT_CALL, TARGET, Call, ClientTarget, internal_error
+from otelkit._internal import internal_error
+from otelkit.client._call import CURRENT_CALL, TARGET, Call, ClientTarget
 from otelkit.client._wire import KEEP_WIRE_BYTES, keep_received, wire_tensors
 
 __all__ = [

@@ -63,7 +63,12 @@ def _spans() -> list[Any]:
         timeseries("Export errors/s by exporter", [
             Q(_rate(semconv.TELEMETRY_EXPORT_ERRORS, semconv.EXPORTER),
               f"{_TARGET_LEGEND} {{{{{semconv.EXPORTER}}}}}"),
-        ], unit="ops", width=24, stack=True),
+        ], unit="ops", width=12, stack=True),
+        timeseries("otelkit's own failures/s", [
+            Q(_rate(semconv.TELEMETRY_INTERNAL_ERRORS), _TARGET_LEGEND),
+        ], unit="ops", width=12, stack=True, description="Failures of otelkit's code, caught: "
+          "the calls went on, but their telemetry may be missing. The process logs the first "
+          "at each place with its traceback; please report it."),
     ]  # fmt: skip
 
 

@@ -35,8 +35,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from otelkit import semconv
 from otelkit._hotmetrics import HOT
+from otelkit._internal import internal_error
 from otelkit._spans import LeanSpan, RecordingSpan, SpanRecorder, _SdkSpan, with_span
-from otelkit.client._call import internal_error
 from otelkit.propagation import extract
 
 __all__ = ["ServerSpanMiddleware", "instrument_app", "uninstrument_app"]

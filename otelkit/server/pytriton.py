@@ -41,8 +41,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext
 
 from otelkit._extras import require
+from otelkit._internal import internal_error
 from otelkit._switch import SWITCH
-from otelkit.client._call import internal_error
 from otelkit.server._stage import BATCH_LINKS, CURRENT_MODEL
 
 __all__ = ["install_tracer", "traced"]

@@ -21,7 +21,6 @@ child drops what its parent had pending (the parent ends those) and starts a wor
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -35,7 +34,6 @@ from otelkit._internal import caught
 
 __all__ = ["LATER", "DrainFirst", "Later"]
 
-_log = logging.getLogger("otelkit")
 Work = Callable[[], None]
 _CHUNK = 64  # items run per hold of the lock (and, mostly, of the GIL)
 

@@ -6,14 +6,15 @@ metrics on; phase two runs the instrumented client with its calls not sampled. T
 tracing is off: a propagated context would make the *server* do more work for the traced
 client, and this measures the client. The last line is JSON.
 
-``--ablate`` adds phases that tell where the overhead goes against the real server: the bare
-client against a second bare client (the noise floor of the method), against a bare client
-sending a fixed ``traceparent`` and one sending a new ``traceparent`` per call (the header's
-own cost, with and without HPACK's table serving it again), a wrapper that only times the call
-and counts it in one histogram (the floor of any instrumentation in Python), sampled calls
-whose spans are built but exported nowhere (``traces_exporter=none``: the export thread's
-share), and sampled calls that send no trace context (the share of the extra metadata on the
-wire).
+``--ablate`` adds phases that tell where the overhead goes against the real server: otelkit's
+own time on the caller's thread, before and after the client's own ``infer`` (in situ, calls
+not sampled and sampled); the bare client against a second bare client (the noise floor of the
+method), against a bare client sending a fixed ``traceparent`` and one sending a new
+``traceparent`` per call (the header's own cost, with and without HPACK's table serving it
+again), a wrapper that only times the call and counts it in one histogram (the floor of any
+instrumentation in Python), sampled calls whose spans are built but exported nowhere
+(``traces_exporter=none``: the export thread's share), and sampled calls that send no trace
+context (the share of the extra metadata on the wire).
 
     python benchmarks/bench_client.py [--calls 4000] [--protocol grpc|http] [--profile] [--ablate]
 """
@@ -109,6 +110,45 @@ def phase(name: str, bare: Any, traced: Any, inputs: list[Any], calls: int) -> d
     }  # fmt: skip
 
 
+def own_time(bare: Any, traced: Any, inputs: list[Any], calls: int) -> tuple[float, float]:
+    """otelkit's own time on the caller's thread (medians, us): from entering the instrumented
+    ``infer`` to entering the client's own, and from leaving that to returning; interleaved
+    with the bare client as in ``phase``. The transport hooks, which run inside the client's
+    own call, are not in it.
+
+    The client's own ``infer`` is swapped, for this phase only, in the closure of the wrapper
+    that ``otelkit.instrument`` installed, for one that notes when it starts and returns."""
+    wrapper = traced.__dict__["infer"].__func__
+    cell = wrapper.__closure__[wrapper.__code__.co_freevars.index("original")]
+    own = cell.cell_contents
+    clock = time.perf_counter_ns
+    stamps = [0, 0]
+
+    def timed_own(*args: Any, **kwargs: Any) -> Any:
+        stamps[0] = clock()
+        result = own(*args, **kwargs)
+        stamps[1] = clock()
+        return result
+
+    before: list[int] = []
+    after: list[int] = []
+    cell.cell_contents = timed_own
+    try:
+        for index in range(calls):
+            if index % 2:
+                bare.infer("identity_fp32", inputs)
+            start = clock()
+            traced.infer("identity_fp32", inputs)
+            end = clock()
+            if not index % 2:
+                bare.infer("identity_fp32", inputs)
+            before.append(stamps[0] - start)
+            after.append(end - stamps[1])
+    finally:
+        cell.cell_contents = own
+    return statistics.median(before) / 1000, statistics.median(after) / 1000
+
+
 def profile(traced: Any, inputs: list[Any], calls: int) -> None:
     """Where the instrumented call spends time in otelkit's own code."""
     profiler = cProfile.Profile()
@@ -161,6 +201,18 @@ def ablations(
 ) -> dict[str, float]:
     """Overhead (difference of medians, us) with one piece of the instrumented path removed."""
     found: dict[str, float] = {}
+    for sampler in ("always_off", "always_on"):
+        otelkit.configure(
+            service_name="bench-client", traces_exporter="none", prometheus_port=0, sampler=sampler
+        )
+        before, after = own_time(bare, traced, inputs, calls)
+        print(
+            f"{'own time':>10}: {sampler}: otelkit's own time on the caller's thread "
+            f"{before:.1f} us before the client's infer, {after:.1f} us after (medians)",
+            flush=True,
+        )  # fmt: skip
+        prefix = "sampled" if sampler == "always_on" else "unsampled"
+        found[f"{prefix}_own_time_before_us"], found[f"{prefix}_own_time_after_us"] = before, after
     other_bare = module.InferenceServerClient(url)
     result = phase("a/a", bare, other_bare, inputs, calls)
     found["bare_vs_bare_us"] = result["traced"] - result["bare"]

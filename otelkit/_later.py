@@ -14,9 +14,10 @@ Whoever needs the results now drains first, so nothing read is stale: the metric
 provider, a ``force_flush`` or ``shutdown`` of it (``otelkit.flush()``, ``shutdown()``, exit).
 
 Nothing is lost unseen: when ``limit`` items wait (a starved worker), a caller runs its own
-work at once; a failure in the work is counted (``failed``) and logged, never raised (but by
-the next ``drain`` when ``OTELKIT_RAISE_INTERNAL_ERRORS=1``, as in otelkit's tests). A forked
-child drops what its parent had pending (the parent ends those) and starts a worker of its own.
+work at once; a failure in the work is counted (``failed``, and in the health metric
+``otelkit.telemetry.internal.errors``) and logged, never raised (but by the next ``drain``
+when ``OTELKIT_RAISE_INTERNAL_ERRORS=1``, as in otelkit's tests). A forked child drops what
+its parent had pending (the parent ends those) and starts a worker of its own.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class Later:
             if errors.RAISE_INTERNAL_ERRORS:
                 self._failure = error  # raised by the next drain, where a test sees it
             else:
-                caught("ending a call's telemetry")
+                caught("ending a call's span and metrics")
 
     def _start_worker(self) -> None:
         self._closed = False

@@ -292,7 +292,7 @@ def test_a_failure_inside_otelkit_never_reaches_the_call(
     assert [record.getMessage().split(";")[0] for record in caplog.records] == [
         "otelkit: telemetry failed while starting a client span for infer",
         "otelkit: telemetry failed while injecting trace context",
-        "otelkit: telemetry failed while ending a call's telemetry",
+        "otelkit: telemetry failed while ending a call's span and metrics",
     ]
     assert telemetry.prometheus_url is not None
     name = semconv.prometheus_name(semconv.TELEMETRY_INTERNAL_ERRORS)

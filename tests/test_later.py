@@ -81,7 +81,7 @@ def test_failing_work_is_counted_logged_once_and_the_rest_still_runs(
     assert done == ["after", "after"] and later.failed == 2
     assert _internal.INTERNAL_ERRORS.total == 2  # exported as a health metric
     [record] = caplog.records
-    assert "failed while ending a call's telemetry" in record.getMessage()
+    assert "failed while ending a call's span and metrics" in record.getMessage()
     later.close()
 
 

@@ -25,7 +25,7 @@ from otelkit._hotmetrics import HOT, CallSpecs
 from otelkit._internal import internal_error
 from otelkit._later import LATER
 from otelkit._spans import LeanSpan, SpanRecorder
-from otelkit.client._wire import received_tensors, wire_tensors
+from otelkit.client._wire import counted_on_wire, received_tensors
 from otelkit.propagation import has_baggage, headers_for
 
 __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
@@ -146,14 +146,6 @@ def with_trace_context(
     except Exception:
         internal_error("injecting trace context")
         return dict(caller) if caller else {}
-
-
-def _count_wire(raw: bytes) -> tuple[int, int]:
-    try:
-        return wire_tensors(raw)
-    except Exception:
-        internal_error("counting a gRPC response's tensor bytes")
-        return 0, 0
 
 
 class ClientTarget:
@@ -326,8 +318,8 @@ class Call:
     def _end(self, error: BaseException | None = None) -> None:
         """Record the metrics, and end the span of a sampled call."""
         counted = self.counted
-        if counted is None:  # the response's bytes, kept to be counted here (``wire``)
-            counted = _count_wire(self.wire)  # type: ignore[arg-type]  # set when counted is not
+        if counted is None:  # ``finish`` left it to the response's bytes kept in ``wire``
+            counted = counted_on_wire(self.wire) or (0, 0)  # type: ignore[arg-type]
         response_bytes, outputs = counted
         seconds = (self.end - self.start) / 1e9
         if not self.sampled:

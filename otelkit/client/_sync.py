@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from otelkit._internal import internal_error
 from otelkit.client._call import CURRENT_CALL, TARGET, Call, ClientTarget
-from otelkit.client._wire import KEEP_WIRE_BYTES, keep_received, wire_tensors
+from otelkit.client._wire import KEEP_WIRE_BYTES, counted_on_wire, keep_received
 
 __all__ = [
     "Transport",
@@ -159,24 +159,19 @@ def _deserializer(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     current call, else (a future's response, parsed on gRPC's thread) for its callback."""
     current = CURRENT_CALL.get
     clock = time.perf_counter_ns
+    keep = KEEP_WIRE_BYTES
 
     def deserialize(raw: bytes) -> Any:
         call = current()
         if call is not None:
             call.received_ns = clock()
-            if len(raw) <= KEEP_WIRE_BYTES:
+            if len(raw) <= keep:
                 call.wire = raw  # counted when the call's telemetry ends, off the caller's path
-                return original(raw)
-            try:
-                call.counted = wire_tensors(raw)
-            except Exception:
-                internal_error("counting a gRPC response's tensor bytes")
+            else:
+                call.counted = counted_on_wire(raw)  # None: the result's shapes will tell
             return original(raw)
         message = original(raw)
-        try:
-            keep_received(message, raw)
-        except Exception:
-            internal_error("counting a gRPC response's tensor bytes")
+        keep_received(message, raw)
         return message
 
     return deserialize

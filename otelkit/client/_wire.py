@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KEEP_WIRE_BYTES", "RECEIVED", "keep_received", "received_tensors", "wire_tensors"]
+from otelkit._internal import internal_error
+
+__all__ = ["KEEP_WIRE_BYTES", "RECEIVED", "counted_on_wire", "keep_received", "received_tensors",
+           "wire_tensors"]  # fmt: skip
 
 _OUTPUTS_KEY = 0x2A  # field 5, length-delimited: ModelInferResponse.outputs
 _RAW_OUTPUT_KEY = 0x32  # field 6, length-delimited: ModelInferResponse.raw_output_contents
@@ -76,9 +79,20 @@ def wire_tensors(raw: bytes) -> tuple[int, int]:
     return total, outputs
 
 
+def counted_on_wire(raw: bytes) -> tuple[int, int] | None:
+    """``wire_tensors(raw)``, or ``None`` when that fails (otelkit's own error, counted)."""
+    try:
+        return wire_tensors(raw)
+    except Exception:
+        internal_error("counting a gRPC response's tensor bytes")
+        return None
+
+
 def keep_received(message: Any, raw: bytes) -> None:
     """Count ``raw`` (the bytes ``message`` was parsed from) for its call to take."""
-    counted = wire_tensors(raw)
+    counted = counted_on_wire(raw)
+    if counted is None:
+        return
     if len(RECEIVED) >= MAX_WAITING:
         RECEIVED.clear()  # one step under the GIL: no lock needed
     RECEIVED[id(message)] = (message, *counted)

@@ -204,10 +204,6 @@ class CallSeries:
         self.duration, self.in_flight = duration, in_flight
         self.request_bytes, self.response_bytes = request_bytes, response_bytes
 
-    def begin(self) -> None:
-        """A call started: one more in flight, without the lock."""
-        self.in_flight.begin()
-
     def end(
         self,
         seconds: float,

@@ -1,5 +1,6 @@
-"""Tensor bytes counted on the wire: the scan against protobuf's own parse, and the rebuilt
-``ModelInfer`` of a real gRPC client (sync, ``async_infer`` and asyncio)."""
+"""A gRPC response's tensor bytes: the scan of the wire and the count from a result, against
+protobuf's own parse, and the rebuilt ``ModelInfer`` of a real gRPC client (sync,
+``async_infer`` and asyncio)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,15 @@ from otelkit.tritonserver import TritonServer
 DATA = np.arange(8, dtype=np.float32).reshape(2, 4)
 
 
-def response(*tensors: bytes | None, **fields: Any) -> service_pb2.ModelInferResponse:
-    """A response with one output per tensor; ``None``: an output without raw content
-    (sent through shared memory)."""
+def response(
+    *tensors: bytes | None, datatype: str = "FP32", **fields: Any
+) -> service_pb2.ModelInferResponse:
+    """A response with one output per tensor, shaped to hold it; ``None``: an output of ten
+    elements without raw content (sent through shared memory)."""
     message = service_pb2.ModelInferResponse(**fields)
     for index, raw in enumerate(tensors):
-        message.outputs.add(name=f"OUTPUT{index}", datatype="FP32", shape=[1, 1])
+        elements = 10 if raw is None else len(raw) // 4
+        message.outputs.add(name=f"OUTPUT{index}", datatype=datatype, shape=[1, elements])
         if raw is not None:
             message.raw_output_contents.append(raw)
     return message
@@ -45,20 +49,32 @@ def parsed_counts(message: service_pb2.ModelInferResponse) -> tuple[int, int]:
     return sum(len(raw) for raw in message.raw_output_contents), len(message.outputs)
 
 
-@pytest.mark.parametrize(
+MESSAGES = pytest.mark.parametrize(
     "message",
     [
         response(np.arange(16, dtype=np.float32).tobytes()),
-        response(b"\x00" * 600_000, b"\x01" * 130, model_name="m", model_version="7", id="req"),
-        response(b"\x05\x00\x00\x00hello\x03\x00\x00\x00abc"),  # a BYTES tensor as Triton sends it
+        response(b"\x00" * 600_000, b"\x01" * 132, model_name="m", model_version="7", id="req"),
+        # a BYTES tensor as Triton sends it: two elements, each after its length
+        response(b"\x05\x00\x00\x00hello\x03\x00\x00\x00abc", datatype="BYTES"),
         response(None, b"\x00" * 40),
         response(),
     ],
-    ids=["16 floats", "600 kB and 130 B", "bytes tensor", "one output in shared memory", "empty"],
+    ids=["16 floats", "600 kB and 132 B", "bytes tensor", "one output in shared memory", "empty"],
 )
+
+
+@MESSAGES
 def test_the_scan_counts_what_protobuf_parses(message: service_pb2.ModelInferResponse) -> None:
     message.parameters["sequence_end"].bool_param = True
     assert _wire.wire_tensors(message.SerializeToString()) == parsed_counts(message)
+
+
+@MESSAGES
+def test_a_result_counts_what_the_wire_carried(message: service_pb2.ModelInferResponse) -> None:
+    """A call whose bytes on the wire were not kept (not sampled, a future's, a stream's) is
+    counted from its result: the same figures, shared memory and BYTES tensors included."""
+    result = grpcclient.InferResult(message)
+    assert GRPC_TENSORS.response(result) == parsed_counts(message)
 
 
 def test_the_scan_skips_fields_it_does_not_know() -> None:
@@ -75,22 +91,6 @@ def test_the_scan_skips_fields_it_does_not_know() -> None:
 def test_the_scan_refuses_bytes_that_are_not_a_message(raw: bytes) -> None:
     with pytest.raises((ValueError, IndexError)):
         _wire.wire_tensors(raw)
-
-
-def test_counts_are_taken_once_and_only_for_their_own_message() -> None:
-    first, second = response(b"\x00" * 12), response(b"\x00" * 12)
-    _wire.keep_received(first, first.SerializeToString())
-    assert _wire.received_tensors(second) is None
-    assert _wire.received_tensors(first) == (12, 1)
-    assert _wire.received_tensors(first) is None
-
-
-def test_counts_nobody_takes_do_not_pile_up() -> None:
-    kept = [response(b"\x00" * 4) for _ in range(3 * _wire.MAX_WAITING)]
-    for message in kept:
-        _wire.keep_received(message, message.SerializeToString())
-    assert len(_wire.RECEIVED) <= _wire.MAX_WAITING
-    _wire.RECEIVED.clear()
 
 
 @pytest.fixture
@@ -112,9 +112,8 @@ def test_a_grpc_client_counts_every_call_style_on_the_wire(
     triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
 ) -> None:
     """Sync ``infer``, ``async_infer`` and asyncio ``infer``: the spans carry the tensor bytes
-    and outputs counted on the wire, the client phases in order, and no count is left over;
-    ``uninstrument`` gives the stub its own ``ModelInfer`` back."""
-    _wire.RECEIVED.clear()
+    and outputs (counted on the wire, or from the future's result), the client phases in
+    order; ``uninstrument`` gives the stub its own ``ModelInfer`` back."""
     client = grpcclient.InferenceServerClient(triton.grpc_url)
     own, own_stream = client._client_stub.ModelInfer, client._client_stub.ModelStreamInfer
     otelkit.instrument(client)
@@ -134,12 +133,10 @@ def test_a_grpc_client_counts_every_call_style_on_the_wire(
             await aio.infer("identity_fp32", tensor(aiogrpcclient), request_id="wire-asyncio")
 
     asyncio.run(asyncio_call())
-    assert _wire.RECEIVED == {}
     otelkit.uninstrument(client)
     assert client._client_stub.ModelInfer is own
     assert client._client_stub.ModelStreamInfer is own_stream
     client.infer("identity_fp32", tensor(grpcclient))
-    assert _wire.RECEIVED == {}
     client.close()
     telemetry.flush()
     spans = wait_for_requests(receiver, {"wire-sync", "wire-callback", "wire-asyncio"})
@@ -151,29 +148,35 @@ def test_a_grpc_client_counts_every_call_style_on_the_wire(
 
 
 @pytest.mark.triton
-def test_unsampled_grpc_calls_count_their_tensor_bytes_on_the_wire(
+def test_unsampled_grpc_calls_count_their_tensor_bytes_off_the_callers_path(
     triton: TritonServer, tmp_path: Path
 ) -> None:
-    """A call that is not sampled still counts its tensor bytes (for the metrics) on the wire,
-    into the call itself: no walk of the outputs, nothing left waiting, no span, and the
-    current call is reset after it."""
+    """A call that is not sampled is never the current call (its transport runs untouched):
+    it keeps its result, whose tensor bytes are counted when its telemetry ends, not before
+    the call returns; no span."""
     otelkit.configure(service_name="wire-unsampled", traces_dir=str(tmp_path), sampler="always_off")
-    _wire.RECEIVED.clear()
     client = otelkit.instrument(grpcclient.InferenceServerClient(triton.grpc_url))
     walk = GRPC_TENSORS._output_bytes
-    GRPC_TENSORS._output_bytes = lambda result: pytest.fail("counted from the outputs' shapes")
+    counted: list[Any] = []
+    GRPC_TENSORS._output_bytes = lambda result: counted.append(result) or walk(result)
     try:
+        client.infer("identity_fp32", tensor(grpcclient))  # channel up, series made
         before = client_sums()
-        for _ in range(3):
-            client.infer("identity_fp32", tensor(grpcclient))
+        counted.clear()
+        with LATER._lock:
+            results = [client.infer("identity_fp32", tensor(grpcclient)) for _ in range(3)]
+            calls = [item.__self__ for item in list(LATER._items)[-3:]]
+            assert counted == [] and CURRENT_CALL.get() is None
+        assert [call.result for call in calls] == results
+        assert all(call.wire is None and call.received_ns == 0 for call in calls)
         after = client_sums()
     finally:
         GRPC_TENSORS._output_bytes = walk
         client.close()
         otelkit.shutdown()
-    assert CURRENT_CALL.get() is None and _wire.RECEIVED == {}
+    assert counted == results
     for spec in (semconv.CLIENT_REQUEST_BYTES, semconv.CLIENT_RESPONSE_BYTES):
-        assert after[spec.name] - before.get(spec.name, 0) == 3 * DATA.nbytes
+        assert after[spec.name] - before[spec.name] == 3 * DATA.nbytes
     assert after[semconv.CLIENT_IN_FLIGHT.name] == 0
     assert load_spans(tmp_path) == []
 

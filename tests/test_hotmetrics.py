@@ -188,14 +188,14 @@ def test_a_call_series_changes_its_four_metrics_together_under_256_threads() -> 
 
     def work(thread: int) -> None:
         start.wait()
-        calls.begin()
+        calls.in_flight.begin()
         ended.wait()  # every call is in flight at once here
         if thread == 0:
             seen_in_flight.append(_points((CALLS.in_flight.name,))[0][1][0])
         ended.wait()
         calls.end(0.002, 10, 20, thread + 1, 7)
         for _ in range(999):
-            calls.begin()
+            calls.in_flight.begin()
             calls.end(0.002, 10, 20)
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(256)]
@@ -331,14 +331,14 @@ def _report_in_child(histogram: HistogramSeries, conn: Connection) -> None:
 
 
 def _call_in_child(calls: CallSeries, conn: Connection) -> None:
-    calls.begin()  # the parent held this call series' shared lock when it forked
+    calls.in_flight.begin()  # the parent held this call series' shared lock when it forked
     calls.end(0.5, 1, 2)
     conn.send(_points(tuple(spec.name for spec in CALLS)))
 
 
 def test_forked_child_takes_a_call_series_lock_held_at_the_fork() -> None:
     calls = HOT.calls(CALLS, LABELS, ("tracking", "b:8001"))
-    calls.begin()
+    calls.in_flight.begin()
     calls.end(0.1, 100, 200)
     context = multiprocessing.get_context("fork")
     parent_end, child_end = context.Pipe()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otelkit.client._call import CURRENT_CALL, ClientTarget
-from otelkit.client._sync import Transport, _begin, _enter, _headers_index, _leave
+from otelkit.client._sync import Transport, _begin, _enter, _headers_index
 
 __all__ = ["stamp_async", "traced_aio_infer"]
 
@@ -28,14 +28,17 @@ def traced_aio_infer(target_of: Callable[[Any], ClientTarget], original: Callabl
         call = _begin(target_of, self, args, kwargs, "asyncio_infer")
         if call is None:
             return await original(self, *args, **kwargs)
-        args, kwargs, token = _enter(call, index, args, kwargs)
+        token = None
+        if call.sampled:
+            args, kwargs, token = _enter(call, index, args, kwargs)
         try:
             result = await original(self, *args, **kwargs)
         except BaseException as error:
             call.finish(error)
             raise
         finally:
-            _leave(token)
+            if token is not None:
+                CURRENT_CALL.reset(token)
         call.finish(None, result)
         return result
 

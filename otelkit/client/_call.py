@@ -25,7 +25,7 @@ from otelkit._hotmetrics import HOT, CallSpecs
 from otelkit._internal import internal_error
 from otelkit._later import LATER
 from otelkit._spans import LeanSpan, SpanRecorder
-from otelkit.client._wire import counted_on_wire, received_tensors
+from otelkit.client._wire import counted_on_wire
 from otelkit.propagation import has_baggage, headers_for
 
 __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
@@ -51,23 +51,18 @@ def error_type(error: BaseException) -> str:
 class Tensors:
     """How one protocol's tritonclient objects hold tensor bytes.
 
-    Requests are counted from the inputs the caller holds (``request``: the binary part only;
-    tensors sent as JSON or through shared memory count zero), responses from the result
-    (``response``), or, where ``on_wire`` is set (gRPC's rebuilt ``ModelInfer``), by the
-    transport as it parses the response, for the current call, sampled or not.
+    Requests are counted from the inputs the caller holds, as the call starts (``request``: the
+    binary part only; tensors sent as JSON or through shared memory count zero); responses
+    from the result (``response``), off the caller's path.
     """
 
-    __slots__ = ("_input_attribute", "_output_bytes", "on_wire")
+    __slots__ = ("_input_attribute", "_output_bytes")
 
     def __init__(
-        self,
-        input_attribute: str,
-        output_bytes: Callable[[Any], tuple[int, int | None]],
-        on_wire: bool = False,
+        self, input_attribute: str, output_bytes: Callable[[Any], tuple[int, int | None]]
     ) -> None:
         self._input_attribute = input_attribute
         self._output_bytes = output_bytes
-        self.on_wire = on_wire
 
     def request(self, inputs: Sequence[Any]) -> int:
         name = self._input_attribute
@@ -80,8 +75,13 @@ class Tensors:
 
     def response(self, result: Any) -> tuple[int, int | None]:
         """The response's tensor bytes, and its number of outputs when counting them was free
-        (``None``: ``output_count`` tells, for sampled calls only)."""
-        return self._output_bytes(result)
+        (``None``: ``output_count`` tells, for sampled calls only); zero bytes, counted as
+        otelkit's own failure, when the result cannot tell."""
+        try:
+            return self._output_bytes(result)
+        except Exception:
+            internal_error("counting a response's tensor bytes")
+            return 0, 0
 
 
 _ITEM_BYTES = {"BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BF16": 2,
@@ -89,31 +89,33 @@ _ITEM_BYTES = {"BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16"
 
 
 def _grpc_output_bytes(result: Any) -> tuple[int, int | None]:
-    """As counted on the wire for a future's callback (``_wire.received_tensors``), else from
-    the outputs' shapes and types (a stream's responses): reading
-    ``raw_output_contents`` would copy every tensor out of the protobuf (about 50 us for
-    600 kB). A BYTES output has no fixed size: the whole message's size stands in then."""
+    """As ``_wire.wire_tensors`` would count them: the sizes of the outputs that came as raw
+    bytes. From the outputs' shapes and types when every output came so (reading
+    ``raw_output_contents`` copies each tensor out of the protobuf, about 50 us for 600 kB);
+    from those contents when one has no fixed item size (BYTES) or came another way (shared
+    memory)."""
     response = result.get_response()
-    counted = received_tensors(response)
-    if counted is not None:
-        return counted
-    total = count = 0
-    for output in response.outputs:
-        size = _ITEM_BYTES.get(output.datatype)
-        if size is None:
-            return int(response.ByteSize()), None
-        for dim in output.shape:
-            size *= dim
-        total += size
-        count += 1
-    return total, count
+    outputs = response.outputs
+    contents = response.raw_output_contents
+    if len(contents) == len(outputs):
+        total = 0
+        for output in outputs:
+            size = _ITEM_BYTES.get(output.datatype)
+            if size is None:
+                break
+            for dim in output.shape:
+                size *= dim
+            total += size
+        else:
+            return total, len(outputs)
+    return sum(len(raw) for raw in contents), len(outputs)
 
 
 def _http_output_bytes(result: Any) -> tuple[int, int | None]:
     return len(getattr(result, "_buffer", None) or b""), None
 
 
-GRPC_TENSORS = Tensors("_raw_content", _grpc_output_bytes, on_wire=True)
+GRPC_TENSORS = Tensors("_raw_content", _grpc_output_bytes)
 HTTP_TENSORS = Tensors("_raw_data", _http_output_bytes)
 
 
@@ -235,11 +237,13 @@ class Call:
     """One inference request in flight.
 
     An unsampled call records its metrics and nothing else: no attributes, no headers. A
-    sampled one also fills its span and sends its context to the server. Over gRPC, the
-    rebuilt ``ModelInfer`` (``_sync.attach_model_infer``) stamps ``sent_ns`` and
-    ``received_ns`` for the current call, sampled or not, and either keeps the response's
-    bytes (``wire``, a small response: counted off the caller's path) or sets ``counted``
-    (the response's tensor bytes and outputs, counted as it arrived).
+    sampled one also fills its span and sends its context to the server, and is the current
+    call (``CURRENT_CALL``) while its transport runs: the rebuilt gRPC ``ModelInfer``
+    (``_sync.attach_model_infer``) stamps its ``sent_ns`` and ``received_ns`` and either
+    keeps the response's bytes (``wire``, a small response) or sets ``counted`` (the response's
+    tensor bytes and outputs, counted as it arrived). Otherwise the response is counted from
+    the call's ``result``, which is kept until then: off the caller's path, within about
+    10 ms (``LATER``).
     """
 
     __slots__ = ("counted", "end", "facts", "per", "received_ns", "request_bytes", "result",
@@ -276,7 +280,7 @@ class Call:
                 style, len(inputs), len(outputs) if outputs else 0, request_id,
                 shape[0] if shape else None,
             )  # fmt: skip
-        per.calls.begin()
+        per.calls.in_flight.begin()
         self.start = time.perf_counter_ns()
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
@@ -295,20 +299,12 @@ class Call:
         a failure or a span of another SDK's tracer. Never raises."""
         try:
             self.end = time.perf_counter_ns()
-            counted: tuple[int, int | None] | None = self.counted
-            if result is None:
-                counted = (0, 0)
-            elif counted is None and self.wire is None:
-                counted = self.tensors.response(result)
-            self.counted = counted
+            self.result = result
             if error is None and (not self.sampled or self.span.__class__ is LeanSpan):
-                # the output count may still need the result: keep it only then
-                keep = self.sampled and counted is not None and counted[1] is None
-                self.result = result if keep else None
                 LATER.add(self._end)
                 return
-            self.result = result
             if error is not None:
+                self.counted = (0, 0)
                 labels = (*self.per.labels, error_type(error))
                 HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
             self._end(error)
@@ -318,8 +314,12 @@ class Call:
     def _end(self, error: BaseException | None = None) -> None:
         """Record the metrics, and end the span of a sampled call."""
         counted = self.counted
-        if counted is None:  # ``finish`` left it to the response's bytes kept in ``wire``
-            counted = counted_on_wire(self.wire) or (0, 0)  # type: ignore[arg-type]
+        if counted is None:  # the response's bytes, kept by the transport, else the result
+            wire = self.wire
+            if wire is None:
+                counted = self.tensors.response(self.result)
+            else:
+                counted = counted_on_wire(wire) or (0, 0)
         response_bytes, outputs = counted
         seconds = (self.end - self.start) / 1e9
         if not self.sampled:

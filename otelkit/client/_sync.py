@@ -2,10 +2,10 @@
 
 The wrappers take the user's arguments as they are and, for a sampled call only, add the trace
 headers to a copy of the caller's headers (tritonclient itself writes into the dict it is
-given). The transport call (HTTP ``_post``, gRPC ``ModelInfer``) is wrapped per client to stamp
-when a sampled call's request left and its response came back; over gRPC it also counts every
-call's response tensors on the wire, so a gRPC call is the current call (``CURRENT_CALL``)
-whether sampled or not.
+given) and make it the current call (``CURRENT_CALL``). The transport call (HTTP ``_post``,
+gRPC ``ModelInfer``) is wrapped per client to stamp when the current call's request left and
+its response came back; over gRPC it also hands the call the response's bytes on the wire.
+An unsampled call passes through the transport untouched.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from otelkit._internal import internal_error
 from otelkit.client._call import CURRENT_CALL, TARGET, Call, ClientTarget
-from otelkit.client._wire import KEEP_WIRE_BYTES, counted_on_wire, keep_received
+from otelkit.client._wire import KEEP_WIRE_BYTES, counted_on_wire
 
 __all__ = [
     "Transport",
@@ -77,20 +77,11 @@ def _with_headers(
 
 def _enter(
     call: Call, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any], contextvars.Token[Call | None] | None]:
-    """For a sampled call: its trace headers in the arguments. It becomes the current call
-    when sampled (for the transport stamps) or when its transport counts the response's
-    tensors on the wire (gRPC). Returns the arguments and the token to reset."""
-    if call.sampled:
-        args, kwargs = _with_headers(call, index, args, kwargs)
-    elif not call.tensors.on_wire:
-        return args, kwargs, None
+) -> tuple[tuple[Any, ...], dict[str, Any], contextvars.Token[Call | None]]:
+    """A sampled call's trace headers in the arguments; it becomes the current call, for its
+    transport's stamps. Returns the arguments and the token to reset."""
+    args, kwargs = _with_headers(call, index, args, kwargs)
     return args, kwargs, CURRENT_CALL.set(call)
-
-
-def _leave(token: contextvars.Token[Call | None] | None) -> None:
-    if token is not None:
-        CURRENT_CALL.reset(token)
 
 
 def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]) -> Any:
@@ -102,14 +93,17 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
         call = _begin(target_of, self, args, kwargs, "infer")
         if call is None:
             return original(self, *args, **kwargs)
-        args, kwargs, token = _enter(call, index, args, kwargs)
+        token = None
+        if call.sampled:
+            args, kwargs, token = _enter(call, index, args, kwargs)
         try:
             result = original(self, *args, **kwargs)
         except BaseException as error:
             call.finish(error)
             raise
         finally:
-            _leave(token)
+            if token is not None:
+                CURRENT_CALL.reset(token)
         call.finish(None, result)
         return result
 
@@ -155,8 +149,9 @@ def _serializer(original: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
 
 
 def _deserializer(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    """Parse with ``original``; count the tensors on the wire first (``_wire``): into the
-    current call, else (a future's response, parsed on gRPC's thread) for its callback."""
+    """Parse with ``original``; first, for the current call (a sampled one), stamp *received*
+    and keep the bytes on the wire, or count their tensors now when they are many (``_wire``).
+    A call not sampled, or a future's (parsed on gRPC's thread), is counted from its result."""
     current = CURRENT_CALL.get
     clock = time.perf_counter_ns
     keep = KEEP_WIRE_BYTES
@@ -169,10 +164,7 @@ def _deserializer(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
                 call.wire = raw  # counted when the call's telemetry ends, off the caller's path
             else:
                 call.counted = counted_on_wire(raw)  # None: the result's shapes will tell
-            return original(raw)
-        message = original(raw)
-        keep_received(message, raw)
-        return message
+        return original(raw)
 
     return deserialize
 
@@ -180,8 +172,8 @@ def _deserializer(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 def attach_model_infer(client: Any) -> None:
     """Rebuild a gRPC client's ``ModelInfer`` (sync or asyncio) on its channel, with a
     serialiser that stamps *sent* for the sampled call in progress once its request is bytes,
-    and a deserialiser that stamps *received* before parsing and counts the tensor bytes
-    (``_wire``). Serialising and parsing are the stub's own functions.
+    and a deserialiser that stamps *received* before parsing and hands it the bytes on the
+    wire (``_wire``). Serialising and parsing are the stub's own functions.
 
     The sync serialiser runs in the caller's thread, the asyncio ones in the call's task
     (which copied the caller's context), so ``CURRENT_CALL`` is the call they serve; a future's
@@ -243,14 +235,17 @@ def traced_grpc_async_infer(
             traced_call.finish(error, result)
             callback(result=result, error=error)
 
-        args, kwargs, token = _enter(call, index - 3, args, kwargs)
+        token = None
+        if call.sampled:
+            args, kwargs, token = _enter(call, index - 3, args, kwargs)
         try:
             return original(self, model_name, inputs, done, *args, **kwargs)
         except BaseException as error:
             call.finish(error)
             raise
         finally:
-            _leave(token)
+            if token is not None:
+                CURRENT_CALL.reset(token)
 
     return async_infer
 

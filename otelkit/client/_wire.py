@@ -1,33 +1,25 @@
-"""A gRPC response's tensor bytes, counted from its wire format while it is parsed.
+"""A gRPC response's tensor bytes, counted from its wire format.
 
-otelkit rebuilds a gRPC client's ``ModelInfer`` with a deserialiser that, besides parsing,
-counts the response's tensor bytes (the lengths of its ``raw_output_contents``) and outputs
-from the top-level field keys and lengths of the bytes on the wire (``_sync.attach_model_infer``).
-Reading the same from the parsed message copies every tensor out (about 50 us for 600 kB), and
-walking the outputs' shapes costs 5 to 7 us right after a network wait; this costs under 2.
-
-The counts wait in ``RECEIVED``, keyed by the parsed message, until the call that asked for
-them takes them (``received_tensors``); when too many wait, nobody was taking them and they go.
+otelkit rebuilds a gRPC client's ``ModelInfer`` with a deserialiser that stamps when a sampled
+call's response came back (``_sync.attach_model_infer``); it also hands the call the bytes on
+the wire, whose tensor bytes (the lengths of its ``raw_output_contents``) and outputs are
+counted here from the top-level field keys and lengths. Reading the same from the parsed
+message copies every tensor out (about 50 us for 600 kB); this costs under 2 us.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from otelkit._internal import internal_error
 
-__all__ = ["KEEP_WIRE_BYTES", "RECEIVED", "counted_on_wire", "keep_received", "received_tensors",
-           "wire_tensors"]  # fmt: skip
+__all__ = ["KEEP_WIRE_BYTES", "counted_on_wire", "wire_tensors"]
 
 _OUTPUTS_KEY = 0x2A  # field 5, length-delimited: ModelInferResponse.outputs
 _RAW_OUTPUT_KEY = 0x32  # field 6, length-delimited: ModelInferResponse.raw_output_contents
-# A call keeps a response up to this size to count it off the caller's path (about 2 us saved
-# right after the network wait); a larger one is counted as it arrives, so that calls waiting
-# for the worker (at most ``Later``'s limit, 4,096) never hold more than 64 MiB of responses.
+# A sampled call keeps a response's bytes up to this size to count them off the caller's path
+# (about 2 us saved right after the network wait); a larger one is counted as it arrives, so
+# that calls waiting for the worker (at most ``Later``'s limit, 4,096) never hold more than
+# 64 MiB of wire bytes besides their parsed results.
 KEEP_WIRE_BYTES = 16 * 1024
-MAX_WAITING = 64  # each keeps its message alive: a bound on memory, not only on entries
-
-RECEIVED: dict[int, tuple[Any, int, int]] = {}  # id(message) -> (message, bytes, outputs)
 
 
 def _varint(raw: bytes, pos: int) -> tuple[int, int]:
@@ -86,22 +78,3 @@ def counted_on_wire(raw: bytes) -> tuple[int, int] | None:
     except Exception:
         internal_error("counting a gRPC response's tensor bytes")
         return None
-
-
-def keep_received(message: Any, raw: bytes) -> None:
-    """Count ``raw`` (the bytes ``message`` was parsed from) for its call to take."""
-    counted = counted_on_wire(raw)
-    if counted is None:
-        return
-    if len(RECEIVED) >= MAX_WAITING:
-        RECEIVED.clear()  # one step under the GIL: no lock needed
-    RECEIVED[id(message)] = (message, *counted)
-
-
-def received_tensors(message: Any) -> tuple[int, int] | None:
-    """The tensor bytes and outputs counted for ``message``, once; ``None`` when it did not come
-    through a rebuilt ``ModelInfer`` (a stream's response) or waited too long."""
-    found = RECEIVED.pop(id(message), None)
-    if found is None or found[0] is not message:
-        return None
-    return found[1], found[2]

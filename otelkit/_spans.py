@@ -273,6 +273,8 @@ RecordingSpan = LeanSpan | _SdkSpan | _Unsampled
 class SpanRecorder:
     """Starts lean spans for one instrumentation scope, following ``configure()``."""
 
+    __slots__ = ("_generation", "_pipeline", "_scope", "_server", "_tracer")
+
     def __init__(self, scope_name: str, version: str = "", *, server: bool = False) -> None:
         self._scope = InstrumentationScope(scope_name, version)
         self._server = server  # server spans carry GPU attributes when configured to

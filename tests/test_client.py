@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import socket
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -277,7 +278,7 @@ def test_a_failure_inside_otelkit_never_reaches_the_call(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("otelkit bug")
 
-    places = [(_call.RECORDER, "start"), (_call, "headers_for"), (_call, "_describe")]
+    places = [(type(_call.RECORDER), "start"), (_call, "headers_for"), (_call, "_describe")]
     client = otelkit.instrument(client_for(protocol, triton))
     with caplog.at_level(logging.ERROR, logger="otelkit"):
         for holder, name in places:
@@ -341,6 +342,32 @@ def test_duration_histogram_carries_the_trace_id_as_exemplar(
         if sample.name == name and sample.exemplar and sample.labels["model"] == "identity_fp32"
     }
     assert trace_id in exemplar_ids
+
+
+def test_each_model_version_has_its_own_series(
+    triton: TritonServer, telemetry: otelkit.Telemetry
+) -> None:
+    """Calls naming a version and calls leaving it to the server are counted apart (the
+    client keys its series by model alone for the latter)."""
+    assert telemetry.prometheus_url is not None
+    url = telemetry.prometheus_url
+    name = f"{semconv.prometheus_name(semconv.CLIENT_DURATION)}_count"
+
+    def counts() -> Counter[str]:
+        found: Counter[str] = Counter()
+        for family in text_string_to_metric_families(scrape(url)):
+            for sample in family.samples:
+                labels = sample.labels
+                if sample.name == name and labels[semconv.M_PROTOCOL] == "grpc":
+                    found[labels[semconv.M_MODEL_VERSION]] += int(sample.value)
+        return found
+
+    before = counts()
+    with otelkit.instrument(client_for("grpc", triton)) as client:
+        for version in ("", "1", "1", ""):
+            client.infer("identity_fp32", inputs("grpc"), model_version=version)
+        client.infer("identity_fp32", inputs("grpc"))
+    assert counts() - before == {"": 3, "1": 2}
 
 
 @pytest.fixture(scope="module")

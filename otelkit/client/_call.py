@@ -164,7 +164,9 @@ class ClientTarget:
         self.system = system
         self.method = method
         self.tensors = tensors
-        self.by_model: dict[tuple[str, str], _PerModel] = {}
+        # (model, version), or the model's name alone for its default version: no tuple to
+        # build and hash on every call to the usual kind of model
+        self.by_model: dict[tuple[str, str] | str, _PerModel] = {}
         self._other_methods: dict[str, ClientTarget] = {}
 
     def with_method(self, method: str) -> ClientTarget:
@@ -177,9 +179,10 @@ class ClientTarget:
 
     def per_model(self, model: str, version: str) -> _PerModel:
         """What every call to one model shares: its metric series, span name and attributes."""
-        found = self.by_model.get((model, version))
+        key = (model, version) if version else model
+        found = self.by_model.get(key)
         if found is None:
-            found = self.by_model[(model, version)] = _PerModel(self, model, version)
+            found = self.by_model[key] = _PerModel(self, model, version)
         return found
 
 
@@ -264,7 +267,8 @@ class Call:
         model = args[0] if count else kwargs["model_name"]
         inputs = args[1] if count > 1 else kwargs.get("inputs", ())
         version = (args[2] if count > 2 else kwargs.get("model_version")) or ""
-        self.per = per = target.by_model.get((model, version)) or target.per_model(model, version)
+        key = (model, version) if version else model
+        self.per = per = target.by_model.get(key) or target.per_model(model, version)
         self.tensors = tensors = target.tensors
         self.sent_ns = self.received_ns = 0
         self.counted: tuple[int, int | None] | None = None

@@ -5,7 +5,7 @@ headers to a copy of the caller's headers (tritonclient itself writes into the d
 given) and make it the current call (``CURRENT_CALL``). The transport call (HTTP ``_post``,
 gRPC ``ModelInfer``) is wrapped per client to stamp when the current call's request left and
 its response came back; over gRPC it also hands the call the response's bytes on the wire.
-An unsampled call passes through the transport untouched.
+An unsampled call is not the current call: the transport hooks find none and do nothing.
 """
 
 from __future__ import annotations

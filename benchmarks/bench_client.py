@@ -270,7 +270,12 @@ def main() -> int:
         help="float32 elements per request (16: the smallest call; 150000: a 600 kB event, "
         "about a mid-size tracking event of 50k space points with 3 features)",
     )  # fmt: skip
+    parser.add_argument(
+        "--held", type=int, default=HELD,
+        help="results each client keeps alive (0: each is freed as soon as it is timed)",
+    )  # fmt: skip
     args = parser.parse_args()
+    _kept.default_factory = lambda: collections.deque(maxlen=args.held)
     module = MODULES[args.protocol]
     traces = tempfile.mkdtemp(prefix="bench-client-")
     # the Python-backend models' own otelkit exports nothing: this measures the client

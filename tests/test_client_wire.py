@@ -108,7 +108,7 @@ def tensor(module: Any) -> list[Any]:
 
 
 @pytest.mark.triton
-def test_a_grpc_client_counts_every_call_style_on_the_wire(
+def test_a_grpc_client_counts_every_call_styles_tensor_bytes(
     triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
 ) -> None:
     """Sync ``infer``, ``async_infer`` and asyncio ``infer``: the spans carry the tensor bytes
@@ -151,7 +151,7 @@ def test_a_grpc_client_counts_every_call_style_on_the_wire(
 def test_unsampled_grpc_calls_count_their_tensor_bytes_off_the_callers_path(
     triton: TritonServer, tmp_path: Path
 ) -> None:
-    """A call that is not sampled is never the current call (its transport runs untouched):
+    """A call that is not sampled is never the current call (its transport's hooks find none):
     it keeps its result, whose tensor bytes are counted when its telemetry ends, not before
     the call returns; no span."""
     otelkit.configure(service_name="wire-unsampled", traces_dir=str(tmp_path), sampler="always_off")

@@ -312,6 +312,8 @@ class SpanRecorder:
         pipeline = self._pipeline if self._generation == SWITCH.generation else self._current()
         current = (_current_context() if context is None else context).get(_SPAN_KEY)
         if current is None:  # no span: skip the isinstance check against an ABC
+            if pipeline is not None and pipeline.root_sampled is False:
+                return UNSAMPLED  # the usual unsampled call: no parent, no ids to draw
             parent = _INVALID
         else:
             parent = current.get_span_context() if isinstance(current, trace.Span) else _INVALID

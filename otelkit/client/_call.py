@@ -32,10 +32,12 @@ __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET",
            "ClientTarget", "Tensors", "error_type", "output_count",
            "with_trace_context"]  # fmt: skip
 
+_WAITING, _LIMIT = LATER.waiting, LATER.limit
 CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
     "otelkit_current_call", default=None
 )
 RECORDER = SpanRecorder("otelkit.client")
+_CLIENT = SpanKind.CLIENT  # a module global: reading an enum's member costs more
 TARGET = "_otelkit_target"  # the instance attribute that holds a client's ClientTarget
 
 
@@ -51,27 +53,19 @@ def error_type(error: BaseException) -> str:
 class Tensors:
     """How one protocol's tritonclient objects hold tensor bytes.
 
-    Requests are counted from the inputs the caller holds, as the call starts (``request``: the
-    binary part only; tensors sent as JSON or through shared memory count zero); responses
-    from the result (``response``), off the caller's path.
+    Requests are counted from the inputs the caller holds, as the call starts (the attribute
+    ``input_attribute`` of each: the binary part only; tensors sent as JSON or through shared
+    memory count zero; ``Call`` sums them inline); responses from the result (``response``),
+    off the caller's path.
     """
 
-    __slots__ = ("_input_attribute", "_output_bytes")
+    __slots__ = ("_output_bytes", "input_attribute")
 
     def __init__(
         self, input_attribute: str, output_bytes: Callable[[Any], tuple[int, int | None]]
     ) -> None:
-        self._input_attribute = input_attribute
+        self.input_attribute = input_attribute
         self._output_bytes = output_bytes
-
-    def request(self, inputs: Sequence[Any]) -> int:
-        name = self._input_attribute
-        total = 0
-        for tensor in inputs:
-            raw = getattr(tensor, name, None)
-            if raw:
-                total += len(raw)
-        return total
 
     def response(self, result: Any) -> tuple[int, int | None]:
         """The response's tensor bytes, and its number of outputs when counting them was free
@@ -239,7 +233,8 @@ def _describe(attributes: dict[str, Any], per: _PerModel, facts: _Facts) -> None
 class Call:
     """One inference request in flight.
 
-    An unsampled call records its metrics and nothing else: no attributes, no headers. A
+    An unsampled call records its metrics and nothing else: no attributes, no headers, no
+    phases (its ``sent_ns``, ``received_ns``, ``counted`` and ``wire`` start unset). A
     sampled one also fills its span and sends its context to the server, and is the current
     call (``CURRENT_CALL``) while its transport runs: the rebuilt gRPC ``ModelInfer``
     (``_sync.attach_model_infer``) stamps its ``sent_ns`` and ``received_ns`` and either
@@ -269,14 +264,20 @@ class Call:
         version = (args[2] if count > 2 else kwargs.get("model_version")) or ""
         key = (model, version) if version else model
         self.per = per = target.by_model.get(key) or target.per_model(model, version)
+        self.span = span = RECORDER.start(per.span_name, _CLIENT, context, links)
         self.tensors = tensors = target.tensors
-        self.sent_ns = self.received_ns = 0
-        self.counted: tuple[int, int | None] | None = None
-        self.wire: bytes | None = None
-        self.request_bytes = tensors.request(inputs)
-        self.span = span = RECORDER.start(per.span_name, SpanKind.CLIENT, context, links)
+        name = tensors.input_attribute  # the request's tensor bytes, inline: no Python frame
+        total = 0
+        for tensor in inputs:
+            raw = getattr(tensor, name, None)
+            if raw:
+                total += len(raw)
+        self.request_bytes = total
         self.sampled = sampled = span.sampled
         if sampled:  # plain values, not a named tuple: no Python frame to build them
+            self.sent_ns = self.received_ns = 0
+            self.counted: tuple[int, int | None] | None = None
+            self.wire: bytes | None = None
             outputs = args[3] if count > 3 else kwargs.get("outputs")
             request_id = args[4] if count > 4 else kwargs.get("request_id")
             shape = inputs[0].shape() if inputs else None
@@ -305,10 +306,12 @@ class Call:
             self.end = time.perf_counter_ns()
             self.result = result
             if error is None and (not self.sampled or self.span.__class__ is LeanSpan):
-                LATER.add(self._end)
+                if len(_WAITING) < _LIMIT:  # LATER.add, inline
+                    _WAITING.append(self._end)
+                else:
+                    LATER.add(self._end)
                 return
             if error is not None:
-                self.counted = (0, 0)
                 labels = (*self.per.labels, error_type(error))
                 HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
             self._end(error)
@@ -317,7 +320,11 @@ class Call:
 
     def _end(self, error: BaseException | None = None) -> None:
         """Record the metrics, and end the span of a sampled call."""
-        counted = self.counted
+        if not self.sampled:
+            response_bytes = 0 if error is not None else self.tensors.response(self.result)[0]
+            self.per.calls.end((self.end - self.start) / 1e9, self.request_bytes, response_bytes)
+            return
+        counted = (0, 0) if error is not None else self.counted
         if counted is None:  # the response's bytes, kept by the transport, else the result
             wire = self.wire
             if wire is None:
@@ -326,9 +333,6 @@ class Call:
                 counted = counted_on_wire(wire) or (0, 0)
         response_bytes, outputs = counted
         seconds = (self.end - self.start) / 1e9
-        if not self.sampled:
-            self.per.calls.end(seconds, self.request_bytes, response_bytes)
-            return
         span = self.span
         context = span.context
         self.per.calls.end(

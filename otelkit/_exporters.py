@@ -1,16 +1,21 @@
-"""Span exporters otelkit adds to the SDK's: OTLP-JSON-lines files and OTLP/HTTP with JSON.
+"""Span exporters otelkit adds to the SDK's: OTLP-JSON-lines files, OTLP/HTTP with JSON or
+protobuf, and the SDK's OTLP/gRPC exporter with a faster encoder.
 
-Both write the same OTLP JSON as the embedded receiver and the Collector's file exporter, so
-``otelkit.analysis`` reads any of them.
+The JSON ones write the same OTLP JSON as the embedded receiver and the Collector's file
+exporter, so ``otelkit.analysis`` reads any of them. The protobuf ones encode with
+``_otlp_proto``: the same bytes as the SDK's, for about a quarter of its CPU.
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
 import logging
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import requests
@@ -18,9 +23,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelkit._jsonl import JsonLinesWriter
+from otelkit._otlp_proto import encode_request
 from otelkit.otlp_json import dumps, spans_to_json
 
-__all__ = ["JsonHttpSpanExporter", "JsonLinesSpanExporter"]
+__all__ = ["HttpSpanExporter", "JsonLinesSpanExporter", "grpc_span_exporter"]
 
 logger = logging.getLogger("otelkit")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -67,17 +73,47 @@ class JsonLinesSpanExporter(SpanExporter):
         return True
 
 
-class JsonHttpSpanExporter(SpanExporter):
-    """OTLP/HTTP with JSON bodies (``http/json``), which the Python SDK does not ship."""
+class HttpSpanExporter(SpanExporter):
+    """OTLP/HTTP with JSON (``http/json``, which the Python SDK does not ship) or protobuf
+    (``http/protobuf``) bodies. Protobuf is written by ``_otlp_proto``, at about a quarter of
+    the CPU of the SDK's exporter, whose environment it honours alike: the CA bundle, client
+    certificate and key, and compression (``OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE``,
+    ``..._CLIENT_CERTIFICATE``, ``..._CLIENT_KEY``, ``..._COMPRESSION``: gzip, deflate, none).
+    """
 
-    def __init__(self, url: str, headers: Mapping[str, str], timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        encoding: str = "json",
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
         self.url = url
-        self._headers = {"Content-Type": "application/json", **headers}
+        self._encode = _ENCODINGS[encoding]
+        self._headers = {"Content-Type": _CONTENT_TYPES[encoding], **headers}
         self._timeout_s = timeout_s
         self._session = requests.Session()
+        setting = _sdk_environment(environ)
+        self._session.verify = setting("CERTIFICATE") or True
+        certificate, key = setting("CLIENT_CERTIFICATE"), setting("CLIENT_KEY")
+        if certificate:
+            self._session.cert = (certificate, key) if key else certificate
+        self.compression = (setting("COMPRESSION") or "none").strip().lower()
+        if self.compression not in _COMPRESS:
+            logger.warning(
+                "otelkit: unknown OTLP compression %r; sending uncompressed", self.compression
+            )
+            self.compression = "none"
+        if self.compression != "none":
+            self._headers["Content-Encoding"] = self.compression
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        body = dumps(spans_to_json(spans))
+        try:
+            body = _COMPRESS[self.compression](self._encode(spans))
+        except Exception:
+            logger.exception("otelkit: could not encode a batch of %d spans", len(spans))
+            return SpanExportResult.FAILURE
         deadline = time.monotonic() + self._timeout_s
         delay = 0.1
         while True:
@@ -92,7 +128,7 @@ class JsonHttpSpanExporter(SpanExporter):
             except requests.RequestException as error:
                 retry, reason = True, str(error)
             if not retry or time.monotonic() + delay > deadline:
-                logger.warning("otelkit: OTLP/JSON export to %s failed: %s", self.url, reason)
+                logger.warning("otelkit: OTLP/HTTP export to %s failed: %s", self.url, reason)
                 return SpanExportResult.FAILURE
             time.sleep(delay)
             delay *= 2
@@ -102,3 +138,51 @@ class JsonHttpSpanExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True
+
+
+_ENCODINGS: dict[str, Callable[[Sequence[ReadableSpan]], bytes]] = {
+    "json": lambda spans: dumps(spans_to_json(spans)),
+    "protobuf": encode_request,
+}
+_CONTENT_TYPES = {"json": "application/json", "protobuf": "application/x-protobuf"}
+_COMPRESS: dict[str, Callable[[bytes], bytes]] = {
+    "none": lambda body: body,
+    "gzip": lambda body: gzip.compress(body, compresslevel=6),
+    "deflate": zlib.compress,  # zlib-wrapped, as the SDK and the Collector send it
+}
+
+
+def _sdk_environment(environ: Mapping[str, str]) -> Callable[[str], str | None]:
+    """An OTLP exporter setting from the environment: the traces one, else the general one."""
+
+    def setting(name: str) -> str | None:
+        return environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or environ.get(
+            f"OTEL_EXPORTER_OTLP_{name}"
+        )
+
+    return setting
+
+
+def grpc_span_exporter(
+    url: str, insecure: bool, headers: Mapping[str, str], timeout_s: float
+) -> SpanExporter:
+    """The SDK's OTLP/gRPC span exporter (its channel, credentials, retries and environment),
+    with each batch encoded by ``_otlp_proto`` instead of protobuf's Python API."""
+    return _fast_grpc_exporter()(url, insecure=insecure, headers=headers, timeout=timeout_s)
+
+
+@functools.cache
+def _fast_grpc_exporter() -> Callable[..., SpanExporter]:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    class FastEncodingExporter(OTLPSpanExporter):
+        def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
+            request: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(
+                encode_request(data)
+            )  # parsed in C: a small share of the cost of building it in Python
+            return request
+
+    return FastEncodingExporter

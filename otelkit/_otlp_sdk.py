@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
@@ -24,9 +24,10 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Link, Status
     from opentelemetry.trace.span import TraceState
 
-__all__ = ["Table", "encode_sdk_spans", "fields"]
+__all__ = ["Table", "attribute_items", "encode_sdk_spans", "fields", "grouped", "proto_string"]
 
 JsonDict = dict[str, Any]
+T = TypeVar("T")
 # (field, JSON name, conversion): fields written only when set, as protobuf's JSON leaves out
 # defaults. Shared with otlp_json's protobuf path.
 Table = tuple[tuple[str, str, Any], ...]
@@ -43,19 +44,29 @@ def fields(msg: Any, table: Table, out: JsonDict | None = None) -> JsonDict:
 
 def encode_sdk_spans(spans: Sequence[ReadableSpan]) -> JsonDict:
     """One OTLP JSON traces document for ``spans``, grouped as ``encode_spans`` groups them."""
-    groups: dict[Resource, dict[InstrumentationScope | None, list[JsonDict]]] = {}
+    groups = grouped(spans, _sdk_span)
+    if not groups:
+        return {}
+    return {"resourceSpans": [_sdk_resource_spans(r, scopes) for r, scopes in groups.items()]}
+
+
+def grouped(
+    spans: Sequence[ReadableSpan], encode: Callable[[ReadableSpan], T]
+) -> dict[Resource, dict[InstrumentationScope | None, list[T]]]:
+    """Each span ``encode``d, grouped as ``encode_spans`` groups them: by equal resource, then
+    equal scope, in order of first appearance; of equal resources (or scopes) the first is the
+    key."""
+    groups: dict[Resource, dict[InstrumentationScope | None, list[T]]] = {}
     # Finding a resource by equality hashes its attributes as JSON: once per object, not per span.
-    by_identity: dict[tuple[int, int], tuple[list[JsonDict], Resource, Any]] = {}
+    by_identity: dict[tuple[int, int], tuple[list[T], Resource, Any]] = {}
     for span in spans:
         resource, scope = span.resource, span.instrumentation_scope or None
         known = by_identity.get((id(resource), id(scope)))
         if known is None:  # the objects are kept in the value, so their ids stay theirs
             group = groups.setdefault(resource, {}).setdefault(scope, [])
             known = by_identity[id(resource), id(scope)] = (group, resource, scope)
-        known[0].append(_sdk_span(span))
-    if not groups:
-        return {}
-    return {"resourceSpans": [_sdk_resource_spans(r, scopes) for r, scopes in groups.items()]}
+        known[0].append(encode(span))
+    return groups
 
 
 # SDK spans → OTLP JSON. Mirrors opentelemetry-exporter-otlp-proto-common's encode_spans followed
@@ -123,7 +134,7 @@ def _sdk_span(span: ReadableSpan) -> JsonDict:
         out["startTimeUnixNano"] = str(start)
     if end:
         out["endTimeUnixNano"] = str(end)
-    # ReadableSpan.attributes wraps them in a proxy, which would hide them from _attribute_items.
+    # ReadableSpan.attributes wraps them in a proxy, which would hide them from attribute_items.
     attributes = _sdk_attributes(
         span._attributes if type(span) is ReadableSpan else span.attributes
     )
@@ -192,7 +203,7 @@ def _sdk_attributes(attributes: Mapping[Any, Any] | None) -> list[JsonDict]:
     # protobuf would refuse: a lone surrogate is not UTF-8, an int must fit in 64 bits; inf and
     # nan are written as strings. Anything else takes the general path.
     out: list[JsonDict] = []
-    for key, value in _attribute_items(attributes):
+    for key, value in attribute_items(attributes):
         kind = type(value)
         if type(key) is not str or not key.isascii():
             item = _sdk_key_value(key, value)
@@ -211,7 +222,7 @@ def _sdk_attributes(attributes: Mapping[Any, Any] | None) -> list[JsonDict]:
     return out
 
 
-def _attribute_items(attributes: Mapping[Any, Any] | None) -> Iterable[tuple[Any, Any]]:
+def attribute_items(attributes: Mapping[Any, Any] | None) -> Iterable[tuple[Any, Any]]:
     # BoundedAttributes iterates in Python, a generator step and a __getitem__ a pair; its dict
     # holds the same pairs in the same order, and reads at a third of the cost. The dict is
     # private: should the SDK rename it, this falls back to the public way. (Spans are immutable
@@ -225,7 +236,7 @@ def _attribute_items(attributes: Mapping[Any, Any] | None) -> Iterable[tuple[Any
 
 def _sdk_key_value(key: object, value: object) -> JsonDict | None:
     try:
-        return {"key": _proto_string(key), "value": _sdk_any_value(value)}
+        return {"key": proto_string(key), "value": _sdk_any_value(value)}
     except Exception as error:  # as encode_spans does: log, leave the attribute out, go on
         _logger.exception("Failed to encode key %s: %s", key, error)
         return None
@@ -238,7 +249,7 @@ def _sdk_any_value(value: object) -> JsonDict:
     if isinstance(value, bool):
         return {"boolValue": value}
     if isinstance(value, str):
-        return {"stringValue": _proto_string(value)}
+        return {"stringValue": proto_string(value)}
     if isinstance(value, int):
         return {"intValue": str(_int64(value))}
     if isinstance(value, float):
@@ -249,12 +260,12 @@ def _sdk_any_value(value: object) -> JsonDict:
         values = [_sdk_any_value(v) for v in value]
         return {"arrayValue": {"values": values} if values else {}}
     if isinstance(value, Mapping):
-        kvs = [{"key": _proto_string(str(k)), "value": _sdk_any_value(v)} for k, v in value.items()]
+        kvs = [{"key": proto_string(str(k)), "value": _sdk_any_value(v)} for k, v in value.items()]
         return {"kvlistValue": {"values": kvs} if kvs else {}}
     raise TypeError(f"Invalid type {type(value)} of value {value}")
 
 
-def _proto_string(value: object) -> str:
+def proto_string(value: object) -> str:
     """What protobuf stores for a string field given ``value``, or its error."""
     if isinstance(value, str):
         if not value.isascii():

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.sampling import (
 from otelkit import resource as resource_detection
 from otelkit import semconv
 from otelkit._export import BatchExportProcessor, LossCounter, MetricPusher, PullReader
-from otelkit._exporters import JsonHttpSpanExporter, JsonLinesSpanExporter
+from otelkit._exporters import HttpSpanExporter, JsonLinesSpanExporter, grpc_span_exporter
 from otelkit._later import LATER, DrainFirst
 from otelkit._prometheus import PrometheusEndpoint
 from otelkit.config import Settings
@@ -133,18 +133,15 @@ def _span_exporter(settings: Settings) -> tuple[Callable[[], SpanExporter] | Non
             if settings.protocol == "grpc"
             else "http://localhost:4318/v1/traces"
         )
-    if settings.protocol == "http/json":
-        return (lambda: JsonHttpSpanExporter(url, settings.headers, timeout_s)), f"OTLP/JSON {url}"
+    encoding = "json" if settings.protocol == "http/json" else "protobuf"
     if settings.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-
         insecure = url.startswith("http://")
         return (
-            lambda: Grpc(url, insecure=insecure, headers=settings.headers, timeout=timeout_s)
+            lambda: grpc_span_exporter(url, insecure, settings.headers, timeout_s)
         ), f"OTLP/gRPC {url}"
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
-
-    return (lambda: Http(url, headers=settings.headers, timeout=timeout_s)), f"OTLP/HTTP {url}"
+    return (
+        lambda: HttpSpanExporter(url, settings.headers, timeout_s, encoding)
+    ), f"OTLP/HTTP ({encoding}) {url}"
 
 
 def _metric_exporter(settings: Settings) -> Callable[[], MetricExporter]:

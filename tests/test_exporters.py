@@ -11,9 +11,15 @@ from typing import Any
 import grpc
 import pytest
 from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otelkit
+from otelkit._exporters import HttpSpanExporter, grpc_span_exporter
 from otelkit.analysis import load_spans
 from otelkit.receiver import Receiver
 
@@ -95,3 +101,67 @@ def test_otlp_http_to_the_embedded_receiver(tmp_path: Path, protocol: str) -> No
     ]
     by_name = {s.name: s for s in spans}
     assert by_name["stage"].parent_span_id == by_name["request"].span_id
+
+
+def finished_spans() -> list[ReadableSpan]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource({"service.name": "encode"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    with provider.get_tracer("tests").start_as_current_span("request"):
+        pass
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+@pytest.mark.parametrize("compression", ["gzip", "deflate", "none"])
+def test_otlp_http_compresses_as_the_sdks_environment_says(
+    tmp_path: Path, encoding: str, compression: str
+) -> None:
+    """The receiver inflates what the header says, and refuses a body that does not match it."""
+    environ = {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": compression.upper()}
+    with Receiver(tmp_path) as receiver:
+        exporter = HttpSpanExporter(receiver.endpoint + "/v1/traces", {}, 5.0, encoding, environ)
+        assert exporter.export(finished_spans()) is SpanExportResult.SUCCESS
+        assert receiver.wait_for_spans(1, timeout=10)
+        exporter.shutdown()
+    assert exporter.compression == compression
+    assert [span.name for span in load_spans(tmp_path)] == ["request"]
+
+
+def test_an_unknown_compression_is_logged_and_sent_plain(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    environ = {"OTEL_EXPORTER_OTLP_COMPRESSION": "brotli"}
+    with Receiver(tmp_path) as receiver:
+        exporter = HttpSpanExporter(receiver.endpoint + "/v1/traces", {}, 5.0, "protobuf", environ)
+        assert exporter.export(finished_spans()) is SpanExportResult.SUCCESS
+        exporter.shutdown()
+    assert exporter.compression == "none"
+    assert "unknown OTLP compression 'brotli'" in caplog.text
+
+
+def test_otlp_http_takes_the_sdks_tls_settings() -> None:
+    """The traces setting wins over the general one, as in the SDK's exporter."""
+    environ = {
+        "OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/ssl/general.pem",
+        "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": "/etc/ssl/collector-ca.pem",
+        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": "/etc/ssl/client.pem",
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY": "/etc/ssl/client.key",
+    }
+    exporter = HttpSpanExporter("https://collector:4318/v1/traces", {}, 5.0, "protobuf", environ)
+    assert exporter._session.verify == "/etc/ssl/collector-ca.pem"
+    assert exporter._session.cert == ("/etc/ssl/client.pem", "/etc/ssl/client.key")
+    plain = HttpSpanExporter("https://collector:4318/v1/traces", {}, 5.0, "protobuf", {})
+    assert plain._session.verify is True and plain._session.cert is None
+
+
+def test_otlp_grpc_sends_what_the_sdk_would(grpc_sink: tuple[GrpcTraceSink, int]) -> None:
+    """The gRPC exporter is the SDK's own, with otelkit's encoder: the request that arrives is
+    the one the SDK's encoder makes of the same spans."""
+    sink, port = grpc_sink
+    spans = finished_spans()
+    exporter = grpc_span_exporter(f"http://127.0.0.1:{port}", True, {}, 5.0)
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert sink.requests == [encode_spans(spans)]

@@ -21,6 +21,7 @@ from pathlib import Path
 import requests
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.util.re import parse_env_headers
 
 from otelkit._jsonl import JsonLinesWriter
 from otelkit._otlp_proto import encode_request
@@ -76,9 +77,10 @@ class JsonLinesSpanExporter(SpanExporter):
 class HttpSpanExporter(SpanExporter):
     """OTLP/HTTP with JSON (``http/json``, which the Python SDK does not ship) or protobuf
     (``http/protobuf``) bodies. Protobuf is written by ``_otlp_proto``, at about a quarter of
-    the CPU of the SDK's exporter, whose environment it honours alike: the CA bundle, client
-    certificate and key, and compression (``OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE``,
-    ``..._CLIENT_CERTIFICATE``, ``..._CLIENT_KEY``, ``..._COMPRESSION``: gzip, deflate, none).
+    the CPU of the SDK's exporter, whose environment it honours alike: headers, the CA bundle,
+    client certificate and key, and compression (``OTEL_EXPORTER_OTLP_[TRACES_]HEADERS``,
+    ``..._CERTIFICATE``, ``..._CLIENT_CERTIFICATE``, ``..._CLIENT_KEY``, ``..._COMPRESSION``:
+    gzip, deflate, none).
     """
 
     def __init__(
@@ -91,10 +93,14 @@ class HttpSpanExporter(SpanExporter):
     ) -> None:
         self.url = url
         self._encode = _ENCODINGS[encoding]
-        self._headers = {"Content-Type": _CONTENT_TYPES[encoding], **headers}
+        setting = _sdk_environment(environ)
+        self._headers = {
+            "Content-Type": _CONTENT_TYPES[encoding],
+            **parse_env_headers(setting("HEADERS") or "", liberal=True),
+            **headers,  # configure()'s own, which win
+        }
         self._timeout_s = timeout_s
         self._session = requests.Session()
-        setting = _sdk_environment(environ)
         self._session.verify = setting("CERTIFICATE") or True
         certificate, key = setting("CLIENT_CERTIFICATE"), setting("CLIENT_KEY")
         if certificate:

@@ -156,6 +156,19 @@ def test_otlp_http_takes_the_sdks_tls_settings() -> None:
     assert plain._session.verify is True and plain._session.cert is None
 
 
+def test_otlp_http_sends_the_environments_headers_under_configures() -> None:
+    environ = {
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "tenant=physics,authorization=Bearer%20env",
+        "OTEL_EXPORTER_OTLP_HEADERS": "ignored=yes",
+    }
+    exporter = HttpSpanExporter(
+        "http://collector:4318/v1/traces", {"authorization": "Bearer own"}, 5.0, "json", environ
+    )
+    assert exporter._headers == {
+        "Content-Type": "application/json", "tenant": "physics", "authorization": "Bearer own",
+    }  # fmt: skip
+
+
 def test_otlp_grpc_sends_what_the_sdk_would(grpc_sink: tuple[GrpcTraceSink, int]) -> None:
     """The gRPC exporter is the SDK's own, with otelkit's encoder: the request that arrives is
     the one the SDK's encoder makes of the same spans."""

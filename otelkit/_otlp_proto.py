@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from otelkit._otlp_sdk import attribute_items, grouped, proto_string
+from otelkit._otlp_sdk import attribute_items, grouped, int64, proto_string
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Event
@@ -36,7 +36,7 @@ _FIXED64 = struct.Struct("<Q").pack
 _DOUBLE = struct.Struct("<d").pack
 _FIXED32 = struct.Struct("<I").pack
 _SMALL = [bytes((n,)) for n in range(0x80)]
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_INT64_MAX = 2**63 - 1
 _KIND = {kind: _SMALL[kind.value + 1] for kind in SpanKind}  # OTLP counts from UNSPECIFIED
 # SpanFlags: HAS_IS_REMOTE always, IS_REMOTE where the parent (or a link's span) is remote
 _LOCAL, _REMOTE = b"\x85\x01" + _FIXED32(0x100), b"\x85\x01" + _FIXED32(0x300)
@@ -58,10 +58,14 @@ def _varint(number: int) -> bytes:
     return bytes(out)
 
 
+def _field(tag: bytes, body: bytes) -> bytes:
+    """A length-delimited field: a string, bytes or a small message."""
+    return tag + _varint(len(body)) + body
+
+
 def _text(tag: bytes, value: object) -> bytes:
     """A string field, as protobuf stores ``value`` (or raises as it would)."""
-    raw = proto_string(value).encode()
-    return tag + _varint(len(raw)) + raw
+    return _field(tag, proto_string(value).encode())
 
 
 def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
@@ -212,25 +216,18 @@ def _any_value(value: object) -> bytes:
         return _TRUE if value else _FALSE
     if isinstance(value, str):
         return _text(b"\x0a", value)
-    if isinstance(value, int):
-        number = int(value)
-        if not _INT64_MIN <= number <= _INT64_MAX:
-            raise ValueError(f"Value out of range: {number}")
-        return b"\x18" + _varint(number % 2**64)  # two's complement, as int64 is written
+    if isinstance(value, int):  # two's complement, as int64 is written
+        return b"\x18" + _varint(int64(value) % 2**64)
     if isinstance(value, float):
         return b"\x21" + _DOUBLE(value)
     if isinstance(value, bytes):
-        return b"\x3a" + _varint(len(value)) + value
+        return _field(b"\x3a", value)
     if isinstance(value, Sequence):
-        items = [_any_value(item) for item in value]
-        body = b"".join(b"\x0a" + _varint(len(item)) + item for item in items)
-        return b"\x2a" + _varint(len(body)) + body
+        return _field(b"\x2a", b"".join(_field(b"\x0a", _any_value(item)) for item in value))
     if isinstance(value, Mapping):
-        pairs = []
-        for key, item in value.items():
-            encoded = _any_value(item)
-            pair = _text(b"\x0a", str(key)) + b"\x12" + _varint(len(encoded)) + encoded
-            pairs.append(b"\x0a" + _varint(len(pair)) + pair)
-        body = b"".join(pairs)
-        return b"\x32" + _varint(len(body)) + body
+        pairs = [
+            _field(b"\x0a", _text(b"\x0a", str(key)) + _field(b"\x12", _any_value(item)))
+            for key, item in value.items()
+        ]
+        return _field(b"\x32", b"".join(pairs))
     raise TypeError(f"Invalid type {type(value)} of value {value}")

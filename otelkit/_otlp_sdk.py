@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Link, Status
     from opentelemetry.trace.span import TraceState
 
-__all__ = ["Table", "attribute_items", "encode_sdk_spans", "fields", "grouped", "proto_string"]
+__all__ = ["Table", "attribute_items", "encode_sdk_spans", "fields", "grouped", "int64",
+           "proto_string"]  # fmt: skip
 
 JsonDict = dict[str, Any]
 T = TypeVar("T")
@@ -251,7 +252,7 @@ def _sdk_any_value(value: object) -> JsonDict:
     if isinstance(value, str):
         return {"stringValue": proto_string(value)}
     if isinstance(value, int):
-        return {"intValue": str(_int64(value))}
+        return {"intValue": str(int64(value))}
     if isinstance(value, float):
         return {"doubleValue": _double(float(value))}
     if isinstance(value, bytes):
@@ -278,7 +279,8 @@ def proto_string(value: object) -> str:
     raise TypeError(f"bad argument type for a string field: {type(value)}")
 
 
-def _int64(value: int) -> int:
+def int64(value: int) -> int:
+    """``value`` as protobuf's int64 takes it, or its error."""
     number = int(value)
     if not _INT64_MIN <= number <= _INT64_MAX:
         raise ValueError(f"Value out of range: {number}")

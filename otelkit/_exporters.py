@@ -25,7 +25,7 @@ from opentelemetry.util.re import parse_env_headers
 
 from otelkit._jsonl import JsonLinesWriter
 from otelkit._otlp_proto import encode_request
-from otelkit.otlp_json import dumps, spans_to_json
+from otelkit.otlp_json import spans_to_bytes
 
 __all__ = ["HttpSpanExporter", "JsonLinesSpanExporter", "grpc_span_exporter"]
 
@@ -59,7 +59,7 @@ class JsonLinesSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
-            self._current_writer().write(spans_to_json(spans))
+            self._current_writer().write_line(spans_to_bytes(spans))
         except (OSError, ValueError) as error:
             logger.warning("otelkit: could not write spans to %s: %s", self.path, error)
             return SpanExportResult.FAILURE
@@ -147,7 +147,7 @@ class HttpSpanExporter(SpanExporter):
 
 
 _ENCODINGS: dict[str, Callable[[Sequence[ReadableSpan]], bytes]] = {
-    "json": lambda spans: dumps(spans_to_json(spans)),
+    "json": spans_to_bytes,
     "protobuf": encode_request,
 }
 _CONTENT_TYPES = {"json": "application/json", "protobuf": "application/x-protobuf"}

@@ -1,7 +1,8 @@
 """Thread-safe appending of JSON documents to a file, one compact line each, with rotation.
 
 The embedded receiver writes ``traces.jsonl`` through it and the JSON-lines span exporter its
-per-process files; each line is encoded by ``otelkit.otlp_json.dumps``.
+per-process files; each line is encoded by ``otelkit.otlp_json.dumps``, or comes encoded
+(``otlp_json.spans_to_bytes``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ class JsonLinesWriter:
 
     def write(self, doc: Mapping[str, Any]) -> int:
         """Append ``doc`` as one line; returns the bytes written. ``ValueError`` once closed."""
-        line = dumps(doc) + b"\n"
+        return self.write_line(dumps(doc))
+
+    def write_line(self, encoded: bytes) -> int:
+        """Append a document already encoded (compact, one line, no newline) as ``write``
+        would; returns the bytes written."""
+        line = encoded + b"\n"
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"{self.path}: the writer is closed")

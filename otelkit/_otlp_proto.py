@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from otelkit._otlp_sdk import attribute_items, grouped, int64, proto_string
+from otelkit._otlp_sdk import attribute_items, contents, grouped, int64, proto_string
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Event
@@ -122,17 +122,15 @@ def _span(span: ReadableSpan) -> bytes:
         parts += (b"\x39", _FIXED64(span.start_time))
     if span.end_time:
         parts += (b"\x41", _FIXED64(span.end_time))
-    # ReadableSpan.attributes wraps them in a proxy; its own dict reads faster
-    parts.append(
-        _attributes(b"\x4a", span._attributes if type(span) is ReadableSpan else span.attributes)
-    )
+    attributes, events, links = contents(span)
+    parts.append(_attributes(b"\x4a", attributes))
     if span.dropped_attributes:
         parts += (b"\x50", _varint(span.dropped_attributes))
-    for event in span.events:
+    for event in events:
         parts += (b"\x5a", *_message(_event(event)))
     if span.dropped_events:
         parts += (b"\x60", _varint(span.dropped_events))
-    for link in span.links:
+    for link in links:
         parts += (b"\x6a", *_message(_link(link)))
     if span.dropped_links:
         parts += (b"\x70", _varint(span.dropped_links))

@@ -46,6 +46,7 @@ from otelkit.otlp_json import (
     normalize_json,
     request_to_json,
     span_count,
+    spans_to_bytes,
     spans_to_json,
 )
 
@@ -420,7 +421,7 @@ def test_writer_loses_nothing_written_when_the_process_is_killed(tmp_path: Path)
     assert read_lines(path) == [{"n": 0}, {"n": 1}, {"n": 2}]
 
 
-# -- spans_to_json: exactly the protobuf path's document, without protobuf --------------------
+# -- spans_to_bytes: exactly the protobuf path's document, without protobuf --------------------
 
 
 def protobuf_path(spans: list[ReadableSpan]) -> dict[str, Any]:
@@ -428,9 +429,9 @@ def protobuf_path(spans: list[ReadableSpan]) -> dict[str, Any]:
 
 
 def assert_same_as_protobuf_path(spans: list[ReadableSpan]) -> None:
-    doc = spans_to_json(spans)
-    assert doc == protobuf_path(spans)
-    assert dumps(doc) == dumps(protobuf_path(spans))  # the same key order too
+    expected = protobuf_path(spans)
+    assert spans_to_bytes(spans) == dumps(expected)  # the same key order and numbers too
+    assert spans_to_json(spans) == expected
 
 
 def context(trace_id: int, span_id: int, remote: bool = False, **state: str) -> SpanContext:

@@ -6,7 +6,6 @@ Vectors follow https://www.w3.org/TR/trace-context-2/, the W3C test suite
 
 from __future__ import annotations
 
-import doctest
 import email
 import http.client
 import io
@@ -34,7 +33,6 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.datastructures import Headers, MutableHeaders
 
-from otelkit import propagation
 from otelkit.propagation import (
     W3CPropagator,
     W3CTraceState,
@@ -622,7 +620,3 @@ def test_over_real_grpc_metadata_from_inject_reaches_the_server() -> None:
         server.stop(None).wait()
     entries = list(OUTGOING.trace_state.items())
     assert seen == [(OUTGOING, entries, {"model": "gnn"})]
-
-
-def test_docstring_examples_run() -> None:
-    assert doctest.testmod(propagation).failed == 0

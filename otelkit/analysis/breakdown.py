@@ -21,7 +21,8 @@ span may end after its client span: Triton and ASGI servers end theirs after sen
 response, so ``network + offload`` of one call can be slightly negative; means stay exact.)
 
 >>> traces = build_traces(load_spans("demo-output/traces"))  # doctest: +SKIP
->>> print(format_breakdowns(breakdown(traces.values(), group_by=("gnn_tracking.option",))))
+>>> by_option = breakdown(traces.values(), group_by=("gnn_tracking.option",))  # doctest: +SKIP
+>>> print(format_breakdowns(by_option))  # doctest: +SKIP
 """
 
 from __future__ import annotations

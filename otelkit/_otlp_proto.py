@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from otelkit._otlp_sdk import attribute_items, contents, grouped, int64, proto_string
+from otelkit._otlp_sdk import (
+    INT64_MAX,
+    attribute_items,
+    contents,
+    grouped,
+    int64,
+    proto_string,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Event
@@ -36,7 +43,6 @@ _FIXED64 = struct.Struct("<Q").pack
 _DOUBLE = struct.Struct("<d").pack
 _FIXED32 = struct.Struct("<I").pack
 _SMALL = [bytes((n,)) for n in range(0x80)]
-_INT64_MAX = 2**63 - 1
 _KIND = {kind: _SMALL[kind.value + 1] for kind in SpanKind}  # OTLP counts from UNSPECIFIED
 # SpanFlags: HAS_IS_REMOTE always, IS_REMOTE where the parent (or a link's span) is remote
 _LOCAL, _REMOTE = b"\x85\x01" + _FIXED32(0x100), b"\x85\x01" + _FIXED32(0x300)
@@ -191,7 +197,7 @@ def _attributes(tag: bytes, attributes: Mapping[Any, Any] | None) -> bytes:
         if kind is str and value.isascii():
             raw = value.encode()
             any_value = b"\x0a" + _varint(len(raw)) + raw
-        elif kind is int and 0 <= value <= _INT64_MAX:
+        elif kind is int and 0 <= value <= INT64_MAX:
             any_value = b"\x18" + _varint(value)
         elif kind is float:
             any_value = b"\x21" + _DOUBLE(value)

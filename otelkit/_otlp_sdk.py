@@ -19,10 +19,11 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import Link
 
-__all__ = ["attribute_items", "contents", "grouped", "int64", "proto_string"]
+__all__ = ["INT64_MAX", "INT64_MIN", "attribute_items", "contents", "grouped", "int64",
+           "proto_string"]  # fmt: skip
 
 T = TypeVar("T")
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what protobuf's int64 holds
 
 
 def grouped(
@@ -82,6 +83,6 @@ def proto_string(value: object) -> str:
 def int64(value: int) -> int:
     """``value`` as protobuf's int64 takes it, or its error."""
     number = int(value)
-    if not _INT64_MIN <= number <= _INT64_MAX:
+    if not INT64_MIN <= number <= INT64_MAX:
         raise ValueError(f"Value out of range: {number}")
     return number

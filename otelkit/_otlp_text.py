@@ -24,7 +24,15 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
-from otelkit._otlp_sdk import attribute_items, contents, grouped, int64, proto_string
+from otelkit._otlp_sdk import (
+    INT64_MAX,
+    INT64_MIN,
+    attribute_items,
+    contents,
+    grouped,
+    int64,
+    proto_string,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Event
@@ -34,7 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["encode_json"]
 
 _logger = logging.getLogger("otelkit")
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _KIND = {kind: f',"kind":{kind.value + 1}' for kind in SpanKind}  # OTLP counts from UNSPECIFIED
 # SpanFlags: HAS_IS_REMOTE always, IS_REMOTE where the parent (or a link's span) is remote
 _LOCAL, _REMOTE = ',"flags":256', ',"flags":768'
@@ -171,7 +178,7 @@ def _attributes(attributes: Mapping[Any, Any] | None) -> str:
         kind = type(value)
         if kind is str and value.isascii():
             parts.append(f'{head}{{"stringValue":{_quote(value)}}}}}')
-        elif kind is int and _INT64_MIN <= value <= _INT64_MAX:
+        elif kind is int and INT64_MIN <= value <= INT64_MAX:
             parts.append(f'{head}{{"intValue":"{value}"}}}}')
         elif kind is float and value - value == 0.0:
             parts.append(f'{head}{{"doubleValue":{value!r}}}}}')

@@ -31,6 +31,7 @@ from otelkit._otlp_sdk import (
     int64,
     proto_string,
 )
+from otelkit.propagation import format_tracestate
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Event
@@ -117,7 +118,7 @@ def _span(span: ReadableSpan) -> bytes:
     ]  # fmt: skip
     trace_state = context.trace_state
     if trace_state:
-        parts.append(_text(b"\x1a", ",".join([f"{k}={v}" for k, v in trace_state.items()])))
+        parts.append(_text(b"\x1a", format_tracestate(trace_state)))
     parent = span.parent
     if parent:
         parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))

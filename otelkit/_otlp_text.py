@@ -33,6 +33,7 @@ from otelkit._otlp_sdk import (
     int64,
     proto_string,
 )
+from otelkit.propagation import format_tracestate
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Event
@@ -53,8 +54,7 @@ def encode_json(spans: Sequence[ReadableSpan]) -> bytes:
     """``dumps(request_to_json(encode_spans(spans)))``, written directly."""
     resources = []
     for resource, scopes in grouped(spans, _span).items():
-        attributes = _attributes(resource.attributes)
-        text = '{"resource":{"attributes":[' + attributes + "]}" if attributes else '{"resource":{}'
+        text = '{"resource":{' + _attributes(resource.attributes) + "}"
         text += ',"scopeSpans":[' + ",".join(
             [_scope_spans(scope, encoded) for scope, encoded in scopes.items()]
         )
@@ -82,7 +82,7 @@ def _scope(scope: InstrumentationScope | None) -> str:
         parts.append('"version":' + _quote(scope.version))
     attributes = _attributes(scope.attributes)
     if attributes:
-        parts.append('"attributes":[' + attributes + "]")
+        parts.append(attributes)
     return "{" + ",".join(parts) + "}"
 
 
@@ -92,7 +92,7 @@ def _span(span: ReadableSpan) -> str:
     text = f'{{"traceId":"{context.trace_id:032x}","spanId":"{context.span_id:016x}"'
     trace_state = context.trace_state
     if trace_state is not None and trace_state is not DEFAULT_TRACE_STATE:
-        state = ",".join([f"{key}={value}" for key, value in trace_state.items()])
+        state = format_tracestate(trace_state)
         if state:
             text += ',"traceState":' + _quote(state)
     parent = span.parent
@@ -111,7 +111,7 @@ def _span(span: ReadableSpan) -> str:
     attributes, events, links = contents(span)
     encoded = _attributes(attributes)
     if encoded:
-        text += ',"attributes":[' + encoded + "]"
+        text += "," + encoded
     if events:
         text += ',"events":[' + ",".join([_event(event) for event in events]) + "]"
     if links:
@@ -141,7 +141,7 @@ def _event(event: Event) -> str:
         parts.append('"name":' + _quote(event.name))
     attributes = _attributes(event.attributes)
     if attributes:
-        parts.append('"attributes":[' + attributes + "]")
+        parts.append(attributes)
     if event.dropped_attributes:
         parts.append(f'"droppedAttributesCount":{event.dropped_attributes}')
     return "{" + ",".join(parts) + "}"
@@ -152,16 +152,17 @@ def _link(link: Link) -> str:
     text = f'{{"traceId":"{context.trace_id:032x}","spanId":"{context.span_id:016x}"'
     attributes = _attributes(link.attributes)
     if attributes:
-        text += ',"attributes":[' + attributes + "]"
+        text += "," + attributes
     if link.dropped_attributes:
         text += f',"droppedAttributesCount":{link.dropped_attributes}'
     return text + (_REMOTE if context.is_remote else _LOCAL) + "}"
 
 
 def _attributes(attributes: Mapping[Any, Any] | None) -> str:
-    """Each attribute as a ``KeyValue`` object, comma-separated. The common kinds inline, each
-    guarded by exactly what protobuf would refuse (an ASCII string is UTF-8; an int must fit in
-    64 bits; inf and nan take the general path, which writes them as strings); an attribute
+    """The ``"attributes"`` field, each attribute a ``KeyValue`` object; ``""`` when none is
+    written (protobuf's JSON leaves an empty list out). The common kinds inline, each guarded
+    by exactly what protobuf would refuse (an ASCII string is UTF-8; an int must fit in 64
+    bits; inf and nan take the general path, which writes them as strings); an attribute
     protobuf would refuse is logged and left out, as ``encode_spans`` does."""
     parts: list[str] = []
     for key, value in attribute_items(attributes):
@@ -188,7 +189,7 @@ def _attributes(attributes: Mapping[Any, Any] | None) -> str:
             item = _key_value(key, value)
             if item is not None:
                 parts.append(item)
-    return ",".join(parts)
+    return '"attributes":[' + ",".join(parts) + "]" if parts else ""
 
 
 def _key_value(key: object, value: object) -> str | None:

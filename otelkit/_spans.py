@@ -271,9 +271,15 @@ RecordingSpan = LeanSpan | _SdkSpan | _Unsampled
 
 
 class SpanRecorder:
-    """Starts lean spans for one instrumentation scope, following ``configure()``."""
+    """Starts lean spans for one instrumentation scope, following ``configure()``.
 
-    __slots__ = ("_generation", "_pipeline", "_scope", "_server", "_tracer")
+    ``roots_off``: the ``SWITCH.generation`` under which no root span is sampled (the sampler
+    drops every root, as ``always_off`` and ``parentbased_always_off`` do), once a ``start``
+    has seen it; else -1. While it equals ``SWITCH.generation`` and no span is current, a span
+    this recorder would start is not sampled, and a caller may skip ``start`` altogether.
+    """
+
+    __slots__ = ("_generation", "_pipeline", "_scope", "_server", "_tracer", "roots_off")
 
     def __init__(self, scope_name: str, version: str = "", *, server: bool = False) -> None:
         self._scope = InstrumentationScope(scope_name, version)
@@ -281,9 +287,11 @@ class SpanRecorder:
         self._generation = -1
         self._pipeline: _Pipeline | None = None
         self._tracer = SWITCH.tracers.get_tracer(scope_name, version)
+        self.roots_off = -1
 
     def _current(self) -> _Pipeline | None:
-        if self._generation != SWITCH.generation:
+        generation = SWITCH.generation
+        if self._generation != generation:
             state = telemetry.current()
             if state is None:
                 self._pipeline = None
@@ -294,7 +302,9 @@ class SpanRecorder:
                     provider.sampler, _fixed_root_decision(provider.sampler),
                     type(provider.id_generator) is RandomIdGenerator, _gpu_attributes(state),
                 )  # fmt: skip
-            self._generation = SWITCH.generation
+            self._generation = generation
+            off = self._pipeline is not None and self._pipeline.root_sampled is False
+            self.roots_off = generation if off else -1
         return self._pipeline
 
     def start(

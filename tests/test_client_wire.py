@@ -5,6 +5,7 @@ protobuf's own parse, and the rebuilt ``ModelInfer`` of a real gRPC client (sync
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from otelkit._hotmetrics import HOT
 from otelkit._later import LATER
 from otelkit.analysis import Span, load_spans
 from otelkit.client import _wire
-from otelkit.client._call import CURRENT_CALL, GRPC_TENSORS
+from otelkit.client._call import CURRENT_CALL, GRPC_TENSORS, end_unsampled
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
 
@@ -151,9 +152,9 @@ def test_a_grpc_client_counts_every_call_styles_tensor_bytes(
 def test_unsampled_grpc_calls_count_their_tensor_bytes_off_the_callers_path(
     triton: TritonServer, tmp_path: Path
 ) -> None:
-    """A call that is not sampled is never the current call (its transport's hooks find none):
-    it keeps its result, whose tensor bytes are counted when its telemetry ends, not before
-    the call returns; no span."""
+    """A call known not to be sampled as it starts makes no ``Call`` (so its transport's hooks
+    find none): its metrics wait in ``LATER`` with its result, whose tensor bytes are counted
+    then, not before the call returns; no span."""
     otelkit.configure(service_name="wire-unsampled", traces_dir=str(tmp_path), sampler="always_off")
     client = otelkit.instrument(grpcclient.InferenceServerClient(triton.grpc_url))
     walk = GRPC_TENSORS._output_bytes
@@ -165,11 +166,11 @@ def test_unsampled_grpc_calls_count_their_tensor_bytes_off_the_callers_path(
         counted.clear()
         with LATER._lock:
             results = [client.infer("identity_fp32", tensor(grpcclient)) for _ in range(3)]
-            calls = [item.__self__ for item in list(LATER.waiting)[-3:]]
+            waiting = list(LATER.waiting)[-3:]
             assert counted == [] and CURRENT_CALL.get() is None
-        assert [call.result for call in calls] == results
-        # the transport's hooks left them alone: no stamps, no bytes kept
-        assert not any(hasattr(call, "wire") or hasattr(call, "received_ns") for call in calls)
+        assert all(isinstance(item, functools.partial) for item in waiting)
+        assert {item.func for item in waiting} == {end_unsampled}
+        assert [item.args[4] for item in waiting] == results
         after = client_sums()
     finally:
         GRPC_TENSORS._output_bytes = walk

@@ -18,18 +18,21 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind
+from opentelemetry.trace.propagation import _SPAN_KEY
 
 from otelkit import semconv
 from otelkit._carriers import write
+from otelkit._context import current_context
 from otelkit._hotmetrics import HOT, CallSpecs
 from otelkit._internal import internal_error
 from otelkit._later import LATER
 from otelkit._spans import LeanSpan, SpanRecorder
+from otelkit._switch import SWITCH
 from otelkit.client._wire import counted_on_wire
 from otelkit.propagation import has_baggage, headers_for
 
 __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
-           "ClientTarget", "Tensors", "error_type", "output_count",
+           "ClientTarget", "Tensors", "end_unsampled", "error_type", "open_call", "output_count",
            "with_trace_context"]  # fmt: skip
 
 _WAITING, _LIMIT = LATER.waiting, LATER.limit
@@ -191,11 +194,12 @@ _CALL_METRICS = CallSpecs(
 class _PerModel:
     """Built once per (client, model, version), so that a call only looks it up."""
 
-    __slots__ = ("attributes", "calls", "labels", "span_name")
+    __slots__ = ("attributes", "calls", "labels", "span_name", "tensors")
 
     def __init__(self, target: ClientTarget, model: str, version: str) -> None:
         self.labels = (model, version, target.server, target.protocol)
         self.calls = HOT.calls(_CALL_METRICS, _LABELS, self.labels)
+        self.tensors = target.tensors
         self.span_name = f"{target.method} {model}"
         self.attributes: dict[str, Any] = {
             semconv.RPC_SYSTEM_NAME: target.system,
@@ -208,6 +212,58 @@ class _PerModel:
             self.attributes[semconv.SERVER_PORT] = target.server_port
         if version:
             self.attributes[semconv.MODEL_VERSION] = version
+
+
+def open_call(
+    target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[_PerModel, int, bool]:
+    """What any call to ``target`` starts with (``args`` and ``kwargs``: ``infer``'s): its
+    model's ``_PerModel``, the request's tensor bytes, and whether the call is known not to be
+    sampled before a span is asked for (no span is current and the sampler drops every root:
+    ``SpanRecorder.roots_off``). Such a call needs no ``Call``: ``end_unsampled`` records it.
+
+    Requests are counted from the inputs the caller holds, as the call starts (the binary part
+    only: tensors sent as JSON or through shared memory count zero), inline: no Python frame.
+    """
+    count = len(args)
+    model = args[0] if count else kwargs["model_name"]
+    version = (args[2] if count > 2 else kwargs.get("model_version")) or ""
+    per = target.by_model.get((model, version) if version else model) or target.per_model(
+        model, version
+    )
+    name = per.tensors.input_attribute
+    request_bytes = 0
+    for tensor in args[1] if count > 1 else kwargs.get("inputs", ()):
+        raw = getattr(tensor, name, None)
+        if raw:
+            request_bytes += len(raw)
+    unsampled = RECORDER.roots_off == SWITCH.generation and current_context().get(_SPAN_KEY) is None
+    return per, request_bytes, unsampled
+
+
+def _count_error(per: _PerModel, error: BaseException) -> None:
+    labels = (*per.labels, error_type(error))
+    HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
+
+
+def end_unsampled(
+    per: _PerModel,
+    start_ns: int,
+    end_ns: int,
+    request_bytes: int,
+    result: Any,
+    error: BaseException | None = None,
+) -> None:
+    """Record the metrics of a call not sampled, from ``start_ns`` to ``end_ns``: its duration,
+    bytes and failure. The response is counted from ``result`` (off the caller's path: its
+    caller hands this to ``LATER`` unless the call failed). Never raises."""
+    try:
+        if error is not None:
+            _count_error(per, error)
+        response_bytes = 0 if error is not None else per.tensors.response(result)[0]
+        per.calls.end((end_ns - start_ns) / 1e9, request_bytes, response_bytes)
+    except Exception:
+        internal_error("ending a client call's metrics")
 
 
 # What a sampled call's span says of its request, taken when the call starts (the caller may
@@ -245,39 +301,30 @@ class Call:
     """
 
     __slots__ = ("counted", "end", "facts", "per", "received_ns", "request_bytes", "result",
-                 "sampled", "sent_ns", "span", "start", "tensors", "wire")  # fmt: skip
+                 "sampled", "sent_ns", "span", "start", "wire")  # fmt: skip
 
     def __init__(
         self,
-        target: ClientTarget,
+        opened: tuple[_PerModel, int, bool],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         style: str,
         context: Context | None = None,
         links: Sequence[Link] = (),
     ) -> None:
-        """``args`` and ``kwargs`` are ``infer``'s: model_name, inputs, model_version, outputs,
-        request_id. The unsampled path reads only what its metrics need, for speed."""
-        count = len(args)
-        model = args[0] if count else kwargs["model_name"]
-        inputs = args[1] if count > 1 else kwargs.get("inputs", ())
-        version = (args[2] if count > 2 else kwargs.get("model_version")) or ""
-        key = (model, version) if version else model
-        self.per = per = target.by_model.get(key) or target.per_model(model, version)
+        """``opened``: what ``open_call`` found; ``args`` and ``kwargs`` are ``infer``'s:
+        model_name, inputs, model_version, outputs, request_id. The unsampled path reads only
+        what its metrics need, for speed."""
+        self.per = per = opened[0]
+        self.request_bytes = opened[1]
         self.span = span = RECORDER.start(per.span_name, _CLIENT, context, links)
-        self.tensors = tensors = target.tensors
-        name = tensors.input_attribute  # the request's tensor bytes, inline: no Python frame
-        total = 0
-        for tensor in inputs:
-            raw = getattr(tensor, name, None)
-            if raw:
-                total += len(raw)
-        self.request_bytes = total
         self.sampled = sampled = span.sampled
         if sampled:  # plain values, not a named tuple: no Python frame to build them
             self.sent_ns = self.received_ns = 0
             self.counted: tuple[int, int | None] | None = None
             self.wire: bytes | None = None
+            count = len(args)
+            inputs = args[1] if count > 1 else kwargs.get("inputs", ())
             outputs = args[3] if count > 3 else kwargs.get("outputs")
             request_id = args[4] if count > 4 else kwargs.get("request_id")
             shape = inputs[0].shape() if inputs else None
@@ -311,35 +358,34 @@ class Call:
                 else:
                     LATER.add(self._end)
                 return
-            if error is not None:
-                labels = (*self.per.labels, error_type(error))
-                HOT.counter(semconv.CLIENT_ERRORS, _ERROR_LABELS).series(labels).add(1)
             self._end(error)
         except Exception:
             internal_error("ending a client span")
 
     def _end(self, error: BaseException | None = None) -> None:
         """Record the metrics, and end the span of a sampled call."""
+        per = self.per
         if not self.sampled:
-            response_bytes = 0 if error is not None else self.tensors.response(self.result)[0]
-            self.per.calls.end((self.end - self.start) / 1e9, self.request_bytes, response_bytes)
+            end_unsampled(per, self.start, self.end, self.request_bytes, self.result, error)
             return
+        if error is not None:
+            _count_error(per, error)
         counted = (0, 0) if error is not None else self.counted
         if counted is None:  # the response's bytes, kept by the transport, else the result
             wire = self.wire
             if wire is None:
-                counted = self.tensors.response(self.result)
+                counted = per.tensors.response(self.result)
             else:
                 counted = counted_on_wire(wire) or (0, 0)
         response_bytes, outputs = counted
         seconds = (self.end - self.start) / 1e9
         span = self.span
         context = span.context
-        self.per.calls.end(
+        per.calls.end(
             seconds, self.request_bytes, response_bytes, context.trace_id, context.span_id
         )
         attributes = span.attributes
-        _describe(attributes, self.per, self.facts)
+        _describe(attributes, per, self.facts)
         if self.sent_ns:
             attributes[semconv.SERIALIZE_S] = (self.sent_ns - self.start) / 1e9
             if self.received_ns:

@@ -32,6 +32,7 @@ from otelkit.client._call import (
     Call,
     ClientTarget,
     error_type,
+    open_call,
     with_trace_context,
 )
 from otelkit.client._sync import _headers_index, _with_headers, swap_back, swap_in
@@ -98,7 +99,7 @@ class StreamCalls:
             request_id = (args[4] if len(args) > 4 else kwargs.get("request_id")) or ""
             own_parent = trace.get_current_span().get_span_context().is_valid
             call = Call(
-                self.target, args, kwargs, self.style,
+                open_call(self.target, args, kwargs), args, kwargs, self.style,
                 None if own_parent else self._context, self._links if own_parent else (),
             )  # fmt: skip
             with self._lock:

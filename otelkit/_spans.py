@@ -41,12 +41,13 @@ from otelkit._later import LATER
 from otelkit._switch import SWITCH
 from otelkit.propagation import format_traceparent
 
-__all__ = ["READY_ROOTS", "LeanSpan", "ReadyRoots", "SpanRecorder", "with_span"]
+__all__ = ["LOW_64", "READY_ROOTS", "LeanSpan", "ReadyRoots", "SpanRecorder", "with_span"]
 
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
 _INVALID = trace.INVALID_SPAN_CONTEXT
 _SAMPLED_FLAGS = {flags: TraceFlags(flags | _SAMPLED) for flags in (0, _RANDOM)}
+LOW_64 = TraceIdRatioBased.TRACE_ID_LIMIT  # the bits of a trace id a ratio decides on
 _UNSET = Status(StatusCode.UNSET)  # immutable: one for every span that has not failed
 
 
@@ -119,6 +120,18 @@ def _fixed_root_decision(sampler: Sampler) -> bool | None:
         sampler = sampler._root
     if isinstance(sampler, StaticSampler):
         return sampler._decision is Decision.RECORD_AND_SAMPLE
+    return None
+
+
+def _root_bound(sampler: Sampler, ids: IdGenerator) -> int | None:
+    """What decides a root span, when its trace id alone does: the bound its low 64 bits must
+    fall under to be sampled (``TraceIdRatioBased``'s rule, for the SDK's random ids; 0 when
+    every root is dropped). ``None`` for any other sampler, or one that samples every root."""
+    root = sampler._root if isinstance(sampler, ParentBased) else sampler
+    if isinstance(root, StaticSampler):
+        return None if root._decision is Decision.RECORD_AND_SAMPLE else 0
+    if type(root) is TraceIdRatioBased and type(ids) is RandomIdGenerator:
+        return root.bound
     return None
 
 
@@ -273,13 +286,18 @@ RecordingSpan = LeanSpan | _SdkSpan | _Unsampled
 class SpanRecorder:
     """Starts lean spans for one instrumentation scope, following ``configure()``.
 
-    ``roots_off``: the ``SWITCH.generation`` under which no root span is sampled (the sampler
-    drops every root, as ``always_off`` and ``parentbased_always_off`` do), once a ``start``
-    has seen it; else -1. While it equals ``SWITCH.generation`` and no span is current, a span
-    this recorder would start is not sampled, and a caller may skip ``start`` altogether.
+    A root span's sampling decision can be drawn before ``start``, where the sampler decides
+    a root by its trace id alone (``always_off``, ``traceidratio`` and their ``parentbased_``
+    forms, with the SDK's random ids): ``roots_generation`` is then the ``SWITCH.generation``
+    this holds for (else -1), and ``root_bound`` the bound under which a trace id's low 64
+    bits (``LOW_64``) make a root sampled (0: every root is dropped). While no span is current,
+    128 random bits are the SDK's draw of a root's trace id; ``start(..., root=...)`` takes
+    such a trace id, or 0 for a root not sampled, and a caller that knows its span would not
+    be sampled may skip ``start`` altogether (the client's ``open_call``).
     """
 
-    __slots__ = ("_generation", "_pipeline", "_scope", "_server", "_tracer", "roots_off")
+    __slots__ = ("_generation", "_pipeline", "_scope", "_server", "_tracer", "root_bound",
+                 "roots_generation")  # fmt: skip
 
     def __init__(self, scope_name: str, version: str = "", *, server: bool = False) -> None:
         self._scope = InstrumentationScope(scope_name, version)
@@ -287,7 +305,8 @@ class SpanRecorder:
         self._generation = -1
         self._pipeline: _Pipeline | None = None
         self._tracer = SWITCH.tracers.get_tracer(scope_name, version)
-        self.roots_off = -1
+        self.roots_generation = -1
+        self.root_bound = 0
 
     def _current(self) -> _Pipeline | None:
         generation = SWITCH.generation
@@ -303,8 +322,10 @@ class SpanRecorder:
                     type(provider.id_generator) is RandomIdGenerator, _gpu_attributes(state),
                 )  # fmt: skip
             self._generation = generation
-            off = self._pipeline is not None and self._pipeline.root_sampled is False
-            self.roots_off = generation if off else -1
+            pipeline = self._pipeline
+            bound = None if pipeline is None else _root_bound(pipeline.sampler, pipeline.ids)
+            self.root_bound = bound or 0  # before roots_generation: a reader checks that first
+            self.roots_generation = generation if bound is not None else -1
         return self._pipeline
 
     def start(
@@ -313,12 +334,16 @@ class SpanRecorder:
         kind: SpanKind,
         context: Context | None = None,
         links: Sequence[Link] = (),
+        root: int | None = None,
     ) -> RecordingSpan:
         """A span, child of the current span (or of ``context``), or ``UNSAMPLED``.
 
         Its ``attributes`` dict starts empty (but for a server recorder's GPU attributes):
-        fill it only when ``sampled``.
+        fill it only when ``sampled``. ``root``: a root span's decision drawn ahead (see the
+        class), when no ``context`` is given: the trace id of one sampled, or 0.
         """
+        if root == 0:
+            return UNSAMPLED
         pipeline = self._pipeline if self._generation == SWITCH.generation else self._current()
         current = (_current_context() if context is None else context).get(_SPAN_KEY)
         if current is None:  # no span: skip the isinstance check against an ABC
@@ -343,13 +368,18 @@ class SpanRecorder:
             if fixed is False:  # ALWAYS_OFF at the root: no ids to draw
                 return UNSAMPLED
             parent_context = None
-            if fixed and pipeline.ready_roots:
-                ready = READY_ROOTS.take()
-            if ready is None:
-                trace_id = pipeline.ids.generate_trace_id()
-                flags = _RANDOM if pipeline.ids.is_trace_id_random() else 0
-                if fixed is None and not _sampled(pipeline.sampler, _INVALID, trace_id, name, kind):
-                    return UNSAMPLED
+            if root:  # drawn ahead, and sampled
+                trace_id, flags = root, _RANDOM
+            else:
+                if fixed and pipeline.ready_roots:
+                    ready = READY_ROOTS.take()
+                if ready is None:
+                    trace_id = pipeline.ids.generate_trace_id()
+                    flags = _RANDOM if pipeline.ids.is_trace_id_random() else 0
+                    if fixed is None and not _sampled(
+                        pipeline.sampler, _INVALID, trace_id, name, kind
+                    ):
+                        return UNSAMPLED
         if ready is None:
             span_context = SpanContext(
                 trace_id, pipeline.ids.generate_span_id(), False, _SAMPLED_FLAGS[flags],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Callable, Mapping, Sequence
+from random import getrandbits
 from typing import Any
 
 from opentelemetry.context import Context
@@ -26,7 +27,7 @@ from otelkit._context import current_context
 from otelkit._hotmetrics import HOT, CallSpecs
 from otelkit._internal import internal_error
 from otelkit._later import LATER
-from otelkit._spans import LeanSpan, SpanRecorder
+from otelkit._spans import LOW_64, LeanSpan, SpanRecorder
 from otelkit._switch import SWITCH
 from otelkit.client._wire import counted_on_wire
 from otelkit.propagation import has_baggage, headers_for
@@ -214,13 +215,16 @@ class _PerModel:
             self.attributes[semconv.MODEL_VERSION] = version
 
 
-def open_call(
-    target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[_PerModel, int, bool]:
+Opened = tuple["_PerModel", int, "int | None"]
+
+
+def open_call(target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Opened:
     """What any call to ``target`` starts with (``args`` and ``kwargs``: ``infer``'s): its
-    model's ``_PerModel``, the request's tensor bytes, and whether the call is known not to be
-    sampled before a span is asked for (no span is current and the sampler drops every root:
-    ``SpanRecorder.roots_off``). Such a call needs no ``Call``: ``end_unsampled`` records it.
+    model's ``_PerModel``, the request's tensor bytes, and its root span's sampling decision
+    when it can be drawn before a span is asked for (``SpanRecorder``: no span is current and
+    the sampler is ``always_off`` or a trace id ratio): the trace id of a sampled root, 0 for
+    one not sampled, else ``None``. A call known not to be sampled needs no ``Call``:
+    ``end_unsampled`` records it.
 
     Requests are counted from the inputs the caller holds, as the call starts (the binary part
     only: tensors sent as JSON or through shared memory count zero), inline: no Python frame.
@@ -237,8 +241,15 @@ def open_call(
         raw = getattr(tensor, name, None)
         if raw:
             request_bytes += len(raw)
-    unsampled = RECORDER.roots_off == SWITCH.generation and current_context().get(_SPAN_KEY) is None
-    return per, request_bytes, unsampled
+    # the root's decision, inline: no Python frame
+    if (
+        RECORDER.roots_generation != SWITCH.generation
+        or current_context().get(_SPAN_KEY) is not None
+    ):
+        return per, request_bytes, None
+    bound = RECORDER.root_bound
+    trace_id = getrandbits(128) if bound else 0
+    return per, request_bytes, trace_id if trace_id & LOW_64 < bound else 0
 
 
 def _count_error(per: _PerModel, error: BaseException) -> None:
@@ -305,19 +316,20 @@ class Call:
 
     def __init__(
         self,
-        opened: tuple[_PerModel, int, bool],
+        opened: Opened,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         style: str,
         context: Context | None = None,
         links: Sequence[Link] = (),
     ) -> None:
-        """``opened``: what ``open_call`` found; ``args`` and ``kwargs`` are ``infer``'s:
-        model_name, inputs, model_version, outputs, request_id. The unsampled path reads only
-        what its metrics need, for speed."""
+        """``opened``: what ``open_call`` found (its root decision holds unless ``context`` is
+        given); ``args`` and ``kwargs`` are ``infer``'s: model_name, inputs, model_version,
+        outputs, request_id. The unsampled path reads only what its metrics need, for speed."""
         self.per = per = opened[0]
         self.request_bytes = opened[1]
-        self.span = span = RECORDER.start(per.span_name, _CLIENT, context, links)
+        root = opened[2] if context is None else None
+        self.span = span = RECORDER.start(per.span_name, _CLIENT, context, links, root)
         self.sampled = sampled = span.sampled
         if sampled:  # plain values, not a named tuple: no Python frame to build them
             self.sent_ns = self.received_ns = 0

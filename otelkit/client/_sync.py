@@ -97,9 +97,9 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
     """``infer``: one CLIENT span from the call to its result.
 
     A call known not to be sampled before a span is asked for (``open_call``: the usual one
-    under ``always_off``) takes a short path: no ``Call``, no span, two clock readings, and
-    its metrics recorded by ``LATER``. This is the hottest path otelkit has; everything else
-    goes through ``Call``."""
+    under ``always_off`` or a trace id ratio, with no span current) takes a short path: no
+    ``Call``, no span, two clock readings, and its metrics recorded by ``LATER``. This is the
+    hottest path otelkit has; everything else goes through ``Call``."""
     index = _headers_index(original)
     clock = time.perf_counter_ns
     waiting, limit, partial = LATER.waiting, LATER.limit, functools.partial
@@ -108,7 +108,7 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
     def infer(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             opened = open_call(self.__dict__.get(TARGET) or target_of(self), args, kwargs)
-            call = None if opened[2] else Call(opened, args, kwargs, "infer")
+            call = None if opened[2] == 0 else Call(opened, args, kwargs, "infer")
         except Exception:
             internal_error("starting a client span for infer")
             return original(self, *args, **kwargs)

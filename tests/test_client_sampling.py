@@ -1,0 +1,197 @@
+"""A client call's root sampling decision drawn before its span (``open_call``): the same draw
+as the SDK's samplers, only where the sampler allows it, and a call found not sampled records
+its metrics and nothing else, against a real tritonserver."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from opentelemetry import trace
+from opentelemetry.sdk.metrics.export import Histogram
+from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+
+import otelkit
+from otelkit import semconv, telemetry
+from otelkit._hotmetrics import HOT
+from otelkit._spans import LOW_64, UNSAMPLED, LeanSpan
+from otelkit._switch import SWITCH
+from otelkit.analysis import load_spans
+from otelkit.client._call import GRPC_TENSORS, RECORDER, Call, ClientTarget, open_call
+from otelkit.tritonserver import TritonServer
+from tests.test_ready_roots import Sequential
+
+DATA = np.arange(8, dtype=np.float32).reshape(2, 4)
+# no server there: calls here are opened, never made (their series are kept apart)
+TARGET = ClientTarget("grpc", "127.0.0.1:1", "grpc", "ModelInfer", GRPC_TENSORS)
+ARGS = ("identity_fp32", [])
+
+
+@pytest.fixture
+def sampler(tmp_path: Path) -> Iterator[Any]:
+    """``configure`` with a sampler (and its ratio); shut down after the test."""
+
+    def configure(name: str, ratio: float = 1.0) -> otelkit.Telemetry:
+        return otelkit.configure(
+            service_name="sampling", traces_dir=str(tmp_path), sampler=name, sampler_arg=ratio
+        )
+
+    yield configure
+    otelkit.shutdown()
+
+
+def drawn() -> int | None:
+    """What ``open_call`` drew for a call with no span current (after a first call, which
+    reads the configuration, as the first call after ``configure`` does)."""
+    RECORDER.start("warm", SpanKind.CLIENT)
+    return open_call(TARGET, ARGS, {})[2]
+
+
+def opened_call(context: Any = None) -> Call:
+    """A ``Call`` opened as a wrapper opens one, ended at once (as a failed call): this is
+    about its span, and no series should stay in flight."""
+    call = Call(open_call(TARGET, ARGS, {}), ARGS, {}, "infer", context)
+    call.finish(ConnectionRefusedError("never made"))
+    return call
+
+
+@pytest.mark.parametrize("name", ["traceidratio", "parentbased_traceidratio"])
+def test_ratio_roots_are_drawn_before_the_span_as_the_sdk_draws_them(
+    name: str, sampler: Any
+) -> None:
+    sampler(name, 0.25)
+    draws = [drawn() for _ in range(8000)]
+    assert None not in draws
+    sampled = [trace_id for trace_id in draws if trace_id]
+    # binomial(8000, 0.25): 2000 expected, sigma 39
+    assert 1800 < len(sampled) < 2200
+    sdk = TraceIdRatioBased(0.25)
+    assert all(
+        sdk.should_sample(None, trace_id, "call").decision is Decision.RECORD_AND_SAMPLE
+        for trace_id in sampled
+    )
+    assert len(set(sampled)) == len(sampled)
+    assert sum(trace_id >> 64 != 0 for trace_id in sampled) > 1900  # 128 random bits
+    span = RECORDER.start("call", SpanKind.CLIENT, root=sampled[0])
+    assert isinstance(span, LeanSpan)
+    assert span.context.trace_id == sampled[0] and span.parent is None
+    assert span.context.trace_flags == TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+    assert RECORDER.start("call", SpanKind.CLIENT, root=0) is UNSAMPLED
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("always_off", {0}), ("parentbased_always_off", {0}), ("traceidratio", {0}),
+     ("always_on", {None}), ("parentbased_always_on", {None})],
+)  # fmt: skip
+def test_roots_are_drawn_ahead_only_for_samplers_that_decide_by_trace_id(
+    name: str, expected: set[int | None], sampler: Any
+) -> None:
+    sampler(name, 0.0)
+    assert {drawn() for _ in range(50)} == expected
+
+
+def test_a_current_span_leaves_the_decision_to_the_span(sampler: Any) -> None:
+    sampler("parentbased_always_off")
+    parent = SpanContext(0xAB, 0xCD, True, TraceFlags(TraceFlags.SAMPLED))
+    with trace.use_span(NonRecordingSpan(parent)):
+        assert open_call(TARGET, ARGS, {})[2] is None
+        call = opened_call()
+    assert call.sampled and call.span.context.trace_id == 0xAB  # the parent's decision
+
+
+def test_a_drawn_root_is_not_used_for_a_call_given_its_own_context(sampler: Any) -> None:
+    """A streamed request's span has the stream's context as its parent, whatever was drawn."""
+    sampler("parentbased_always_off")
+    stream = trace.set_span_in_context(
+        NonRecordingSpan(SpanContext(0xAB, 0xCD, False, TraceFlags(TraceFlags.SAMPLED)))
+    )
+    assert drawn() == 0
+    call = opened_call(stream)
+    assert call.sampled and call.span.context.trace_id == 0xAB
+
+
+def test_a_new_configuration_is_followed_from_its_first_call(sampler: Any) -> None:
+    sampler("always_off")
+    assert drawn() == 0
+    sampler("always_on")
+    assert open_call(TARGET, ARGS, {})[2] is None  # not drawn under the old sampler
+    assert opened_call().sampled
+
+
+def test_an_id_generator_of_its_own_decides_at_the_span(
+    sampler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = sampler("parentbased_traceidratio", 1.0)
+    monkeypatch.setattr(state.tracer_provider, "id_generator", Sequential())
+    monkeypatch.setattr(SWITCH, "generation", SWITCH.generation + 1)
+    assert drawn() is None
+    call = opened_call()
+    assert call.sampled and call.span.context.trace_id > 0x1000  # the generator's own
+
+
+def duration_counts() -> dict[str, int]:
+    """The client duration histogram's count per protocol."""
+    counts: dict[str, int] = {}
+    for metric in HOT.collect():
+        if metric.name == semconv.CLIENT_DURATION.name and isinstance(metric.data, Histogram):
+            for point in metric.data.data_points:
+                protocol = str(point.attributes[semconv.M_PROTOCOL])
+                counts[protocol] = counts.get(protocol, 0) + point.count
+    return counts
+
+
+@pytest.mark.triton
+def test_ratio_sampled_calls_export_the_sampled_ones_and_count_them_all(
+    triton: TritonServer, tmp_path: Path
+) -> None:
+    """Half the calls sampled: each sampled one exports its span, under the ratio's bound;
+    every call, sampled or not, is in the duration histogram, and none stays in flight."""
+    state = otelkit.configure(
+        service_name="ratio", traces_dir=str(tmp_path), sampler="parentbased_traceidratio",
+        sampler_arg=0.5,
+    )  # fmt: skip
+    calls = 48
+    try:
+        before = duration_counts()
+        for module, url in ((grpcclient, triton.grpc_url), (httpclient, triton.http_url)):
+            client = otelkit.instrument(module.InferenceServerClient(url))
+            tensor = module.InferInput("INPUT0", list(DATA.shape), "FP32")
+            tensor.set_data_from_numpy(DATA)
+            for _ in range(calls):
+                result = client.infer("identity_fp32", [tensor])
+                assert np.array_equal(result.as_numpy("OUTPUT0"), DATA)
+            client.close()
+        telemetry.flush()
+        after = duration_counts()
+        servers = {triton.grpc_url, triton.http_url}
+        in_flight = [
+            point.value
+            for metric in HOT.collect()
+            if metric.name == semconv.CLIENT_IN_FLIGHT.name
+            for point in metric.data.data_points  # type: ignore[union-attr]
+            if point.attributes[semconv.M_SERVER] in servers
+        ]
+        stats = state.stats()
+    finally:
+        otelkit.shutdown()
+    for protocol in ("grpc", "http"):
+        assert after[protocol] - before.get(protocol, 0) == calls
+    assert in_flight and set(in_flight) == {0}
+    spans = [span for span in load_spans(tmp_path) if span.kind.name == "CLIENT"]
+    assert stats == {"exported": len(spans)}  # nothing dropped
+    by_protocol = {
+        protocol: [s for s in spans if s.attributes[semconv.PROTOCOL] == protocol]
+        for protocol in ("grpc", "http")
+    }
+    # binomial(48, 0.5) outside [8, 40]: about 1 in 2.6 million
+    assert all(8 <= len(found) <= 40 for found in by_protocol.values()), by_protocol
+    for span in spans:
+        assert span.parent_span_id is None
+        assert int(span.trace_id, 16) & LOW_64 < 2**63  # the ratio's bound: low 64 bits

@@ -2,7 +2,9 @@
 
 Both clients call the same model on the same real tritonserver, alternating, in one process,
 so drift of the machine touches both alike. Phase one traces every call (100 % sampling) with
-metrics on; phase two runs the instrumented client with its calls not sampled. Triton's own
+metrics on; phase two runs the instrumented client with its calls not sampled (``always_off``);
+phase three samples 1 % of them (``parentbased_traceidratio``, the usual production setting:
+the median call is one not sampled, decided by its trace id). Triton's own
 tracing is off: a propagated context would make the *server* do more work for the traced
 client, and this measures the client. The last line is JSON.
 
@@ -297,6 +299,11 @@ def main() -> int:
             service_name="bench-client", traces_dir=traces, prometheus_port=0, sampler="always_off"
         )
         unsampled = phase("unsampled", bare, traced, inputs, args.calls)
+        otelkit.configure(
+            service_name="bench-client", traces_dir=traces, prometheus_port=0,
+            sampler="parentbased_traceidratio", sampler_arg=0.01,
+        )  # fmt: skip
+        one_pct = phase("1% sampled", bare, traced, inputs, args.calls)
         parts = {}
         if args.ablate:
             parts = ablations(bare, traced, inputs, args.calls, url, module, traces)
@@ -317,6 +324,8 @@ def main() -> int:
         "unsampled_paired_overhead_us": round(unsampled["paired"], 1),
         "cpu_overhead_us": round(sampled["cpu"], 1),
         "unsampled_cpu_overhead_us": round(unsampled["cpu"], 1),
+        "one_pct_sampled_overhead_us": round(one_pct["traced"] - one_pct["bare"], 1),
+        "one_pct_sampled_cpu_overhead_us": round(one_pct["cpu"], 1),
         "spans_dropped": sum(n for k, n in stats.items() if k.startswith("dropped")),
         **parts,
     }

@@ -41,13 +41,12 @@ from otelkit._later import LATER
 from otelkit._switch import SWITCH
 from otelkit.propagation import format_traceparent
 
-__all__ = ["LOW_64", "READY_ROOTS", "LeanSpan", "ReadyRoots", "SpanRecorder", "with_span"]
+__all__ = ["READY_ROOTS", "LeanSpan", "ReadyRoots", "SpanRecorder", "with_span"]
 
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
 _INVALID = trace.INVALID_SPAN_CONTEXT
 _SAMPLED_FLAGS = {flags: TraceFlags(flags | _SAMPLED) for flags in (0, _RANDOM)}
-LOW_64 = TraceIdRatioBased.TRACE_ID_LIMIT  # the bits of a trace id a ratio decides on
 _UNSET = Status(StatusCode.UNSET)  # immutable: one for every span that has not failed
 
 
@@ -290,10 +289,10 @@ class SpanRecorder:
     a root by its trace id alone (``always_off``, ``traceidratio`` and their ``parentbased_``
     forms, with the SDK's random ids): ``roots_generation`` is then the ``SWITCH.generation``
     this holds for (else -1), and ``root_bound`` the bound under which a trace id's low 64
-    bits (``LOW_64``) make a root sampled (0: every root is dropped). While no span is current,
-    128 random bits are the SDK's draw of a root's trace id; ``start(..., root=...)`` takes
-    such a trace id, or 0 for a root not sampled, and a caller that knows its span would not
-    be sampled may skip ``start`` altogether (the client's ``open_call``).
+    bits make a root sampled (0: every root is dropped). While no span is current, 128 random
+    bits are the SDK's draw of a root's trace id; ``start(..., root=...)`` takes such a trace
+    id, or 0 for a root not sampled, and a caller that knows its span would not be sampled
+    may skip ``start`` altogether (the client's ``open_call``).
     """
 
     __slots__ = ("_generation", "_pipeline", "_scope", "_server", "_tracer", "root_bound",

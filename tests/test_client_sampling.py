@@ -4,6 +4,7 @@ its metrics and nothing else, against a real tritonserver."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import Histogram
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 import otelkit
 from otelkit import semconv, telemetry
 from otelkit._hotmetrics import HOT
-from otelkit._spans import LOW_64, UNSAMPLED, LeanSpan
+from otelkit._later import LATER
+from otelkit._spans import UNSAMPLED, LeanSpan
 from otelkit._switch import SWITCH
 from otelkit.analysis import load_spans
 from otelkit.client._call import GRPC_TENSORS, RECORDER, Call, ClientTarget, open_call
@@ -83,6 +86,20 @@ def test_ratio_roots_are_drawn_before_the_span_as_the_sdk_draws_them(
     assert span.context.trace_id == sampled[0] and span.parent is None
     assert span.context.trace_flags == TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
     assert RECORDER.start("call", SpanKind.CLIENT, root=0) is UNSAMPLED
+
+
+def test_a_sampled_draw_is_the_trace_id_the_sdk_would_have_drawn(sampler: Any) -> None:
+    """From the same state of ``random``, the SDK's ``RandomIdGenerator`` and the draw ahead
+    give the same trace ids (its low 64 bits come first, as ``getrandbits(128)`` fills them)."""
+    sampler("traceidratio", 1.0)
+    drawn()
+    ids = RandomIdGenerator()
+    with LATER._lock:  # no refill of ready roots draws meanwhile
+        state = random.getstate()
+        ours = [open_call(TARGET, ARGS, {})[2] for _ in range(100)]
+        random.setstate(state)
+        sdk = [ids.generate_trace_id() for _ in range(100)]
+    assert ours == sdk
 
 
 @pytest.mark.parametrize(
@@ -194,4 +211,4 @@ def test_ratio_sampled_calls_export_the_sampled_ones_and_count_them_all(
     assert all(8 <= len(found) <= 40 for found in by_protocol.values()), by_protocol
     for span in spans:
         assert span.parent_span_id is None
-        assert int(span.trace_id, 16) & LOW_64 < 2**63  # the ratio's bound: low 64 bits
+        assert int(span.trace_id, 16) % 2**64 < 2**63  # the ratio's bound, on the low 64 bits

@@ -27,7 +27,7 @@ from otelkit._context import current_context
 from otelkit._hotmetrics import HOT, CallSpecs
 from otelkit._internal import internal_error
 from otelkit._later import LATER
-from otelkit._spans import LOW_64, LeanSpan, SpanRecorder
+from otelkit._spans import LeanSpan, SpanRecorder
 from otelkit._switch import SWITCH
 from otelkit.client._wire import counted_on_wire
 from otelkit.propagation import has_baggage, headers_for
@@ -248,8 +248,10 @@ def open_call(target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any
     ):
         return per, request_bytes, None
     bound = RECORDER.root_bound
-    trace_id = getrandbits(128) if bound else 0
-    return per, request_bytes, trace_id if trace_id & LOW_64 < bound else 0
+    low = getrandbits(64) if bound else 0  # the bits the ratio decides on, drawn first:
+    if low >= bound:  # the very bits getrandbits(128) would have put there
+        return per, request_bytes, 0
+    return per, request_bytes, getrandbits(64) << 64 | low
 
 
 def _count_error(per: _PerModel, error: BaseException) -> None:

@@ -212,3 +212,64 @@ def test_ratio_sampled_calls_export_the_sampled_ones_and_count_them_all(
     for span in spans:
         assert span.parent_span_id is None
         assert int(span.trace_id, 16) % 2**64 < 2**63  # the ratio's bound, on the low 64 bits
+
+
+def client_points(name: str, model: str, protocol: str) -> dict[str, Any]:
+    """The points of one client metric for ``model``, by error type (or "" for none)."""
+    return {
+        str(point.attributes.get(semconv.M_ERROR_TYPE, "")): point
+        for metric in HOT.collect()
+        if metric.name == name
+        for point in metric.data.data_points  # type: ignore[union-attr]
+        if point.attributes[semconv.M_MODEL] == model
+        and point.attributes[semconv.M_PROTOCOL] == protocol
+    }
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(("protocol", "error_type"), [("grpc", "NOT_FOUND"), ("http", "404")])
+def test_a_failed_call_not_sampled_raises_its_own_exception_and_is_counted(
+    protocol: str, error_type: str, triton: TritonServer, tmp_path: Path
+) -> None:
+    """The short path of a call not sampled: the exception the client raised reaches the
+    caller as the very same object, and the failure is in the error counter and the
+    duration histogram at once; nothing stays in flight, no span."""
+    otelkit.configure(service_name="unsampled", traces_dir=str(tmp_path), sampler="always_off")
+    module = grpcclient if protocol == "grpc" else httpclient
+    client = otelkit.instrument(
+        module.InferenceServerClient(triton.grpc_url if protocol == "grpc" else triton.http_url)
+    )
+    wrapper = client.__dict__["infer"].__func__
+    cell = wrapper.__closure__[wrapper.__code__.co_freevars.index("original")]
+    own, raised = cell.cell_contents, []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return own(*args, **kwargs)
+        except Exception as error:
+            raised.append(error)
+            raise
+
+    cell.cell_contents = recording
+    tensor = module.InferInput("INPUT0", list(DATA.shape), "FP32")
+    tensor.set_data_from_numpy(DATA)
+    try:
+        client.infer("identity_fp32", [tensor])  # the short path is taken from here on
+        errors = client_points(semconv.CLIENT_ERRORS.name, "no_such_model", protocol)
+        durations = client_points(semconv.CLIENT_DURATION.name, "no_such_model", protocol)
+        before = errors[error_type].value if error_type in errors else 0
+        calls_before = durations[""].count if durations else 0
+        with pytest.raises(Exception) as caught:
+            client.infer("no_such_model", [tensor])
+        errors = client_points(semconv.CLIENT_ERRORS.name, "no_such_model", protocol)
+        durations = client_points(semconv.CLIENT_DURATION.name, "no_such_model", protocol)
+        in_flight = client_points(semconv.CLIENT_IN_FLIGHT.name, "no_such_model", protocol)
+        telemetry.flush()
+    finally:
+        cell.cell_contents = own
+        client.close()
+        otelkit.shutdown()
+    assert raised and caught.value is raised[-1]
+    assert errors[error_type].value == before + 1
+    assert durations[""].count == calls_before + 1 and in_flight[""].value == 0
+    assert load_spans(tmp_path) == []

@@ -215,7 +215,7 @@ class _PerModel:
             self.attributes[semconv.MODEL_VERSION] = version
 
 
-Opened = tuple["_PerModel", int, "int | None"]
+Opened = tuple[_PerModel, int, int | None]  # what open_call finds
 
 
 def open_call(target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Opened:
@@ -300,7 +300,8 @@ def _describe(attributes: dict[str, Any], per: _PerModel, facts: _Facts) -> None
 
 
 class Call:
-    """One inference request in flight.
+    """One inference request in flight (but a synchronous ``infer`` that ``open_call`` finds
+    not sampled, which needs none: ``_sync.traced_infer``).
 
     An unsampled call records its metrics and nothing else: no attributes, no headers, no
     phases (its ``sent_ns``, ``received_ns``, ``counted`` and ``wire`` start unset). A

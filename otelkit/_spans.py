@@ -122,14 +122,15 @@ def _fixed_root_decision(sampler: Sampler) -> bool | None:
     return None
 
 
-def _root_bound(sampler: Sampler, ids: IdGenerator) -> int | None:
+def _root_bound(pipeline: _Pipeline) -> int | None:
     """What decides a root span, when its trace id alone does: the bound its low 64 bits must
     fall under to be sampled (``TraceIdRatioBased``'s rule, for the SDK's random ids; 0 when
     every root is dropped). ``None`` for any other sampler, or one that samples every root."""
+    if pipeline.root_sampled is not None:  # fixed: every root dropped, or every one sampled
+        return None if pipeline.root_sampled else 0
+    sampler = pipeline.sampler
     root = sampler._root if isinstance(sampler, ParentBased) else sampler
-    if isinstance(root, StaticSampler):
-        return None if root._decision is Decision.RECORD_AND_SAMPLE else 0
-    if type(root) is TraceIdRatioBased and type(ids) is RandomIdGenerator:
+    if type(root) is TraceIdRatioBased and pipeline.ready_roots:  # the SDK's random ids
         return root.bound
     return None
 
@@ -322,7 +323,7 @@ class SpanRecorder:
                 )  # fmt: skip
             self._generation = generation
             pipeline = self._pipeline
-            bound = None if pipeline is None else _root_bound(pipeline.sampler, pipeline.ids)
+            bound = None if pipeline is None else _root_bound(pipeline)
             self.root_bound = bound or 0  # before roots_generation: a reader checks that first
             self.roots_generation = generation if bound is not None else -1
         return self._pipeline

@@ -271,9 +271,11 @@ def end_unsampled(
     bytes and failure. The response is counted from ``result`` (off the caller's path: its
     caller hands this to ``LATER`` unless the call failed). Never raises."""
     try:
-        if error is not None:
+        if error is None:
+            response_bytes = per.tensors.response(result)[0]
+        else:
             _count_error(per, error)
-        response_bytes = 0 if error is not None else per.tensors.response(result)[0]
+            response_bytes = 0
         per.calls.end((end_ns - start_ns) / 1e9, request_bytes, response_bytes)
     except Exception:
         internal_error("ending a client call's metrics")

@@ -77,11 +77,26 @@ def traces_of(
         time.sleep(0.05)
 
 
+# OpenTelemetry's gRPC instrumentation (opentelemetry-bootstrap installs it beside grpcio):
+# loaded by opentelemetry-instrument unless disabled by name.
+CONTRIB_GRPC = "grpc_client,grpc_aio_client,grpc_server,grpc_aio_server"
+CHANNEL_MODULE = "import grpc; print(type(grpc.insecure_channel('127.0.0.1:1')).__module__)"
+
+
 @pytest.mark.triton
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize(
+    ("protocol", "contrib_grpc"), [("http", False), ("grpc", False), ("grpc", True)]
+)
 def test_unmodified_script_gives_the_same_trace_as_instrument(
-    protocol: str, triton: TritonServer, receiver: Receiver, tmp_path: Path
+    protocol: str, contrib_grpc: bool, triton: TritonServer, receiver: Receiver, tmp_path: Path
 ) -> None:
+    """The same trace with and without OpenTelemetry's gRPC instrumentation loaded beside
+    otelkit's: its interceptor on tritonclient's channel adds no span and no context."""
+    disabled = {} if contrib_grpc else {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": CONTRIB_GRPC}
+    channel = run(instrumented(Path(sys.executable), Path("-c"), CHANNEL_MODULE), tmp_path,
+                  OTEL_TRACES_EXPORTER="none", **disabled)  # fmt: skip
+    intercepted = "opentelemetry.instrumentation.grpc.grpcext._interceptor"
+    assert channel.stdout.strip() == (intercepted if contrib_grpc else "grpc._channel")
     script = tmp_path / "client.py"
     script.write_text(CLIENT_SCRIPT)
     url = triton.http_url if protocol == "http" else triton.grpc_url
@@ -90,6 +105,7 @@ def test_unmodified_script_gives_the_same_trace_as_instrument(
     traced = run(
         instrumented(Path(sys.executable), script, protocol, url, str(CALLS)),
         tmp_path,
+        **disabled,
         OTEL_SERVICE_NAME=service,
         OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url,
         OTEL_METRICS_EXPORTER="none",

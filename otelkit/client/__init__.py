@@ -19,6 +19,7 @@ from otelkit import semconv
 from otelkit._extras import require
 from otelkit.client import _aio, _stream, _sync
 from otelkit.client._call import GRPC_TENSORS, HTTP_TENSORS, TARGET, ClientTarget, Tensors
+from otelkit.client._interceptors import channel_target
 
 __all__ = ["instrument_classes", "instrument_client", "is_triton_client", "uninstrument_classes",
            "uninstrument_client"]  # fmt: skip
@@ -35,9 +36,7 @@ def _strip_target(target: str) -> str:
 
 
 def _grpc_url(client: Any) -> str:
-    target = client._channel._channel.target
-    target = target() if callable(target) else target
-    return _strip_target(target.decode() if isinstance(target, bytes) else str(target))
+    return _strip_target(channel_target(client._channel))
 
 
 def _http_url(client: Any) -> str:

@@ -27,6 +27,7 @@ from otelkit.client._call import (
     end_unsampled,
     open_call,
 )
+from otelkit.client._interceptors import Suppressed, intercepted
 from otelkit.client._wire import KEEP_WIRE_BYTES, counted_on_wire
 
 __all__ = [
@@ -212,14 +213,31 @@ def attach_model_infer(client: Any) -> None:
     The sync serialiser runs in the caller's thread, the asyncio ones in the call's task
     (which copied the caller's context), so ``CURRENT_CALL`` is the call they serve; a future's
     response is parsed on gRPC's thread, and ``async_infer``'s callback stamps it instead.
+    On a channel with interceptors, its calls run with OpenTelemetry's instrumentation
+    suppressed (``_interceptors``).
     """
     stub = client._client_stub
-    own = stub.ModelInfer
+    serialize, parse = _model_infer_codec(stub.ModelInfer)
     rebuilt = client._channel.unary_unary(
-        _MODEL_INFER, _serializer(own._request_serializer),
-        _deserializer(own._response_deserializer), _registered_method=True,
-    )  # fmt: skip
+        _MODEL_INFER, _serializer(serialize), _deserializer(parse), _registered_method=True
+    )
+    if intercepted(client._channel):
+        rebuilt = Suppressed(rebuilt)
     swap_in(client, stub, "ModelInfer", rebuilt)
+
+
+def _model_infer_codec(own: Any) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    """The stub's own functions that serialise ``ModelInfer``'s request and parse its response:
+    the multicallable's, or, when an interceptor hides them, the ones tritonclient's stub was
+    built with."""
+    serialize = getattr(own, "_request_serializer", None)
+    parse = getattr(own, "_response_deserializer", None)
+    if serialize is None or parse is None:
+        from tritonclient.grpc import service_pb2
+
+        request, response = service_pb2.ModelInferRequest, service_pb2.ModelInferResponse
+        return request.SerializeToString, response.FromString
+    return serialize, parse
 
 
 def detach_model_infer(client: Any) -> None:

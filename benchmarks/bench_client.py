@@ -13,7 +13,9 @@ own time on the caller's thread, before and after the client's own ``infer`` (in
 not sampled and sampled); the bare client against a second bare client (the noise floor of the
 method), against a bare client sending a fixed ``traceparent`` and one sending a new
 ``traceparent`` per call (the header's own cost, with and without HPACK's table serving it
-again), a wrapper that only times the call and counts it in one histogram (the floor of any
+again), OpenTelemetry's contrib gRPC client interceptor around the bare client's channel
+(gRPC only: spans to the same files, 100 % sampled; what the tool users know costs), a
+wrapper that only times the call and counts it in one histogram (the floor of any
 instrumentation in Python), sampled calls whose spans are built but exported nowhere
 (``traces_exporter=none``: the export thread's share), and sampled calls that send no trace
 context (the share of the extra metadata on the wire).
@@ -202,6 +204,20 @@ class _WithTraceparent:
         return self.client.infer(*args, headers={"traceparent": header}, **kwargs)
 
 
+def contrib_intercepted(module: Any, url: str) -> Any:
+    """A bare gRPC client whose channel OpenTelemetry's contrib gRPC client interceptor wraps
+    (``opentelemetry-instrumentation-grpc``; spans only, to the tracer provider otelkit set):
+    what a user gets from the tools they know."""
+    import grpc
+    from opentelemetry.instrumentation.grpc import client_interceptor
+    from tritonclient.grpc import service_pb2_grpc
+
+    client = module.InferenceServerClient(url)
+    client._channel = grpc.intercept_channel(client._channel, client_interceptor())
+    client._client_stub = service_pb2_grpc.GRPCInferenceServiceStub(client._channel)
+    return client
+
+
 class _Floor:
     """The least an instrumented call can do: time it and count it in one lock-guarded
     histogram series (no bytes, no span, no sampling decision, no context)."""
@@ -244,6 +260,16 @@ def ablations(
     result = phase("floor", bare, _Floor(other_bare), inputs, calls)
     found["timed_and_counted_only_us"] = result["traced"] - result["bare"]
     other_bare.close()
+    if module is grpcclient:
+        otelkit.configure(
+            service_name="bench-client", traces_dir=traces, prometheus_port=0,
+            bsp_max_queue_size=100_000,
+        )  # fmt: skip
+        contrib = contrib_intercepted(module, url)
+        result = phase("contrib", bare, contrib, inputs, calls)
+        found["contrib_interceptor_us"] = result["traced"] - result["bare"]
+        found["contrib_interceptor_cpu_us"] = result["cpu"]
+        contrib.close()
     otelkit.configure(service_name="bench-client", traces_exporter="none", prometheus_port=0)
     result = phase("no export", bare, traced, inputs, calls)
     found["sampled_no_export_us"] = result["traced"] - result["bare"]

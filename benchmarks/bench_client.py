@@ -208,12 +208,12 @@ def contrib_intercepted(module: Any, url: str) -> Any:
     """A bare gRPC client whose channel OpenTelemetry's contrib gRPC client interceptor wraps
     (``opentelemetry-instrumentation-grpc``; spans only, to the tracer provider otelkit set):
     what a user gets from the tools they know."""
-    import grpc
     from opentelemetry.instrumentation.grpc import client_interceptor
+    from opentelemetry.instrumentation.grpc.grpcext import intercept_channel
     from tritonclient.grpc import service_pb2_grpc
 
     client = module.InferenceServerClient(url)
-    client._channel = grpc.intercept_channel(client._channel, client_interceptor())
+    client._channel = intercept_channel(client._channel, client_interceptor())
     client._client_stub = service_pb2_grpc.GRPCInferenceServiceStub(client._channel)
     return client
 

@@ -1,14 +1,29 @@
-"""The current OpenTelemetry ``Context``, read the short way where the runtime allows."""
+"""The current OpenTelemetry ``Context``, read the short way where the runtime allows; and
+OpenTelemetry's instrumentation suppressed for otelkit's own calls."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from opentelemetry import context as otel_context
-from opentelemetry.context import Context
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, Context
 
-__all__ = ["current_context"]
+__all__ = ["current_context", "instrumentation_suppressed"]
+
+
+@contextlib.contextmanager
+def instrumentation_suppressed() -> Iterator[None]:
+    """Run the block with OpenTelemetry instrumentation suppressed: the context key that every
+    contrib instrumentation (gRPC, requests, urllib3, ...) checks before it makes a span or
+    injects a context. The SDK's own processors export this way; so do otelkit's, lest an
+    instrumented HTTP or gRPC library trace every export, and export that span in turn."""
+    token = otel_context.attach(otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def _context_reader() -> Callable[[], Context]:

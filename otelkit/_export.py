@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelkit import semconv
+from otelkit._context import instrumentation_suppressed
 from otelkit._hotmetrics import HOT, HotRegistry, with_hot_metrics
 
 __all__ = ["BatchExportProcessor", "LossCounter", "MetricPusher", "PullReader"]
@@ -155,7 +156,8 @@ class BatchExportProcessor(SpanProcessor):
 
     def _export(self, batch: Sequence[ReadableSpan]) -> None:
         try:
-            result = self._exporter.export(batch)
+            with instrumentation_suppressed():
+                result = self._exporter.export(batch)
         except Exception:
             logger.exception("otelkit: span exporter raised; %d spans lost", len(batch))
             result = SpanExportResult.FAILURE
@@ -261,7 +263,8 @@ class MetricPusher:
             data = with_hot_metrics(self.reader.read(), self.hot.collect(), self.resource)
             if data is None:
                 return True
-            ok = self._exporter.export(data).name == "SUCCESS"
+            with instrumentation_suppressed():
+                ok = self._exporter.export(data).name == "SUCCESS"
         except Exception:
             logger.exception("otelkit: metric export raised")
             ok = False

@@ -21,7 +21,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, attach, detach, set_value
+from otelkit._context import instrumentation_suppressed
 
 __all__ = ["Suppressed", "channel_target", "intercepted", "suppressed"]
 
@@ -54,11 +54,8 @@ def suppressed(function: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> Any:
-        token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
-        try:
+        with instrumentation_suppressed():
             return function(*args, **kwargs)
-        finally:
-            detach(token)
 
     return run
 

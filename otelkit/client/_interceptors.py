@@ -23,7 +23,7 @@ from typing import Any
 
 from otelkit._context import instrumentation_suppressed
 
-__all__ = ["Suppressed", "channel_target", "intercepted", "suppressed"]
+__all__ = ["Suppressed", "channel_target", "intercepted"]
 
 _INTERCEPTOR_LISTS = ("_unary_unary_interceptors", "_unary_stream_interceptors",
                       "_stream_unary_interceptors", "_stream_stream_interceptors")  # fmt: skip
@@ -48,7 +48,7 @@ def channel_target(channel: Any) -> str:
     raise AttributeError("no gRPC channel target under 16 wrappers")
 
 
-def suppressed(function: Callable[..., Any]) -> Callable[..., Any]:
+def _suppressed(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function``, run with OpenTelemetry instrumentation suppressed in the current context
     (an asyncio call's task copies it as it is created, inside the call)."""
 
@@ -61,16 +61,17 @@ def suppressed(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Suppressed:
-    """A multicallable (a stub's ``ModelInfer``) whose calls, futures and ``with_call`` run
-    with OpenTelemetry instrumentation suppressed; anything else is the multicallable's."""
+    """A multicallable (a stub's ``ModelInfer`` or ``ModelStreamInfer``) whose calls, futures
+    and ``with_call`` run with OpenTelemetry instrumentation suppressed; anything else is the
+    multicallable's."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
-        self._call = suppressed(inner)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(*args, **kwargs)
+        with instrumentation_suppressed():
+            return self._inner(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         found = getattr(self._inner, name)
-        return suppressed(found) if name in ("future", "with_call") else found
+        return _suppressed(found) if name in ("future", "with_call") else found

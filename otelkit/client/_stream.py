@@ -35,7 +35,7 @@ from otelkit.client._call import (
     open_call,
     with_trace_context,
 )
-from otelkit.client._interceptors import intercepted, suppressed
+from otelkit.client._interceptors import Suppressed, intercepted
 from otelkit.client._sync import _headers_index, _with_headers, swap_back, swap_in
 
 __all__ = ["StreamCalls", "attach_stream_transport", "detach_stream_transport",
@@ -202,7 +202,7 @@ def attach_stream_transport(client: Any) -> None:
     stub = client._client_stub
     original = stub.ModelStreamInfer
     if intercepted(client._channel):
-        original = suppressed(original)
+        original = Suppressed(original)
 
     def model_stream_infer(*args: Any, **kwargs: Any) -> Any:
         responses = original(*args, **kwargs)

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import pytest
 import uvicorn
 from fastapi import FastAPI, HTTPException
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 import otelkit
 from otelkit import semconv
@@ -30,6 +31,8 @@ from tests.test_propagation import INVALID_TRACEPARENTS
 from tests.test_telemetry import samples, scrape
 
 SCOPE = "otelkit.server.fastapi"
+CONTRIB_SCOPE = "opentelemetry.instrumentation.fastapi"
+CONTRIB_COUNT = "http_server_duration_milliseconds_count"  # its duration histogram, in ms
 DURATION_COUNT = "http_server_request_duration_seconds_count"
 INFER = "/v2/models/{model}/infer"
 INFER_SYNC = "/v2/models/{model}/infer_sync"
@@ -363,3 +366,63 @@ def test_instrument_after_start_once_and_uninstrument_undo_it(
         if s.scope == SCOPE and s.attributes.get(semconv.URL_PATH) in tokens.values()
     ]
     assert paths == [tokens["during"]]
+
+
+def contrib_requests(telemetry: otelkit.Telemetry) -> float:
+    """Requests OpenTelemetry's ASGI middleware has counted, all routes."""
+    assert telemetry.prometheus_url is not None
+    return sum(samples(scrape(telemetry.prometheus_url), CONTRIB_COUNT).values())
+
+
+def trace_of(receiver: Receiver, port: int, method: str, path: str) -> tuple[Response, list[Span]]:
+    """One request with a sampled ``traceparent``; its response and its trace's spans (all,
+    once the trace's spans have stopped arriving: each middleware ends its own)."""
+    trace_id, parent_id = new_ids()
+    response = request(port, method, path, [("traceparent", f"00-{trace_id}-{parent_id}-01")])
+    wait_for_trace(receiver.out_dir, trace_id, 1)
+    otelkit.flush()
+    return response, [s for s in load_spans(receiver.out_dir) if s.trace_id == trace_id]
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["before-start", "after-start"])
+def test_opentelemetrys_asgi_middleware_stands_aside_while_otelkit_traces_the_app(
+    telemetry: otelkit.Telemetry, receiver: Receiver, plain_port: int, started: bool
+) -> None:
+    """``opentelemetry-instrument`` makes every FastAPI app OpenTelemetry's instrumented one
+    (``opentelemetry-instrumentation-fastapi``, which ``opentelemetry-bootstrap`` installs
+    wherever FastAPI is): an app otelkit instruments must still have one span per request, and
+    one duration per request in the metrics."""
+    app = make_app(native_telemetry=False)
+    FastAPIInstrumentor.instrument_app(app)  # what its instrumented FastAPI class does
+    infer = ("POST", "/v2/models/gnn/infer")
+    try:
+        if not started:
+            otelkit.instrument(app)
+        with serving(app) as bound:
+            if started:  # contrib traces alone first (and the stack is built)
+                _, spans = trace_of(receiver, bound, *infer)
+                assert {(s.scope, s.kind) for s in spans} >= {(CONTRIB_SCOPE, SpanKind.SERVER)}
+                otelkit.instrument(app)
+            counted = contrib_requests(telemetry)
+            response, spans = trace_of(receiver, bound, *infer)
+            assert response == request(plain_port, *infer)
+            assert tree(spans) == [
+                (0, f"POST {INFER}", "SERVER"),
+                (1, "preprocess", "INTERNAL"),
+                (2, "embed", "INTERNAL"),
+            ]
+            assert [s.scope for s in spans if s.kind is SpanKind.SERVER] == [SCOPE]
+            failed, spans = trace_of(receiver, bound, "GET", "/fail/x")
+            assert failed == request(plain_port, "GET", "/fail/x")
+            assert [(s.scope, s.status_code) for s in spans] == [(SCOPE, StatusCode.ERROR)]
+            assert contrib_requests(telemetry) == counted
+            otelkit.uninstrument(app)
+            _, spans = trace_of(receiver, bound, *infer)
+            assert SCOPE not in {s.scope for s in spans}
+            assert {(s.scope, s.kind) for s in spans} >= {(CONTRIB_SCOPE, SpanKind.SERVER)}
+            deadline = time.monotonic() + 5  # it counts once the response is sent
+            while contrib_requests(telemetry) == counted and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert contrib_requests(telemetry) == counted + 1
+    finally:
+        FastAPIInstrumentor.uninstrument_app(app)  # also its patch of every BackgroundTask

@@ -17,6 +17,11 @@ which ``otelkit.configure()`` does: for an app instrumented here that native tra
 metering is switched off (in the app's settings, and for FastAPI apps mounted in it through
 the scope key FastAPI itself uses to that end), as FastAPI does beside OpenTelemetry's ASGI
 middleware, so that each request has one SERVER span and one ``http.server.request.duration``.
+For the same reason, OpenTelemetry's own ASGI middleware in the app's stack (which
+``opentelemetry-instrumentation-fastapi`` puts there, for every app under
+``opentelemetry-instrument``) is bypassed while otelkit instruments the app, and put back by
+``uninstrument_app``: it would add a span, two ``http send`` spans and its own request
+metrics to each request otelkit already traces.
 
 A route under a ``Mount`` gets the mount's template as prefix: ``/tenants/{tenant}/infer``.
 """
@@ -57,6 +62,9 @@ _SEEN = "otelkit.server_span"  # scope key: a mounted instrumented app adds no s
 _NATIVE_OFF = {"tracing": False, "metrics": False}
 # FastAPI's own way (for its ``exclude`` option) to keep mounted FastAPI apps from tracing
 _NATIVE_SCOPE_KEY = "fastapi.telemetry"
+# OpenTelemetry's ASGI middleware, known by name: otelkit does not depend on its package
+_CONTRIB_MIDDLEWARE = ("opentelemetry.instrumentation.asgi", "OpenTelemetryMiddleware")
+_STACK_DEPTH = 64  # middlewares walked at most, below otelkit's, looking for it
 _current_context = otel_context._RUNTIME_CONTEXT
 
 
@@ -103,6 +111,30 @@ class _Installation:
         self.routes = _Routes(app)
         self.build = app.build_middleware_stack
         self.native: dict[str, Any] | None = None
+        self.bypassed: list[tuple[Any, Any]] = []  # (middleware, the contrib one it called)
+
+    def wrap(self, stack: ASGIApp) -> ServerSpanMiddleware:
+        """``stack`` under otelkit's middleware, with OpenTelemetry's ASGI middleware in it
+        bypassed (each middleware that called one calls the app it wrapped)."""
+        outer = ServerSpanMiddleware(stack, self)
+        holder: Any = outer
+        for _ in range(_STACK_DEPTH):
+            inner = getattr(holder, "app", None)
+            if inner is None:
+                break
+            kind = type(inner)
+            if (kind.__module__, kind.__name__) == _CONTRIB_MIDDLEWARE:
+                holder.app = inner.app
+                self.bypassed.append((holder, inner))
+            else:
+                holder = inner
+        return outer
+
+    def restore(self) -> None:
+        """Put back what ``wrap`` bypassed."""
+        for holder, contrib in reversed(self.bypassed):
+            holder.app = contrib
+        self.bypassed.clear()
 
 
 class ServerSpanMiddleware:
@@ -260,11 +292,11 @@ def instrument_app(app: AppT) -> AppT:
     build = installation.build
 
     def build_middleware_stack() -> ASGIApp:
-        return ServerSpanMiddleware(build(), installation)
+        return installation.wrap(build())
 
     app.__dict__["build_middleware_stack"] = build_middleware_stack
     if app.middleware_stack is not None:  # started: wrap the stack as it is, rebuild nothing
-        app.middleware_stack = ServerSpanMiddleware(app.middleware_stack, installation)
+        app.middleware_stack = installation.wrap(app.middleware_stack)
     native = app.__dict__.get("_telemetry")  # FastAPI >= 0.165's native telemetry settings
     if isinstance(native, dict) and _NATIVE_OFF.keys() <= native.keys():
         installation.native = {key: native[key] for key in _NATIVE_OFF}
@@ -279,6 +311,7 @@ def uninstrument_app(app: AppT) -> AppT:
     if installation is None:
         return app
     installation.active = False  # a stack someone wrapped further keeps ours, now inert
+    installation.restore()
     app.__dict__.pop("build_middleware_stack", None)
     stack = app.middleware_stack
     if isinstance(stack, ServerSpanMiddleware) and stack._installation is installation:

@@ -19,7 +19,7 @@ from otelkit import semconv
 from otelkit._extras import require
 from otelkit.client import _aio, _stream, _sync
 from otelkit.client._call import GRPC_TENSORS, HTTP_TENSORS, TARGET, ClientTarget, Tensors
-from otelkit.client._interceptors import channel_target
+from otelkit.client._interceptors import channel_target, infer_suppressed, session_traced
 
 __all__ = ["instrument_classes", "instrument_client", "is_triton_client", "uninstrument_classes",
            "uninstrument_client"]  # fmt: skip
@@ -58,7 +58,10 @@ def _detach_grpc_transport(client: Any) -> None:
 
 
 def _attach_aio_http_transport(client: Any) -> None:
-    _sync.attach_http_transport(client, _aio.stamp_async)
+    if session_traced(client._stub):  # OpenTelemetry's aiohttp instrumentation, most likely
+        _sync.attach_http_transport(client, lambda post: infer_suppressed(_aio.stamp_async(post)))
+    else:
+        _sync.attach_http_transport(client, _aio.stamp_async)
 
 
 @dataclass(frozen=True)

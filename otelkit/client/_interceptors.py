@@ -1,29 +1,31 @@
-"""gRPC channels with interceptors, OpenTelemetry's own gRPC instrumentation among them.
+"""Where OpenTelemetry's own instrumentations hook into tritonclient's transports: gRPC
+channels with interceptors, and ``aiohttp`` sessions with trace configs.
 
 ``opentelemetry-bootstrap`` installs ``opentelemetry-instrumentation-grpc`` wherever grpcio is,
-and under ``opentelemetry-instrument`` its interceptor wraps every channel a program opens,
-tritonclient's too. Left alone, it would give each Triton call a second CLIENT span and
-replace the ``traceparent`` otelkit sends with its own span's, a root of another trace
-(otelkit's span is not the current OpenTelemetry span: making it so costs every call), so
-that Triton's spans would leave otelkit's trace; a call otelkit did not sample would send a
-context sampled on its own, which Triton traces (see ``_call.with_trace_context``).
+and ``-aiohttp-client`` wherever aiohttp is; under ``opentelemetry-instrument`` their hooks are
+on every channel and every session a program opens, tritonclient's too. Left alone, each would
+give a Triton call a second CLIENT span and replace the ``traceparent`` otelkit sends with its
+own span's, a root of another trace (otelkit's span is not the current OpenTelemetry span:
+making it so costs every call), so that Triton's spans would leave otelkit's trace; a call
+otelkit did not sample would send a context sampled on its own, which Triton traces (see
+``_call.with_trace_context``).
 
-So on a channel with interceptors otelkit's transport calls run with OpenTelemetry
-instrumentation suppressed, the context key that every contrib instrumentation checks: one
-CLIENT span per call, otelkit's, and the context otelkit decided on reaches Triton. The
-interceptors themselves still run (a user's credentials, retries); a channel without any pays
-nothing.
+So where such hooks are, otelkit's inference calls run with OpenTelemetry instrumentation
+suppressed, the context key that every contrib instrumentation checks: one CLIENT span per
+call, otelkit's, and the context otelkit decided on reaches Triton. The hooks themselves still
+run (a user's credentials, retries); a channel or a session without any pays nothing, and the
+client's other requests (model control, health) stay theirs to trace.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from otelkit._context import instrumentation_suppressed
 
-__all__ = ["Suppressed", "channel_target", "intercepted"]
+__all__ = ["Suppressed", "channel_target", "infer_suppressed", "intercepted", "session_traced"]
 
 _INTERCEPTOR_LISTS = ("_unary_unary_interceptors", "_unary_stream_interceptors",
                       "_stream_unary_interceptors", "_stream_stream_interceptors")  # fmt: skip
@@ -58,6 +60,25 @@ def _suppressed(function: Callable[..., Any]) -> Callable[..., Any]:
             return function(*args, **kwargs)
 
     return run
+
+
+def session_traced(session: Any) -> bool:
+    """Whether requests of ``session`` (an ``aiohttp.ClientSession``) pass trace configs."""
+    return bool(getattr(session, "_trace_configs", None))
+
+
+def infer_suppressed(post: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """An asyncio HTTP client's ``_post`` whose inference requests (to ``…/infer``) run with
+    OpenTelemetry instrumentation suppressed; its other requests run as they are."""
+
+    async def post_infer_suppressed(*args: Any, **kwargs: Any) -> Any:
+        uri = kwargs["request_uri"] if "request_uri" in kwargs else args[0] if args else ""
+        if not str(uri).endswith("/infer"):
+            return await post(*args, **kwargs)
+        with instrumentation_suppressed():
+            return await post(*args, **kwargs)
+
+    return post_infer_suppressed
 
 
 class Suppressed:

@@ -151,6 +151,14 @@ def tree(spans: list[Span]) -> list[tuple[int, str, str]]:
 
 
 @pytest.fixture(scope="module")
+def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
+    """This module's own receiver: each check reads back every span stored, and the session's
+    receiver holds tens of thousands by the time these tests run (seconds per read)."""
+    with Receiver(tmp_path_factory.mktemp("fastapi-receiver")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
 def telemetry(receiver: Receiver) -> Iterator[otelkit.Telemetry]:
     yield otelkit.configure(
         service_name="fastapi-tests", traces_endpoint=receiver.traces_url,

@@ -49,6 +49,40 @@ with module.InferenceServerClient(url) as client:
 """
 
 
+# The same with the asyncio HTTP client, whose transport is aiohttp: OpenTelemetry's aiohttp
+# instrumentation (installed beside aiohttp by opentelemetry-bootstrap) is loaded with it.
+AIO_SCRIPT = """
+import asyncio
+import sys
+
+import numpy as np
+import tritonclient.http.aio as aioclient
+
+
+async def main(url: str, calls: int) -> None:
+    data = np.arange(8, dtype=np.float32).reshape(2, 4)
+    client = aioclient.InferenceServerClient(url)
+    try:
+        for _ in range(calls):
+            tensor = aioclient.InferInput("INPUT0", [2, 4], "FP32")
+            tensor.set_data_from_numpy(data)
+            print((await client.infer("identity_fp32", [tensor])).as_numpy("OUTPUT0").tolist())
+    finally:
+        await client.close()
+
+
+asyncio.run(main(sys.argv[2], int(sys.argv[3])))
+"""
+SESSION_HOOKS = """
+import asyncio, aiohttp
+async def main():
+    async with aiohttp.ClientSession() as session:
+        configs = session._trace_configs
+        print([getattr(c, "_is_instrumented_by_opentelemetry", False) for c in configs])
+asyncio.run(main())
+"""
+
+
 def run(command: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``command`` to completion; it must exit 0."""
     done = subprocess.run(
@@ -85,20 +119,27 @@ CHANNEL_MODULE = "import grpc; print(type(grpc.insecure_channel('127.0.0.1:1')).
 
 @pytest.mark.triton
 @pytest.mark.parametrize(
-    ("protocol", "contrib_grpc"), [("http", False), ("grpc", False), ("grpc", True)]
+    ("client", "contrib_grpc"),
+    [("http", False), ("grpc", False), ("grpc", True), ("http.aio", False)],
 )
 def test_unmodified_script_gives_the_same_trace_as_instrument(
-    protocol: str, contrib_grpc: bool, triton: TritonServer, receiver: Receiver, tmp_path: Path
+    client: str, contrib_grpc: bool, triton: TritonServer, receiver: Receiver, tmp_path: Path
 ) -> None:
     """The same trace with and without OpenTelemetry's gRPC instrumentation loaded beside
-    otelkit's: its interceptor on tritonclient's channel adds no span and no context."""
+    otelkit's: its interceptor on tritonclient's channel adds no span and no context; and with
+    its aiohttp instrumentation, whose hooks are on the asyncio HTTP client's session."""
     disabled = {} if contrib_grpc else {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": CONTRIB_GRPC}
     channel = run(instrumented(Path(sys.executable), Path("-c"), CHANNEL_MODULE), tmp_path,
                   OTEL_TRACES_EXPORTER="none", **disabled)  # fmt: skip
     intercepted = "opentelemetry.instrumentation.grpc.grpcext._interceptor"
     assert channel.stdout.strip() == (intercepted if contrib_grpc else "grpc._channel")
+    protocol = client.removesuffix(".aio")
     script = tmp_path / "client.py"
-    script.write_text(CLIENT_SCRIPT)
+    script.write_text(AIO_SCRIPT if client == "http.aio" else CLIENT_SCRIPT)
+    if client == "http.aio":  # OpenTelemetry's trace config is on every session
+        hooks = run(instrumented(Path(sys.executable), Path("-c"), SESSION_HOOKS), tmp_path,
+                    OTEL_TRACES_EXPORTER="none")  # fmt: skip
+        assert hooks.stdout.strip() == "[True]"
     url = triton.http_url if protocol == "http" else triton.grpc_url
     service = f"auto-{protocol}-{uuid.uuid4().hex[:8]}"
     plain = run([sys.executable, str(script), protocol, url, str(CALLS)], tmp_path)

@@ -1,5 +1,6 @@
-"""The current OpenTelemetry ``Context``, read the short way where the runtime allows; and
-OpenTelemetry's instrumentation suppressed for otelkit's own calls."""
+"""The current OpenTelemetry ``Context``, read the short way where the runtime allows;
+OpenTelemetry's instrumentation suppressed for otelkit's own calls, and whether a caller has
+suppressed it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ from collections.abc import Callable, Iterator
 from opentelemetry import context as otel_context
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, Context
 
-__all__ = ["current_context", "instrumentation_suppressed"]
+__all__ = ["SUPPRESSED_KEYS", "current_context", "instrumentation_suppressed", "is_suppressed"]
+
+# What ``opentelemetry.instrumentation.utils.suppress_instrumentation()`` sets, and what every
+# contrib instrumentation checks before it makes a span, records a metric or injects a
+# context: the API's key, and the plain string that older instrumentations set by hand.
+SUPPRESSED_KEYS = (_SUPPRESS_INSTRUMENTATION_KEY, "suppress_instrumentation")
 
 
 @contextlib.contextmanager
@@ -41,3 +47,10 @@ def _context_reader() -> Callable[[], Context]:
 
 
 current_context = _context_reader()
+
+
+def is_suppressed(context: Context | None = None) -> bool:
+    """Whether the caller runs with OpenTelemetry instrumentation suppressed (``context``: the
+    current one when not given); otelkit then adds no telemetry to the calls it starts."""
+    found = current_context() if context is None else context
+    return any(found.get(key) for key in SUPPRESSED_KEYS)

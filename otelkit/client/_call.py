@@ -23,7 +23,7 @@ from opentelemetry.trace.propagation import _SPAN_KEY
 
 from otelkit import semconv
 from otelkit._carriers import write
-from otelkit._context import current_context
+from otelkit._context import SUPPRESSED_KEYS, current_context, is_suppressed
 from otelkit._hotmetrics import HOT, CallSpecs
 from otelkit._internal import internal_error
 from otelkit._later import LATER
@@ -33,8 +33,8 @@ from otelkit.client._wire import counted_on_wire
 from otelkit.propagation import has_baggage, headers_for
 
 __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
-           "ClientTarget", "Tensors", "end_unsampled", "error_type", "open_call", "output_count",
-           "with_trace_context"]  # fmt: skip
+           "ClientTarget", "InstrumentationSuppressed", "Tensors", "end_unsampled", "error_type",
+           "open_call", "output_count", "with_trace_context"]  # fmt: skip
 
 _WAITING, _LIMIT = LATER.waiting, LATER.limit
 CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
@@ -43,6 +43,14 @@ CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
 RECORDER = SpanRecorder("otelkit.client")
 _CLIENT = SpanKind.CLIENT  # a module global: reading an enum's member costs more
 TARGET = "_otelkit_target"  # the instance attribute that holds a client's ClientTarget
+_SUPPRESSED, _SUPPRESSED_PLAIN = SUPPRESSED_KEYS
+
+
+class InstrumentationSuppressed(Exception):  # a signal, not an error
+    """Raised by ``open_call`` when the caller suppressed OpenTelemetry instrumentation
+    (``opentelemetry.instrumentation.utils.suppress_instrumentation()``): the wrapper then
+    runs the client's own call, with no span, no metrics and no context sent, as every
+    contrib instrumentation does there. Never reaches the user."""
 
 
 def error_type(error: BaseException) -> str:
@@ -218,7 +226,9 @@ class _PerModel:
 Opened = tuple[_PerModel, int, int | None]  # what open_call finds
 
 
-def open_call(target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Opened:
+def open_call(
+    target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any], streamed: bool = False
+) -> Opened:
     """What any call to ``target`` starts with (``args`` and ``kwargs``: ``infer``'s): its
     model's ``_PerModel``, the request's tensor bytes, and its root span's sampling decision
     when it can be drawn before a span is asked for (``SpanRecorder``: no span is current and
@@ -226,9 +236,21 @@ def open_call(target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any
     one not sampled, else ``None``. A call known not to be sampled needs no ``Call``:
     ``end_unsampled`` records it.
 
+    Raises ``InstrumentationSuppressed`` when the caller suppressed instrumentation, but for
+    a request on a stream (``streamed``): a traced stream's server traces all its requests,
+    and each must wait for its response so that responses find their requests.
+
     Requests are counted from the inputs the caller holds, as the call starts (the binary part
     only: tensors sent as JSON or through shared memory count zero), inline: no Python frame.
     """
+    context = current_context()
+    if (  # the usual context is empty, or holds a span: membership first, no method call
+        context
+        and (_SUPPRESSED in context or _SUPPRESSED_PLAIN in context)
+        and is_suppressed(context)
+        and not streamed
+    ):
+        raise InstrumentationSuppressed
     count = len(args)
     model = args[0] if count else kwargs["model_name"]
     version = (args[2] if count > 2 else kwargs.get("model_version")) or ""
@@ -242,10 +264,7 @@ def open_call(target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any
         if raw:
             request_bytes += len(raw)
     # the root's decision, inline: no Python frame
-    if (
-        RECORDER.roots_generation != SWITCH.generation
-        or current_context().get(_SPAN_KEY) is not None
-    ):
+    if RECORDER.roots_generation != SWITCH.generation or context.get(_SPAN_KEY) is not None:
         return per, request_bytes, None
     bound = RECORDER.root_bound
     low = getrandbits(64) if bound else 0  # the bits the ratio decides on, drawn first:

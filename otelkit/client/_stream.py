@@ -25,6 +25,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from otelkit import semconv
+from otelkit._context import is_suppressed
 from otelkit._internal import internal_error
 from otelkit._spans import with_span
 from otelkit.client._call import (
@@ -100,7 +101,7 @@ class StreamCalls:
             request_id = (args[4] if len(args) > 4 else kwargs.get("request_id")) or ""
             own_parent = trace.get_current_span().get_span_context().is_valid
             call = Call(
-                open_call(self.target, args, kwargs), args, kwargs, self.style,
+                open_call(self.target, args, kwargs, streamed=True), args, kwargs, self.style,
                 None if own_parent else self._context, self._links if own_parent else (),
             )  # fmt: skip
             with self._lock:
@@ -229,8 +230,10 @@ def _opening(client: Any, stream: StreamCalls, start: Callable[[], Any]) -> Any:
 
 
 def _open(target_of: Callable[[Any], ClientTarget], client: Any, style: str) -> StreamCalls | None:
+    """The stream's calls; ``None`` (the stream runs bare) when the caller suppressed
+    instrumentation or telemetry failed."""
     try:
-        return StreamCalls(target_of(client), style)
+        return None if is_suppressed() else StreamCalls(target_of(client), style)
     except Exception:
         internal_error("starting a stream span")
         return None

@@ -24,6 +24,7 @@ from otelkit.client._call import (
     TARGET,
     Call,
     ClientTarget,
+    InstrumentationSuppressed,
     end_unsampled,
     open_call,
 )
@@ -62,10 +63,13 @@ def _begin(
     kwargs: dict[str, Any],
     style: str,
 ) -> Call | None:
-    """The ``Call`` for one request; ``None`` if telemetry failed (the call then runs bare)."""
+    """The ``Call`` for one request; ``None`` if instrumentation is suppressed or telemetry
+    failed (the call then runs bare)."""
     try:
         target = client.__dict__.get(TARGET) or target_of(client)
         return Call(open_call(target, args, kwargs), args, kwargs, style)
+    except InstrumentationSuppressed:
+        return None
     except Exception:
         internal_error(f"starting a client span for {style}")
         return None
@@ -110,6 +114,8 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
         try:
             opened = open_call(self.__dict__.get(TARGET) or target_of(self), args, kwargs)
             call = None if opened[2] == 0 else Call(opened, args, kwargs, "infer")
+        except InstrumentationSuppressed:
+            return original(self, *args, **kwargs)
         except Exception:
             internal_error("starting a client span for infer")
             return original(self, *args, **kwargs)

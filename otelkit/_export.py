@@ -155,17 +155,26 @@ class BatchExportProcessor(SpanProcessor):
             self._export(batch)
 
     def _export(self, batch: Sequence[ReadableSpan]) -> None:
+        """Export ``batch``; count what reached the backend and what was lost. An exporter
+        that can deliver part of a batch (``deliver``: otelkit's OTLP/HTTP one, which halves
+        a batch refused as too large) says how many spans it delivered."""
+        exporter = self._exporter
         try:
             with instrumentation_suppressed():
-                result = self._exporter.export(batch)
+                deliver = getattr(exporter, "deliver", None)
+                if deliver is not None:
+                    delivered = int(deliver(batch))
+                elif exporter.export(batch) is SpanExportResult.SUCCESS:
+                    delivered = len(batch)
+                else:
+                    delivered = 0
         except Exception:
             logger.exception("otelkit: span exporter raised; %d spans lost", len(batch))
-            result = SpanExportResult.FAILURE
-        if result is SpanExportResult.SUCCESS:
-            self.exported += len(batch)
-        else:
+            delivered = 0
+        self.exported += delivered
+        if delivered < len(batch):
             self.export_errors += 1
-            self.loss.add(semconv.DROP_REASON_EXPORT_FAILED, len(batch))
+            self.loss.add(semconv.DROP_REASON_EXPORT_FAILED, len(batch) - delivered)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         if self._worker is None or not self._worker.is_alive():

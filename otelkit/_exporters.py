@@ -17,6 +17,7 @@ import re
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from http import HTTPStatus
 from pathlib import Path
 
 import requests
@@ -116,11 +117,37 @@ class HttpSpanExporter(SpanExporter):
             self._headers["Content-Encoding"] = self.compression
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        delivered = self.deliver(spans)
+        return SpanExportResult.SUCCESS if delivered == len(spans) else SpanExportResult.FAILURE
+
+    def deliver(self, spans: Sequence[ReadableSpan]) -> int:
+        """Send ``spans``; how many of them the backend took.
+
+        A batch the backend refuses as too large (HTTP 413: the Collector's
+        ``max_request_body_size``, a proxy's limit) is sent again in halves, down to single
+        spans, so that only a span too large on its own is lost. Otelkit's batch processor
+        counts what this returns, not the whole batch, as dropped."""
         try:
             body = _COMPRESS[self.compression](self._encode(spans))
         except Exception:
             logger.exception("otelkit: could not encode a batch of %d spans", len(spans))
-            return SpanExportResult.FAILURE
+            return 0
+        status = self._post(body)
+        if status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE and len(spans) > 1:
+            half = len(spans) // 2
+            return self.deliver(spans[:half]) + self.deliver(spans[half:])
+        if status is None:
+            return len(spans)
+        if status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
+            logger.warning(
+                "otelkit: %s refused a span of %d bytes as too large (HTTP 413); dropped",
+                self.url, len(body),
+            )  # fmt: skip
+        return 0
+
+    def _post(self, body: bytes) -> int | None:
+        """POST ``body``, retrying what may pass later until the timeout; ``None`` when it was
+        taken, else the HTTP status (0: no answer), logged unless it was 413."""
         deadline = time.monotonic() + self._timeout_s
         delay = 0.1
         while True:
@@ -129,14 +156,16 @@ class HttpSpanExporter(SpanExporter):
                     self.url, data=body, headers=self._headers, timeout=self._timeout_s
                 )
                 if response.ok:
-                    return SpanExportResult.SUCCESS
-                retry = response.status_code in _RETRYABLE
-                reason = f"HTTP {response.status_code}"
+                    return None
+                status = response.status_code
+                retry, reason = status in _RETRYABLE, f"HTTP {status}"
             except requests.RequestException as error:
-                retry, reason = True, str(error)
+                status, retry, reason = 0, True, str(error)
+            if status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
+                return status
             if not retry or time.monotonic() + delay > deadline:
                 logger.warning("otelkit: OTLP/HTTP export to %s failed: %s", self.url, reason)
-                return SpanExportResult.FAILURE
+                return status
             time.sleep(delay)
             delay *= 2
 

@@ -103,6 +103,28 @@ def test_otlp_http_to_the_embedded_receiver(tmp_path: Path, protocol: str) -> No
     assert by_name["stage"].parent_span_id == by_name["request"].span_id
 
 
+@pytest.mark.parametrize("protocol", ["http/protobuf", "http/json"])
+def test_a_batch_refused_as_too_large_is_sent_in_halves(tmp_path: Path, protocol: str) -> None:
+    """A backend that takes bodies of at most 8 kB (a Collector's ``max_request_body_size``,
+    a proxy's limit) answers 413 to the batch of 201 spans: its halves go, down to the one
+    span too large on its own, which alone is lost and counted."""
+    with Receiver(tmp_path, max_body_bytes=8192) as receiver:
+        telemetry = otelkit.configure(
+            service_name="http-client", protocol=protocol, traces_endpoint=receiver.traces_url
+        )
+        tracer = trace.get_tracer("tests")
+        for index in range(200):
+            with tracer.start_as_current_span(f"stage-{index}"):
+                pass
+        with tracer.start_as_current_span("huge") as huge:
+            huge.set_attribute("blob", "x" * 20_000)
+        assert otelkit.flush()
+        stats = telemetry.stats()
+        assert receiver.wait_for_spans(200, timeout=10)
+    assert sorted(s.name for s in load_spans(tmp_path)) == sorted(f"stage-{i}" for i in range(200))
+    assert stats == {"exported": 200, "dropped_export_failed": 1}
+
+
 def finished_spans() -> list[ReadableSpan]:
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource({"service.name": "encode"}))

@@ -20,7 +20,12 @@ instrumentation in Python), sampled calls whose spans are built but exported now
 (``traces_exporter=none``: the export thread's share), and sampled calls that send no trace
 context (the share of the extra metadata on the wire).
 
-    python benchmarks/bench_client.py [--calls 4000] [--protocol grpc|http] [--profile] [--ablate]
+``--event`` calls the reference deployment's ``tracking`` ensemble with one event (a call of
+about 10 ms on this CPU, the kind a reconstruction job makes) instead of the identity model
+with 16 floats (about 0.5 ms: the smallest call there is, where a fixed overhead weighs most).
+
+    python benchmarks/bench_client.py [--calls 4000] [--protocol grpc|http] [--event]
+                                      [--profile] [--ablate]
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -48,15 +53,47 @@ from otelkit._hotmetrics import HotRegistry
 from otelkit.client import _call
 from otelkit.tritonserver import TritonServer
 
-MODELS = Path(__file__).resolve().parent.parent / "tests" / "models"
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "tests" / "models"
 MODULES = {"grpc": grpcclient, "http": httpclient}
 
 
-def make_inputs(module: Any, elements: int) -> list[Any]:
+class Workload(NamedTuple):
+    """What each call sends: ``client.infer(*workload)``."""
+
+    model: str
+    inputs: list[Any]
+
+
+def identity_workload(module: Any, elements: int) -> Workload:
+    """``elements`` float32 to the identity model (16: the smallest call there is)."""
     data = np.arange(elements, dtype=np.float32).reshape(1, elements)
     tensor = module.InferInput("INPUT0", list(data.shape), "FP32")
     tensor.set_data_from_numpy(data)
-    return [tensor]
+    return Workload("identity_fp32", [tensor])
+
+
+def event_workload(module: Any) -> Workload:
+    """One event of the reference deployment (``examples/gnn_tracking``: 444 hits, the demo's
+    default size) to its ``tracking`` ensemble: embed, graph building, edge filter, GNN and
+    labelling in one call, as a job reconstructing that event sends it."""
+    from gnn_tracking.events import generate_event
+
+    features = generate_event(seed=1).features.numpy()
+    tensor = module.InferInput("FEATURES", list(features.shape), "FP32")
+    tensor.set_data_from_numpy(features)
+    return Workload("tracking", [tensor])
+
+
+def serve(event: bool) -> TritonServer:
+    """The tritonserver the benchmark calls, not started; Triton's own tracing is off."""
+    if not event:  # the models' own otelkit exports nothing: this measures the client
+        return TritonServer(MODELS, env={"OTELKIT_TRACES_EXPORTER": "none"})
+    from gnn_tracking.models import load_models  # examples/ is on the path (main)
+    from gnn_tracking.serve import triton_server
+
+    load_models()  # the weights exist (trained once if missing) before the models load them
+    return triton_server(None)
 
 
 # Each client's last results stay alive, as in a job that uses them after the call; freed at
@@ -76,7 +113,7 @@ def keep(client: Any, result: Any) -> None:
 
 
 def interleave(
-    bare: Any, traced: Any, inputs: list[Any], calls: int
+    bare: Any, traced: Any, work: Workload, calls: int
 ) -> tuple[list[float], list[float]]:
     """Per-call latencies in microseconds, bare and traced, alternating who goes first."""
     bare_us: list[float] = []
@@ -86,13 +123,13 @@ def interleave(
         order = ((bare, bare_us), (traced, traced_us))
         for client, out in order if index % 2 else reversed(order):
             start = clock()
-            result = client.infer("identity_fp32", inputs)
+            result = client.infer(*work)
             out.append((clock() - start) / 1000)
             keep(client, result)
     return bare_us, traced_us
 
 
-def cpu_per_call(bare: Any, traced: Any, inputs: list[Any], calls: int) -> tuple[float, float]:
+def cpu_per_call(bare: Any, traced: Any, work: Workload, calls: int) -> tuple[float, float]:
     """This process's CPU time per call (us), bare and traced, in alternating blocks.
 
     Latency is what the caller waits; CPU is what a CPU-bound job (a reconstruction that
@@ -107,18 +144,18 @@ def cpu_per_call(bare: Any, traced: Any, inputs: list[Any], calls: int) -> tuple
         for name, client in order if block % 2 else reversed(order):
             start = time.process_time_ns()
             for _ in range(per_block):
-                keep(client, client.infer("identity_fp32", inputs))
+                keep(client, client.infer(*work))
             otelkit.flush()
             spent[name] += time.process_time_ns() - start
     return spent["bare"] / blocks / per_block / 1000, spent["traced"] / blocks / per_block / 1000
 
 
-def phase(name: str, bare: Any, traced: Any, inputs: list[Any], calls: int) -> dict[str, float]:
-    interleave(bare, traced, inputs, max(200, calls // 10))  # warm both paths and channels
-    bare_us, traced_us = interleave(bare, traced, inputs, calls)
+def phase(name: str, bare: Any, traced: Any, work: Workload, calls: int) -> dict[str, float]:
+    interleave(bare, traced, work, max(200, calls // 10))  # warm both paths and channels
+    bare_us, traced_us = interleave(bare, traced, work, calls)
     bare_median, traced_median = statistics.median(bare_us), statistics.median(traced_us)
     paired = statistics.median(t - b for b, t in zip(bare_us, traced_us, strict=True))
-    bare_cpu, traced_cpu = cpu_per_call(bare, traced, inputs, calls)
+    bare_cpu, traced_cpu = cpu_per_call(bare, traced, work, calls)
     print(
         f"{name:>10}: bare median {bare_median:8.1f} us, instrumented {traced_median:8.1f} us, "
         f"difference of medians {traced_median - bare_median:+6.1f} us, "
@@ -132,7 +169,7 @@ def phase(name: str, bare: Any, traced: Any, inputs: list[Any], calls: int) -> d
     }  # fmt: skip
 
 
-def own_time(bare: Any, traced: Any, inputs: list[Any], calls: int) -> tuple[float, float]:
+def own_time(bare: Any, traced: Any, work: Workload, calls: int) -> tuple[float, float]:
     """otelkit's own time on the caller's thread (medians, us): from entering the instrumented
     ``infer`` to entering the client's own, and from leaving that to returning; interleaved
     with the bare client as in ``phase``. The transport hooks, which run inside the client's
@@ -158,13 +195,13 @@ def own_time(bare: Any, traced: Any, inputs: list[Any], calls: int) -> tuple[flo
     try:
         for index in range(calls):
             if index % 2:
-                keep(bare, bare.infer("identity_fp32", inputs))
+                keep(bare, bare.infer(*work))
             start = clock()
-            result = traced.infer("identity_fp32", inputs)
+            result = traced.infer(*work)
             end = clock()
             keep(traced, result)
             if not index % 2:
-                keep(bare, bare.infer("identity_fp32", inputs))
+                keep(bare, bare.infer(*work))
             before.append(stamps[0] - start)
             after.append(end - stamps[1])
     finally:
@@ -172,12 +209,12 @@ def own_time(bare: Any, traced: Any, inputs: list[Any], calls: int) -> tuple[flo
     return statistics.median(before) / 1000, statistics.median(after) / 1000
 
 
-def profile(traced: Any, inputs: list[Any], calls: int) -> None:
+def profile(traced: Any, work: Workload, calls: int) -> None:
     """Where the instrumented call spends time in otelkit's own code."""
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
-        traced.infer("identity_fp32", inputs)
+        traced.infer(*work)
     profiler.disable()
     stats = pstats.Stats(profiler)
     stats.sort_stats("tottime")
@@ -234,7 +271,7 @@ class _Floor:
 
 
 def ablations(
-    bare: Any, traced: Any, inputs: list[Any], calls: int, url: str, module: Any, traces: str
+    bare: Any, traced: Any, work: Workload, calls: int, url: str, module: Any, traces: str
 ) -> dict[str, float]:
     """Overhead (difference of medians, us) with one piece of the instrumented path removed."""
     found: dict[str, float] = {}
@@ -242,7 +279,7 @@ def ablations(
         otelkit.configure(
             service_name="bench-client", traces_exporter="none", prometheus_port=0, sampler=sampler
         )
-        before, after = own_time(bare, traced, inputs, calls)
+        before, after = own_time(bare, traced, work, calls)
         print(
             f"{'own time':>10}: {sampler}: otelkit's own time on the caller's thread "
             f"{before:.1f} us before the client's infer, {after:.1f} us after (medians)",
@@ -251,13 +288,13 @@ def ablations(
         prefix = "sampled" if sampler == "always_on" else "unsampled"
         found[f"{prefix}_own_time_before_us"], found[f"{prefix}_own_time_after_us"] = before, after
     other_bare = module.InferenceServerClient(url)
-    result = phase("a/a", bare, other_bare, inputs, calls)
+    result = phase("a/a", bare, other_bare, work, calls)
     found["bare_vs_bare_us"] = result["traced"] - result["bare"]
-    result = phase("header", bare, _WithTraceparent(other_bare, fresh=False), inputs, calls)
+    result = phase("header", bare, _WithTraceparent(other_bare, fresh=False), work, calls)
     found["bare_with_traceparent_us"] = result["traced"] - result["bare"]
-    result = phase("new header", bare, _WithTraceparent(other_bare, fresh=True), inputs, calls)
+    result = phase("new header", bare, _WithTraceparent(other_bare, fresh=True), work, calls)
     found["bare_with_new_traceparent_us"] = result["traced"] - result["bare"]
-    result = phase("floor", bare, _Floor(other_bare), inputs, calls)
+    result = phase("floor", bare, _Floor(other_bare), work, calls)
     found["timed_and_counted_only_us"] = result["traced"] - result["bare"]
     other_bare.close()
     if module is grpcclient:
@@ -266,12 +303,12 @@ def ablations(
             bsp_max_queue_size=100_000,
         )  # fmt: skip
         contrib = contrib_intercepted(module, url)
-        result = phase("contrib", bare, contrib, inputs, calls)
+        result = phase("contrib", bare, contrib, work, calls)
         found["contrib_interceptor_us"] = result["traced"] - result["bare"]
         found["contrib_interceptor_cpu_us"] = result["cpu"]
         contrib.close()
     otelkit.configure(service_name="bench-client", traces_exporter="none", prometheus_port=0)
-    result = phase("no export", bare, traced, inputs, calls)
+    result = phase("no export", bare, traced, work, calls)
     found["sampled_no_export_us"] = result["traced"] - result["bare"]
     otelkit.configure(
         service_name="bench-client", traces_dir=traces, prometheus_port=0,
@@ -280,7 +317,7 @@ def ablations(
     own_headers = _call.Call.headers
     _call.Call.headers = lambda self, caller: dict(caller) if caller else {}  # type: ignore[method-assign]
     try:
-        result = phase("no context", bare, traced, inputs, calls)
+        result = phase("no context", bare, traced, work, calls)
     finally:
         _call.Call.headers = own_headers  # type: ignore[method-assign]
     found["sampled_no_context_us"] = result["traced"] - result["bare"]
@@ -299,40 +336,47 @@ def main() -> int:
         "about a mid-size tracking event of 50k space points with 3 features)",
     )  # fmt: skip
     parser.add_argument(
+        "--event", action="store_true",
+        help="call the reference deployment's tracking ensemble with one event (444 hits), a "
+        "call of about 10 ms on this CPU, instead of the identity model (run from the project "
+        "root, with examples/ on PYTHONPATH)",
+    )  # fmt: skip
+    parser.add_argument(
         "--held", type=int, default=HELD,
         help="results each client keeps alive (0: each is freed as soon as it is timed)",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.event:
+        sys.path.insert(0, str(ROOT / "examples"))
     _kept.default_factory = lambda: collections.deque(maxlen=args.held)
     module = MODULES[args.protocol]
     traces = tempfile.mkdtemp(prefix="bench-client-")
-    # the Python-backend models' own otelkit exports nothing: this measures the client
-    with TritonServer(MODELS, env={"OTELKIT_TRACES_EXPORTER": "none"}) as server:
+    with serve(args.event) as server:
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         bare = module.InferenceServerClient(url)
         traced = otelkit.instrument(module.InferenceServerClient(url))
-        inputs = make_inputs(module, args.elements)
+        work = event_workload(module) if args.event else identity_workload(module, args.elements)
         print(f"tritonserver up; {args.protocol} client; spans to {traces}", flush=True)
         otelkit.configure(
             service_name="bench-client", traces_dir=traces, prometheus_port=0,
             bsp_max_queue_size=100_000,
         )  # fmt: skip
-        sampled = phase("sampled", bare, traced, inputs, args.calls)
+        sampled = phase("sampled", bare, traced, work, args.calls)
         if args.profile:
-            profile(traced, inputs, 2000)
+            profile(traced, work, 2000)
         stats = otelkit.telemetry.current().stats()  # type: ignore[union-attr]
         otelkit.configure(
             service_name="bench-client", traces_dir=traces, prometheus_port=0, sampler="always_off"
         )
-        unsampled = phase("unsampled", bare, traced, inputs, args.calls)
+        unsampled = phase("unsampled", bare, traced, work, args.calls)
         otelkit.configure(
             service_name="bench-client", traces_dir=traces, prometheus_port=0,
             sampler="parentbased_traceidratio", sampler_arg=0.01,
         )  # fmt: skip
-        one_pct = phase("1% sampled", bare, traced, inputs, args.calls)
+        one_pct = phase("1% sampled", bare, traced, work, args.calls)
         parts = {}
         if args.ablate:
-            parts = ablations(bare, traced, inputs, args.calls, url, module, traces)
+            parts = ablations(bare, traced, work, args.calls, url, module, traces)
         bare.close()
         traced.close()
     otelkit.shutdown()
@@ -340,7 +384,11 @@ def main() -> int:
     result = {
         "protocol": args.protocol,
         "calls": args.calls,
-        "request_bytes": 4 * args.elements,
+        "model": work.model,
+        "request_bytes": sum(
+            len(getattr(tensor, "_raw_content", None) or getattr(tensor, "_raw_data", b""))
+            for tensor in work.inputs
+        ),
         "bare_median_us": round(sampled["bare"], 1),
         "instrumented_median_us": round(sampled["traced"], 1),
         "overhead_us": round(overhead, 1),

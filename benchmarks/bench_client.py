@@ -24,8 +24,12 @@ context (the share of the extra metadata on the wire).
 about 10 ms on this CPU, the kind a reconstruction job makes) instead of the identity model
 with 16 floats (about 0.5 ms: the smallest call there is, where a fixed overhead weighs most).
 
+``--between idle|sweep`` has the job sleep or work between calls, outside their timing: after
+either, the same code on the caller's path runs several times slower than between back-to-back
+calls (``--ablate``'s own time shows it).
+
     python benchmarks/bench_client.py [--calls 4000] [--protocol grpc|http] [--event]
-                                      [--profile] [--ablate]
+                                      [--between nothing|idle|sweep] [--profile] [--ablate]
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import functools
 import json
 import pstats
 import random
@@ -40,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -108,8 +114,29 @@ _kept: collections.defaultdict[Any, collections.deque[Any]] = collections.defaul
 
 
 def keep(client: Any, result: Any) -> None:
-    """Keep ``result`` with ``client``'s last ``HELD`` results (the oldest is freed here)."""
+    """Keep ``result`` with ``client``'s last ``HELD`` results (the oldest is freed here), then
+    do what the job does between calls (``BETWEEN``), outside any call's timing."""
     _kept[client].append(result)
+    between()
+
+
+def _sweep(data: np.ndarray) -> Callable[[], None]:
+    def sweep() -> None:
+        np.add(data, 1.0, out=data)
+
+    return sweep
+
+
+# What the job does between two calls (``--between``): nothing (back-to-back calls, warm
+# caches: the best case for any code on the caller's path), wait idle for 10 ms, or work for
+# about 2 ms through 32 MB, as a reconstruction does between offloads. Either of the last two
+# leaves the caller's next few microseconds of Python several times slower.
+BETWEEN: dict[str, Callable[[], None]] = {
+    "nothing": lambda: None,
+    "idle": functools.partial(time.sleep, 0.01),
+    "sweep": _sweep(np.zeros(4 << 20)),
+}
+between = BETWEEN["nothing"]
 
 
 def interleave(
@@ -345,7 +372,14 @@ def main() -> int:
         "--held", type=int, default=HELD,
         help="results each client keeps alive (0: each is freed as soon as it is timed)",
     )  # fmt: skip
+    parser.add_argument(
+        "--between", choices=sorted(BETWEEN), default="nothing",
+        help="what the job does between calls, outside their timing (idle: sleeps 10 ms; "
+        "sweep: about 2 ms of work through 32 MB)",
+    )  # fmt: skip
     args = parser.parse_args()
+    global between
+    between = BETWEEN[args.between]
     if args.event:
         sys.path.insert(0, str(ROOT / "examples"))
     _kept.default_factory = lambda: collections.deque(maxlen=args.held)
@@ -385,6 +419,7 @@ def main() -> int:
         "protocol": args.protocol,
         "calls": args.calls,
         "model": work.model,
+        "between_calls": args.between,
         "request_bytes": sum(
             len(getattr(tensor, "_raw_content", None) or getattr(tensor, "_raw_data", b""))
             for tensor in work.inputs

@@ -365,8 +365,7 @@ def main() -> int:
     parser.add_argument(
         "--event", action="store_true",
         help="call the reference deployment's tracking ensemble with one event (444 hits), a "
-        "call of about 10 ms on this CPU, instead of the identity model (run from the project "
-        "root, with examples/ on PYTHONPATH)",
+        "call of about 10 ms on a 2-core CPU, instead of the identity model",
     )  # fmt: skip
     parser.add_argument(
         "--held", type=int, default=HELD,

@@ -414,15 +414,13 @@ def main() -> int:
         traced.close()
     otelkit.shutdown()
     overhead = sampled["traced"] - sampled["bare"]
+    raw = (_call.GRPC_TENSORS if module is grpcclient else _call.HTTP_TENSORS).input_attribute
     result = {
         "protocol": args.protocol,
         "calls": args.calls,
         "model": work.model,
         "between_calls": args.between,
-        "request_bytes": sum(
-            len(getattr(tensor, "_raw_content", None) or getattr(tensor, "_raw_data", b""))
-            for tensor in work.inputs
-        ),
+        "request_bytes": sum(len(getattr(tensor, raw) or b"") for tensor in work.inputs),
         "bare_median_us": round(sampled["bare"], 1),
         "instrumented_median_us": round(sampled["traced"], 1),
         "overhead_us": round(overhead, 1),

@@ -155,19 +155,10 @@ class BatchExportProcessor(SpanProcessor):
             self._export(batch)
 
     def _export(self, batch: Sequence[ReadableSpan]) -> None:
-        """Export ``batch``; count what reached the backend and what was lost. An exporter
-        that can deliver part of a batch (``deliver``: otelkit's OTLP/HTTP one, which halves
-        a batch refused as too large) says how many spans it delivered."""
-        exporter = self._exporter
+        """Export ``batch``; count what reached the backend and what was lost."""
         try:
             with instrumentation_suppressed():
-                deliver = getattr(exporter, "deliver", None)
-                if deliver is not None:
-                    delivered = int(deliver(batch))
-                elif exporter.export(batch) is SpanExportResult.SUCCESS:
-                    delivered = len(batch)
-                else:
-                    delivered = 0
+                delivered = _delivered(self._exporter, batch)
         except Exception:
             logger.exception("otelkit: span exporter raised; %d spans lost", len(batch))
             delivered = 0
@@ -199,6 +190,16 @@ class BatchExportProcessor(SpanProcessor):
         except Exception:
             logger.exception("otelkit: span exporter failed to shut down")
         self.loss.log()
+
+
+def _delivered(exporter: SpanExporter, batch: Sequence[ReadableSpan]) -> int:
+    """How many spans of ``batch`` ``exporter`` delivered: all or none, but for an exporter that
+    can deliver part of a batch and says so (``deliver``: otelkit's OTLP/HTTP one, which halves
+    a batch refused as too large)."""
+    deliver = getattr(exporter, "deliver", None)
+    if deliver is not None:
+        return int(deliver(batch))
+    return len(batch) if exporter.export(batch) is SpanExportResult.SUCCESS else 0
 
 
 class PullReader(MetricReader):

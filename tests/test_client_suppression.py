@@ -130,15 +130,12 @@ def test_a_suppressed_asyncio_call_runs_bare(
     protocol: str, triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
 ) -> None:
     async def both() -> None:
-        client = aio_client(protocol, triton)
-        try:
+        async with aio_client(protocol, triton) as client:
             with suppress_instrumentation():
                 result = await client.infer("identity_fp32", aio_inputs(protocol))
                 assert np.array_equal(result.as_numpy("OUTPUT0"), DATA)
             result = await client.infer("identity_fp32", aio_inputs(protocol))
             assert np.array_equal(result.as_numpy("OUTPUT0"), DATA)
-        finally:
-            await client.close()
 
     check_only_the_unsuppressed_call(lambda: asyncio.run(both()), protocol, receiver, telemetry)
 

@@ -24,20 +24,26 @@ context (the share of the extra metadata on the wire).
 about 10 ms on this CPU, the kind a reconstruction job makes) instead of the identity model
 with 16 floats (about 0.5 ms: the smallest call there is, where a fixed overhead weighs most).
 
+``--asyncio`` measures the asyncio clients (``tritonclient.grpc.aio``, ``tritonclient.http.aio``):
+each call is awaited to its end on one event loop, the bare one's as the instrumented one's.
+
 ``--between idle|sweep`` has the job sleep or work between calls, outside their timing: after
 either, the same code on the caller's path runs several times slower than between back-to-back
 calls (``--ablate``'s own time shows it).
 
     python benchmarks/bench_client.py [--calls 4000] [--protocol grpc|http] [--event]
-                                      [--between nothing|idle|sweep] [--profile] [--ablate]
+                                      [--between nothing|idle|sweep] [--asyncio]
+                                      [--profile] [--ablate]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import cProfile
 import functools
+import importlib
 import json
 import pstats
 import random
@@ -62,6 +68,37 @@ from otelkit.tritonserver import TritonServer
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "models"
 MODULES = {"grpc": grpcclient, "http": httpclient}
+ASYNCIO_MODULES = {"grpc": "tritonclient.grpc.aio", "http": "tritonclient.http.aio"}
+
+
+class Awaited:
+    """An asyncio client behind the synchronous ``infer`` the phases call: each call runs its
+    coroutine to the end on one event loop, so both clients of a pair pay the loop alike and the
+    difference is the instrumentation's. ``client``: the asyncio client itself."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, client: Any) -> None:
+        self.loop = loop
+        self.client = client
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        return self.loop.run_until_complete(self.client.infer(*args, **kwargs))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.close())
+
+
+def asyncio_clients(protocol: str, url: str) -> tuple[Awaited, Awaited]:
+    """A bare and an instrumented asyncio client (``--asyncio``), made on the loop they use."""
+    module = importlib.import_module(ASYNCIO_MODULES[protocol])
+    loop = asyncio.new_event_loop()
+
+    async def made() -> Any:
+        return module.InferenceServerClient(url)
+
+    return (
+        Awaited(loop, loop.run_until_complete(made())),
+        Awaited(loop, otelkit.instrument(loop.run_until_complete(made()))),
+    )
 
 
 class Workload(NamedTuple):
@@ -376,7 +413,14 @@ def main() -> int:
         help="what the job does between calls, outside their timing (idle: sleeps 10 ms; "
         "sweep: about 2 ms of work through 32 MB)",
     )  # fmt: skip
+    parser.add_argument(
+        "--asyncio", action="store_true",
+        help="the asyncio clients (tritonclient.grpc.aio, tritonclient.http.aio), each call "
+        "awaited on one event loop; not with --ablate",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.asyncio and args.ablate:
+        parser.error("--ablate measures the synchronous clients only")
     global between
     between = BETWEEN[args.between]
     if args.event:
@@ -386,10 +430,14 @@ def main() -> int:
     traces = tempfile.mkdtemp(prefix="bench-client-")
     with serve(args.event) as server:
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
-        bare = module.InferenceServerClient(url)
-        traced = otelkit.instrument(module.InferenceServerClient(url))
+        if args.asyncio:
+            bare, traced = asyncio_clients(args.protocol, url)
+        else:
+            bare = module.InferenceServerClient(url)
+            traced = otelkit.instrument(module.InferenceServerClient(url))
         work = event_workload(module) if args.event else identity_workload(module, args.elements)
-        print(f"tritonserver up; {args.protocol} client; spans to {traces}", flush=True)
+        style = "asyncio " if args.asyncio else ""
+        print(f"tritonserver up; {style}{args.protocol} client; spans to {traces}", flush=True)
         otelkit.configure(
             service_name="bench-client", traces_dir=traces, prometheus_port=0,
             bsp_max_queue_size=100_000,
@@ -417,6 +465,7 @@ def main() -> int:
     raw = (_call.GRPC_TENSORS if module is grpcclient else _call.HTTP_TENSORS).input_attribute
     result = {
         "protocol": args.protocol,
+        "asyncio": args.asyncio,
         "calls": args.calls,
         "model": work.model,
         "between_calls": args.between,

@@ -4,8 +4,12 @@ its metrics and nothing else, against a real tritonserver."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import importlib
+import inspect
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -226,22 +230,12 @@ def client_points(name: str, model: str, protocol: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.triton
-@pytest.mark.parametrize(("protocol", "error_type"), [("grpc", "NOT_FOUND"), ("http", "404")])
-def test_a_failed_call_not_sampled_raises_its_own_exception_and_is_counted(
-    protocol: str, error_type: str, triton: TritonServer, tmp_path: Path
-) -> None:
-    """The short path of a call not sampled: the exception the client raised reaches the
-    caller as the very same object, and the failure is in the error counter and the
-    duration histogram at once; nothing stays in flight, no span."""
-    otelkit.configure(service_name="unsampled", traces_dir=str(tmp_path), sampler="always_off")
-    module = grpcclient if protocol == "grpc" else httpclient
-    client = otelkit.instrument(
-        module.InferenceServerClient(triton.grpc_url if protocol == "grpc" else triton.http_url)
-    )
+def recording_own_errors(client: Any, raised: list[BaseException]) -> Callable[[], None]:
+    """Have the instrumented ``infer`` of ``client`` (sync or asyncio) call, in place of the
+    client's own, one that notes each exception it raises in ``raised``; returns the undo."""
     wrapper = client.__dict__["infer"].__func__
     cell = wrapper.__closure__[wrapper.__code__.co_freevars.index("original")]
-    own, raised = cell.cell_contents, []
+    own = cell.cell_contents
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -250,26 +244,68 @@ def test_a_failed_call_not_sampled_raises_its_own_exception_and_is_counted(
             raised.append(error)
             raise
 
-    cell.cell_contents = recording
+    async def awaited(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await own(*args, **kwargs)
+        except Exception as error:
+            raised.append(error)
+            raise
+
+    cell.cell_contents = awaited if inspect.iscoroutinefunction(own) else recording
+    return functools.partial(setattr, cell, "cell_contents", own)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("style", ["sync", "asyncio"])
+@pytest.mark.parametrize(("protocol", "error_type"), [("grpc", "NOT_FOUND"), ("http", "404")])
+def test_a_failed_call_not_sampled_raises_its_own_exception_and_is_counted(
+    style: str, protocol: str, error_type: str, triton: TritonServer, tmp_path: Path
+) -> None:
+    """The short path of a call not sampled: the exception the client raised reaches the
+    caller as the very same object, and the failure is in the error counter and the
+    duration histogram at once; nothing stays in flight, no span."""
+    otelkit.configure(service_name="unsampled", traces_dir=str(tmp_path), sampler="always_off")
+    url = triton.grpc_url if protocol == "grpc" else triton.http_url
+    module = importlib.import_module(
+        f"tritonclient.{protocol}" + (".aio" if style == "asyncio" else "")
+    )
+    raised: list[BaseException] = []
     tensor = module.InferInput("INPUT0", list(DATA.shape), "FP32")
     tensor.set_data_from_numpy(DATA)
+
+    def points() -> tuple[dict[str, Any], ...]:
+        names = (semconv.CLIENT_ERRORS, semconv.CLIENT_DURATION, semconv.CLIENT_IN_FLIGHT)
+        return tuple(client_points(spec.name, "no_such_model", protocol) for spec in names)
+
+    async def calls() -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...], Any]:
+        client = otelkit.instrument(module.InferenceServerClient(url))
+        undo = recording_own_errors(client, raised)
+        try:
+            result = client.infer("identity_fp32", [tensor])  # the short path from here on
+            if style == "asyncio":
+                await result
+            before = points()
+            with pytest.raises(Exception) as caught:
+                failed = client.infer("no_such_model", [tensor])
+                if style == "asyncio":
+                    await failed
+            return before, points(), caught.value
+        finally:
+            undo()
+            closed = client.close()
+            if style == "asyncio":
+                await closed
+
     try:
-        client.infer("identity_fp32", [tensor])  # the short path is taken from here on
-        errors = client_points(semconv.CLIENT_ERRORS.name, "no_such_model", protocol)
-        durations = client_points(semconv.CLIENT_DURATION.name, "no_such_model", protocol)
-        before = errors[error_type].value if error_type in errors else 0
-        calls_before = durations[""].count if durations else 0
-        with pytest.raises(Exception) as caught:
-            client.infer("no_such_model", [tensor])
-        errors = client_points(semconv.CLIENT_ERRORS.name, "no_such_model", protocol)
-        durations = client_points(semconv.CLIENT_DURATION.name, "no_such_model", protocol)
-        in_flight = client_points(semconv.CLIENT_IN_FLIGHT.name, "no_such_model", protocol)
+        (errors, durations, _), (errors_after, durations_after, in_flight), error = asyncio.run(
+            calls()
+        )
         telemetry.flush()
     finally:
-        cell.cell_contents = own
-        client.close()
         otelkit.shutdown()
-    assert raised and caught.value is raised[-1]
-    assert errors[error_type].value == before + 1
-    assert durations[""].count == calls_before + 1 and in_flight[""].value == 0
+    assert raised and error is raised[-1]
+    before = errors[error_type].value if error_type in errors else 0
+    assert errors_after[error_type].value == before + 1
+    calls_before = durations[""].count if durations else 0
+    assert durations_after[""].count == calls_before + 1 and in_flight[""].value == 0
     assert load_spans(tmp_path) == []

@@ -148,38 +148,66 @@ def test_a_grpc_client_counts_every_call_styles_tensor_bytes(
         assert all(0 < seconds < span.duration_ns / 1e9 for seconds in phases), span.attributes
 
 
+Seen = tuple[list[Any], list[Any], list[Any]]
+
+
+def unsampled_calls(style: str, url: str, count: int, counted: list[Any]) -> Seen:
+    """``count`` calls of an instrumented gRPC client's ``infer`` (``style``: the sync client,
+    or the asyncio one awaited on a loop of its own), after a first call that brings its
+    channel up and makes its series, with ``LATER``'s worker held. Returns their results, the
+    last ``count`` items waiting in ``LATER`` and what ``counted`` held, as the calls
+    returned."""
+
+    def seen(results: list[Any]) -> Seen:
+        return results, list(LATER.waiting)[-count:], list(counted)
+
+    if style == "sync":
+        with otelkit.instrument(grpcclient.InferenceServerClient(url)) as client:
+            client.infer("identity_fp32", tensor(grpcclient))
+            LATER.drain()
+            with LATER._lock:
+                return seen([client.infer("identity_fp32", tensor(grpcclient))
+                             for _ in range(count)])  # fmt: skip
+
+    async def calls() -> Seen:
+        async with otelkit.instrument(aiogrpcclient.InferenceServerClient(url)) as client:
+            await client.infer("identity_fp32", tensor(aiogrpcclient))
+            LATER.drain()
+            with LATER._lock:
+                return seen([await client.infer("identity_fp32", tensor(aiogrpcclient))
+                             for _ in range(count)])  # fmt: skip
+
+    return asyncio.run(calls())
+
+
 @pytest.mark.triton
+@pytest.mark.parametrize("style", ["sync", "asyncio"])
 def test_unsampled_grpc_calls_count_their_tensor_bytes_off_the_callers_path(
-    triton: TritonServer, tmp_path: Path
+    style: str, triton: TritonServer, tmp_path: Path
 ) -> None:
     """A call known not to be sampled as it starts makes no ``Call`` (so its transport's hooks
     find none): its metrics wait in ``LATER`` with its result, whose tensor bytes are counted
-    then, not before the call returns; no span."""
+    then, not before the call returns; no span. The asyncio client's ``infer`` takes the same
+    short path."""
     otelkit.configure(service_name="wire-unsampled", traces_dir=str(tmp_path), sampler="always_off")
-    client = otelkit.instrument(grpcclient.InferenceServerClient(triton.grpc_url))
     walk = GRPC_TENSORS._output_bytes
     counted: list[Any] = []
     GRPC_TENSORS._output_bytes = lambda result: counted.append(result) or walk(result)
     try:
-        client.infer("identity_fp32", tensor(grpcclient))  # channel up, series made
         before = client_sums()
-        counted.clear()
-        with LATER._lock:
-            results = [client.infer("identity_fp32", tensor(grpcclient)) for _ in range(3)]
-            waiting = list(LATER.waiting)[-3:]
-            assert counted == [] and CURRENT_CALL.get() is None
-        assert all(isinstance(item, functools.partial) for item in waiting)
-        assert {item.func for item in waiting} == {end_unsampled}
-        assert [item.args[4] for item in waiting] == results
+        results, waiting, counted_by_then = unsampled_calls(style, triton.grpc_url, 3, counted)
         after = client_sums()
     finally:
         GRPC_TENSORS._output_bytes = walk
-        client.close()
         otelkit.shutdown()
-    assert counted == results
+    assert len(counted_by_then) == 1 and counted[1:] == results  # the first call's, then these
+    assert CURRENT_CALL.get() is None
+    assert all(isinstance(item, functools.partial) for item in waiting)
+    assert {item.func for item in waiting} == {end_unsampled}
+    assert [item.args[4] for item in waiting] == results
     for spec in (semconv.CLIENT_REQUEST_BYTES, semconv.CLIENT_RESPONSE_BYTES):
-        assert after[spec.name] - before[spec.name] == 3 * DATA.nbytes
-    assert after[semconv.CLIENT_IN_FLIGHT.name] == 0
+        assert after[spec.name] - before.get(spec.name, 0) == 4 * DATA.nbytes
+    assert after[semconv.CLIENT_IN_FLIGHT.name] == before.get(semconv.CLIENT_IN_FLIGHT.name, 0)
     assert load_spans(tmp_path) == []
 
 

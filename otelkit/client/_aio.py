@@ -10,24 +10,37 @@ the call's own task.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
-from otelkit.client._call import CURRENT_CALL, ClientTarget
-from otelkit.client._sync import Transport, _begin, _enter, _headers_index
+from otelkit.client._call import CURRENT_CALL, ClientTarget, end_unsampled
+from otelkit.client._sync import Transport, _begin, _enter, _headers_index, hand_over
 
 __all__ = ["stamp_async", "traced_aio_infer"]
 
 
 def traced_aio_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]) -> Any:
-    """asyncio ``infer``: one CLIENT span from the call to its result, in the task's context."""
+    """asyncio ``infer``: one CLIENT span from the call to its result, in the task's context;
+    a call known not to be sampled takes ``_sync.traced_infer``'s short path."""
     index = _headers_index(original)
+    clock = time.perf_counter_ns
 
     @functools.wraps(original)
     async def infer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        call = _begin(target_of, self, args, kwargs, "asyncio_infer")
+        call = _begin(target_of, self, args, kwargs, "asyncio_infer", short=True)
         if call is None:
             return await original(self, *args, **kwargs)
+        if isinstance(call, tuple):  # not sampled: metrics only
+            call[0].calls.in_flight.begin()
+            start = clock()
+            try:
+                result = await original(self, *args, **kwargs)
+            except BaseException as error:
+                end_unsampled(call[0], start, clock(), call[1], None, error)
+                raise
+            hand_over(call, start, clock(), result)
+            return result
         token = None
         if call.sampled:
             args, kwargs, token = _enter(call, index, args, kwargs)

@@ -15,7 +15,7 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from otelkit._internal import internal_error
 from otelkit._later import LATER
@@ -25,6 +25,7 @@ from otelkit.client._call import (
     Call,
     ClientTarget,
     InstrumentationSuppressed,
+    Opened,
     end_unsampled,
     open_call,
 )
@@ -62,17 +63,33 @@ def _begin(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     style: str,
-) -> Call | None:
-    """The ``Call`` for one request; ``None`` if instrumentation is suppressed or telemetry
-    failed (the call then runs bare)."""
+    short: bool = False,
+) -> Call | Opened | None:
+    """What one request starts with: its ``Call``; with ``short``, for a call known not to be
+    sampled before a span is asked for (``open_call``), only what ``open_call`` found (its
+    metrics need nothing else: ``hand_over``); ``None`` if instrumentation is suppressed or
+    telemetry failed (the call then runs bare)."""
     try:
-        target = client.__dict__.get(TARGET) or target_of(client)
-        return Call(open_call(target, args, kwargs), args, kwargs, style)
+        opened = open_call(client.__dict__.get(TARGET) or target_of(client), args, kwargs)
+        return opened if short and opened[2] == 0 else Call(opened, args, kwargs, style)
     except InstrumentationSuppressed:
         return None
     except Exception:
         internal_error(f"starting a client span for {style}")
         return None
+
+
+_WAITING, _LIMIT = LATER.waiting, LATER.limit
+
+
+def hand_over(opened: Opened, start_ns: int, end_ns: int, result: Any) -> None:
+    """A call not sampled (``opened``: what ``open_call`` found) returned ``result``: its
+    metrics are recorded by ``LATER``."""
+    ended = functools.partial(end_unsampled, opened[0], start_ns, end_ns, opened[1], result)
+    if len(_WAITING) < _LIMIT:  # LATER.add, inline
+        _WAITING.append(ended)
+    else:
+        LATER.add(ended)
 
 
 class _Traced(Protocol):
@@ -107,32 +124,21 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
     hottest path otelkit has; everything else goes through ``Call``."""
     index = _headers_index(original)
     clock = time.perf_counter_ns
-    waiting, limit, partial = LATER.waiting, LATER.limit, functools.partial
 
     @functools.wraps(original)
     def infer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            opened = open_call(self.__dict__.get(TARGET) or target_of(self), args, kwargs)
-            call = None if opened[2] == 0 else Call(opened, args, kwargs, "infer")
-        except InstrumentationSuppressed:
+        call = _begin(target_of, self, args, kwargs, "infer", short=True)
+        if call is None:
             return original(self, *args, **kwargs)
-        except Exception:
-            internal_error("starting a client span for infer")
-            return original(self, *args, **kwargs)
-        if call is None:  # not sampled: metrics only
-            per, request_bytes = opened[0], opened[1]
-            per.calls.in_flight.begin()
+        if isinstance(call, tuple):  # not sampled: metrics only
+            call[0].calls.in_flight.begin()
             start = clock()
             try:
                 result = original(self, *args, **kwargs)
             except BaseException as error:
-                end_unsampled(per, start, clock(), request_bytes, None, error)
+                end_unsampled(call[0], start, clock(), call[1], None, error)
                 raise
-            ended = partial(end_unsampled, per, start, clock(), request_bytes, result)
-            if len(waiting) < limit:  # LATER.add, inline
-                waiting.append(ended)
-            else:
-                LATER.add(ended)
+            hand_over(call, start, clock(), result)
             return result
         token = None
         if call.sampled:
@@ -283,7 +289,8 @@ def traced_grpc_async_infer(
     def async_infer(
         self: Any, model_name: str, inputs: Any, callback: Any, *args: Any, **kwargs: Any
     ) -> Any:
-        call = _begin(target_of, self, (model_name, inputs, *args), kwargs, "async_infer")
+        begun = _begin(target_of, self, (model_name, inputs, *args), kwargs, "async_infer")
+        call = cast("Call | None", begun)  # not short: a Call, or None
         if call is None:
             return original(self, model_name, inputs, callback, *args, **kwargs)
         traced_call = call
@@ -340,7 +347,7 @@ def traced_http_async_infer(
 
     @functools.wraps(original)
     def async_infer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        call = _begin(target_of, self, args, kwargs, "async_infer")
+        call = cast("Call | None", _begin(target_of, self, args, kwargs, "async_infer"))
         if call is None:
             return original(self, *args, **kwargs)
         if call.sampled:

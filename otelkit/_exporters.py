@@ -9,7 +9,6 @@ request as the SDK's, for about a quarter of its CPU.
 
 from __future__ import annotations
 
-import functools
 import gzip
 import logging
 import os
@@ -121,29 +120,21 @@ class HttpSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS if delivered == len(spans) else SpanExportResult.FAILURE
 
     def deliver(self, spans: Sequence[ReadableSpan]) -> int:
-        """Send ``spans``; how many of them the backend took.
+        """Send ``spans``; how many of them the backend took. A batch refused as too large
+        (HTTP 413: the Collector's ``max_request_body_size``, a proxy's limit) is sent again
+        in halves (``in_halves``)."""
+        return in_halves(spans, self._send, self.url)
 
-        A batch the backend refuses as too large (HTTP 413: the Collector's
-        ``max_request_body_size``, a proxy's limit) is sent again in halves, down to single
-        spans, so that only a span too large on its own is lost. Otelkit's batch processor
-        counts what this returns, not the whole batch, as dropped."""
+    def _send(self, spans: Sequence[ReadableSpan]) -> int | None:
         try:
             body = _COMPRESS[self.compression](self._encode(spans))
         except Exception:
             logger.exception("otelkit: could not encode a batch of %d spans", len(spans))
             return 0
         status = self._post(body)
-        if status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE and len(spans) > 1:
-            half = len(spans) // 2
-            return self.deliver(spans[:half]) + self.deliver(spans[half:])
         if status is None:
-            return len(spans)
-        if status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
-            logger.warning(
-                "otelkit: %s refused a span of %d bytes as too large (HTTP 413); dropped",
-                self.url, len(body),
-            )  # fmt: skip
-        return 0
+            return None
+        return len(body) if status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE else 0
 
     def _post(self, body: bytes) -> int | None:
         """POST ``body``, retrying what may pass later until the timeout; ``None`` when it was
@@ -188,6 +179,30 @@ _COMPRESS: dict[str, Callable[[bytes], bytes]] = {
 }
 
 
+Send = Callable[[Sequence[ReadableSpan]], "int | None"]
+
+
+def in_halves(spans: Sequence[ReadableSpan], send: Send, backend: str) -> int:
+    """Send ``spans`` with ``send``; how many of them ``backend`` took.
+
+    ``send`` answers ``None`` when they were taken, 0 when they were lost (it logged why), and
+    the size of what it sent when the backend refused it as too large. A batch refused so is
+    sent again in halves, down to single spans, so that only a span too large on its own is
+    lost; otelkit's batch processor counts what this returns, not the whole batch, as
+    dropped."""
+    refused = send(spans)
+    if refused is None:
+        return len(spans)
+    if refused and len(spans) > 1:
+        half = len(spans) // 2
+        return in_halves(spans[:half], send, backend) + in_halves(spans[half:], send, backend)
+    if refused:
+        logger.warning(
+            "otelkit: %s refused a span of %d bytes as too large; dropped", backend, refused
+        )
+    return 0
+
+
 def _sdk_environment(environ: Mapping[str, str]) -> Callable[[str], str | None]:
     """An OTLP exporter setting from the environment: the traces one, else the general one."""
 
@@ -203,22 +218,8 @@ def grpc_span_exporter(
     url: str, insecure: bool, headers: Mapping[str, str], timeout_s: float
 ) -> SpanExporter:
     """The SDK's OTLP/gRPC span exporter (its channel, credentials, retries and environment),
-    with each batch encoded by ``_otlp_proto`` instead of protobuf's Python API."""
-    return _fast_grpc_exporter()(url, insecure=insecure, headers=headers, timeout=timeout_s)
+    with each batch encoded by ``_otlp_proto`` instead of protobuf's Python API, and sent in
+    parts no larger than the server takes (``deliver``)."""
+    from otelkit._grpc_export import SizedGrpcSpanExporter  # grpc, imported when first used
 
-
-@functools.cache
-def _fast_grpc_exporter() -> Callable[..., SpanExporter]:
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-    class FastEncodingExporter(OTLPSpanExporter):
-        def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
-            request: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(
-                encode_request(data)
-            )  # parsed in C: a small share of the cost of building it in Python
-            return request
-
-    return FastEncodingExporter
+    return SizedGrpcSpanExporter(url, insecure=insecure, headers=dict(headers), timeout=timeout_s)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -20,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otelkit
 from otelkit._exporters import HttpSpanExporter, grpc_span_exporter
+from otelkit._grpc_export import GRPC_MAX_MESSAGE_BYTES
 from otelkit.analysis import load_spans
 from otelkit.receiver import Receiver
 
@@ -48,15 +51,38 @@ class GrpcTraceSink(trace_service_pb2_grpc.TraceServiceServicer):
         ]
 
 
-@pytest.fixture
-def grpc_sink() -> Iterator[tuple[GrpcTraceSink, int]]:
-    sink = GrpcTraceSink()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+class _Attempts(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Counts the calls a server gets, those it refuses before its handler runs included."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        self.count += 1
+        return continuation(handler_call_details)
+
+
+@contextlib.contextmanager
+def serving(sink: GrpcTraceSink, *options: tuple[str, int]) -> Iterator[tuple[int, _Attempts]]:
+    """A real gRPC server for ``sink`` (with channel ``options``): its port, and its calls."""
+    attempts = _Attempts()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2), interceptors=[attempts], options=options
+    )
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield sink, port
-    server.stop(grace=None)
+    try:
+        yield port, attempts
+    finally:
+        server.stop(grace=None)
+
+
+@pytest.fixture
+def grpc_sink() -> Iterator[tuple[GrpcTraceSink, int]]:
+    sink = GrpcTraceSink()
+    with serving(sink) as (port, _):
+        yield sink, port
 
 
 @pytest.fixture(autouse=True)
@@ -103,6 +129,16 @@ def test_otlp_http_to_the_embedded_receiver(tmp_path: Path, protocol: str) -> No
     assert by_name["stage"].parent_span_id == by_name["request"].span_id
 
 
+def two_hundred_spans_and_a_huge_one() -> None:
+    """Small spans ``stage-0`` to ``stage-199``, and one with a 20 kB attribute."""
+    tracer = trace.get_tracer("tests")
+    for index in range(200):
+        with tracer.start_as_current_span(f"stage-{index}"):
+            pass
+    with tracer.start_as_current_span("huge") as huge:
+        huge.set_attribute("blob", "x" * 20_000)
+
+
 @pytest.mark.parametrize("protocol", ["http/protobuf", "http/json"])
 def test_a_batch_refused_as_too_large_is_sent_in_halves(tmp_path: Path, protocol: str) -> None:
     """A backend that takes bodies of at most 8 kB (a Collector's ``max_request_body_size``,
@@ -112,17 +148,65 @@ def test_a_batch_refused_as_too_large_is_sent_in_halves(tmp_path: Path, protocol
         telemetry = otelkit.configure(
             service_name="http-client", protocol=protocol, traces_endpoint=receiver.traces_url
         )
-        tracer = trace.get_tracer("tests")
-        for index in range(200):
-            with tracer.start_as_current_span(f"stage-{index}"):
-                pass
-        with tracer.start_as_current_span("huge") as huge:
-            huge.set_attribute("blob", "x" * 20_000)
+        two_hundred_spans_and_a_huge_one()
         assert otelkit.flush()
         stats = telemetry.stats()
         assert receiver.wait_for_spans(200, timeout=10)
     assert sorted(s.name for s in load_spans(tmp_path)) == sorted(f"stage-{i}" for i in range(200))
     assert stats == {"exported": 200, "dropped_export_failed": 1}
+
+
+@contextlib.contextmanager
+def exporting_to(sink: GrpcTraceSink, limit: int) -> Iterator[tuple[otelkit.Telemetry, _Attempts]]:
+    """otelkit configured to export over OTLP/gRPC to ``sink``, served with a receive limit of
+    ``limit`` bytes; the server's calls."""
+    with serving(sink, ("grpc.max_receive_message_length", limit)) as (port, attempts):
+        yield (
+            otelkit.configure(
+                service_name="grpc-client",
+                protocol="grpc",
+                traces_endpoint=f"http://127.0.0.1:{port}",
+            ),
+            attempts,
+        )
+
+
+def test_a_grpc_batch_over_the_servers_limit_is_sent_in_parts_under_it() -> None:
+    """A gRPC server that takes messages of at most 8 kB refuses the batch of 201 spans once
+    (``RESOURCE_EXHAUSTED``); the exporter takes the limit the server stated, does not retry
+    those bytes (the SDK's exporter would, until its timeout) and sends the batch in parts under
+    the limit, all but the one span too large on its own, which alone is lost and counted."""
+    sink = GrpcTraceSink()
+    with exporting_to(sink, 8192) as (telemetry, attempts):
+        two_hundred_spans_and_a_huge_one()
+        started = time.monotonic()
+        assert otelkit.flush()
+        took = time.monotonic() - started
+        stats = telemetry.stats()
+    assert sorted(sink.span_names()) == sorted(f"stage-{i}" for i in range(200))
+    assert stats == {"exported": 200, "dropped_export_failed": 1}
+    assert all(request.ByteSize() <= 8192 for request in sink.requests)
+    assert attempts.count == len(sink.requests) + 1  # one refusal, not retried
+    assert took < 5  # the SDK's retries of the refused batch would take about 7 s
+
+
+def test_grpc_messages_stay_under_grpcs_default_limit() -> None:
+    """gRPC servers take 4 MiB by default: a batch that encodes larger (spans with large
+    attributes, such as the stack traces of a burst of failed calls) leaves in parts under it,
+    before any server refuses it, and all of it arrives."""
+    sink = GrpcTraceSink()
+    with exporting_to(sink, 64 << 20) as (telemetry, attempts):
+        tracer = trace.get_tracer("tests")
+        for index in range(64):
+            with tracer.start_as_current_span(f"failed-{index}") as span:
+                span.set_attribute("exception.stacktrace", f"{index}" * 100_000)
+        assert otelkit.flush()
+        stats = telemetry.stats()
+    assert sorted(sink.span_names()) == sorted(f"failed-{i}" for i in range(64))
+    assert stats == {"exported": 64}
+    sizes = [request.ByteSize() for request in sink.requests]
+    assert len(sizes) > 1 and max(sizes) <= GRPC_MAX_MESSAGE_BYTES
+    assert attempts.count == len(sink.requests)  # none refused
 
 
 def finished_spans() -> list[ReadableSpan]:

@@ -196,11 +196,17 @@ def in_halves(spans: Sequence[ReadableSpan], send: Send, backend: str) -> int:
     if refused and len(spans) > 1:
         half = len(spans) // 2
         return in_halves(spans[:half], send, backend) + in_halves(spans[half:], send, backend)
-    if refused:
+    if refused and backend not in _TOLD_TOO_LARGE:  # the drop itself is counted, each time
+        _TOLD_TOO_LARGE.add(backend)
         logger.warning(
-            "otelkit: %s refused a span of %d bytes as too large; dropped", backend, refused
-        )
+            "otelkit: %s refused a span of %d bytes as too large; dropped (logged once; "
+            "such spans are counted in otelkit_telemetry_spans_dropped_total, "
+            "reason export_failed)", backend, refused,
+        )  # fmt: skip
     return 0
+
+
+_TOLD_TOO_LARGE: set[str] = set()  # the backends for which a span too large was logged
 
 
 def _sdk_environment(environ: Mapping[str, str]) -> Callable[[str], str | None]:

@@ -156,6 +156,23 @@ def test_a_batch_refused_as_too_large_is_sent_in_halves(tmp_path: Path, protocol
     assert stats == {"exported": 200, "dropped_export_failed": 1}
 
 
+def test_a_span_too_large_on_its_own_is_logged_once_and_counted_each_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Receiver(tmp_path, max_body_bytes=8192) as receiver:
+        telemetry = otelkit.configure(
+            service_name="http-client", traces_endpoint=receiver.traces_url
+        )
+        for _ in range(3):
+            with trace.get_tracer("tests").start_as_current_span("huge") as huge:
+                huge.set_attribute("blob", "x" * 20_000)
+            assert otelkit.flush()
+        stats = telemetry.stats()
+    told = [r for r in caplog.records if "as too large" in r.getMessage()]
+    assert len(told) == 1 and receiver.traces_url in told[0].getMessage()
+    assert stats == {"exported": 0, "dropped_export_failed": 3}
+
+
 @contextlib.contextmanager
 def exporting_to(sink: GrpcTraceSink, limit: int) -> Iterator[tuple[otelkit.Telemetry, _Attempts]]:
     """otelkit configured to export over OTLP/gRPC to ``sink``, served with a receive limit of

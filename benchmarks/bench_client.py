@@ -5,8 +5,8 @@ so drift of the machine touches both alike. Phase one traces every call (100 % s
 metrics on; phase two runs the instrumented client with its calls not sampled (``always_off``);
 phase three samples 1 % of them (``parentbased_traceidratio``, the usual production setting:
 the median call is one not sampled, decided by its trace id). Triton's own
-tracing is off: a propagated context would make the *server* do more work for the traced
-client, and this measures the client. The last line is JSON.
+tracing is off unless ``--server-tracing``: a propagated context would make the *server* do more
+work for the traced client, and this measures the client. The last line is JSON.
 
 ``--ablate`` adds phases that tell where the overhead goes against the real server: otelkit's
 own time on the caller's thread, before and after the client's own ``infer`` (in situ, calls
@@ -27,13 +27,18 @@ with 16 floats (about 0.5 ms: the smallest call there is, where a fixed overhead
 ``--asyncio`` measures the asyncio clients (``tritonclient.grpc.aio``, ``tritonclient.http.aio``):
 each call is awaited to its end on one event loop, the bare one's as the instrumented one's.
 
+``--server-tracing`` turns Triton's own tracing on for every request (rate 1, exported to an
+embedded receiver in a process of its own), as in a deployment whose server spans join the
+client's traces: both clients' requests are traced by the server, the instrumented client's
+as children of its spans.
+
 ``--between idle|sweep`` has the job sleep or work between calls, outside their timing: after
 either, the same code on the caller's path runs several times slower than between back-to-back
 calls (``--ablate``'s own time shows it).
 
     python benchmarks/bench_client.py [--calls 4000] [--protocol grpc|http] [--event]
                                       [--between nothing|idle|sweep] [--asyncio]
-                                      [--profile] [--ablate]
+                                      [--server-tracing] [--profile] [--ablate]
 """
 
 from __future__ import annotations
@@ -41,17 +46,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import cProfile
 import functools
 import importlib
 import json
 import pstats
 import random
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -63,7 +71,7 @@ import otelkit
 from otelkit import semconv
 from otelkit._hotmetrics import HotRegistry
 from otelkit.client import _call
-from otelkit.tritonserver import TritonServer
+from otelkit.tritonserver import TritonServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "models"
@@ -128,15 +136,43 @@ def event_workload(module: Any) -> Workload:
     return Workload("tracking", [tensor])
 
 
-def serve(event: bool) -> TritonServer:
-    """The tritonserver the benchmark calls, not started; Triton's own tracing is off."""
+def serve(event: bool, traces_url: str | None) -> TritonServer:
+    """The tritonserver the benchmark calls, not started; Triton traces every request to
+    ``traces_url``, or none (``None``)."""
     if not event:  # the models' own otelkit exports nothing: this measures the client
-        return TritonServer(MODELS, env={"OTELKIT_TRACES_EXPORTER": "none"})
+        env = {"OTELKIT_TRACES_EXPORTER": "none"}
+        return TritonServer(MODELS, env=env, trace_url=traces_url, trace_rate=1)
     from gnn_tracking.models import load_models  # examples/ is on the path (main)
     from gnn_tracking.serve import triton_server
 
     load_models()  # the weights exist (trained once if missing) before the models load them
-    return triton_server(None)
+    return triton_server(traces_url)
+
+
+@contextlib.contextmanager
+def trace_receiver(wanted: bool) -> Iterator[str | None]:
+    """With ``wanted``, an embedded OTLP/HTTP receiver in a process of its own (``otelkit
+    receive``: its CPU is not the client's) for Triton's spans; its traces URL."""
+    if not wanted:
+        yield None
+        return
+    port = free_port()
+    out = tempfile.mkdtemp(prefix="bench-client-triton-")
+    command = [sys.executable, "-m", "otelkit.cli", "receive", "--port", str(port), "--out", out]
+    with subprocess.Popen(command, stderr=subprocess.DEVNULL) as receiver:
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if receiver.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("otelkit receive did not start") from None
+                    time.sleep(0.1)
+            yield f"http://127.0.0.1:{port}/v1/traces"
+        finally:
+            receiver.terminate()
 
 
 # Each client's last results stay alive, as in a job that uses them after the call; freed at
@@ -418,6 +454,11 @@ def main() -> int:
         help="the asyncio clients (tritonclient.grpc.aio, tritonclient.http.aio), each call "
         "awaited on one event loop; not with --ablate",
     )  # fmt: skip
+    parser.add_argument(
+        "--server-tracing", action="store_true",
+        help="Triton traces every request (rate 1, to a receiver in a process of its own), as "
+        "a deployment whose traces join the client's does; default: Triton's tracing off",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.asyncio and args.ablate:
         parser.error("--ablate measures the synchronous clients only")
@@ -428,7 +469,10 @@ def main() -> int:
     _kept.default_factory = lambda: collections.deque(maxlen=args.held)
     module = MODULES[args.protocol]
     traces = tempfile.mkdtemp(prefix="bench-client-")
-    with serve(args.event) as server:
+    with (
+        trace_receiver(args.server_tracing) as triton_traces,
+        serve(args.event, triton_traces) as server,
+    ):
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         if args.asyncio:
             bare, traced = asyncio_clients(args.protocol, url)
@@ -469,6 +513,7 @@ def main() -> int:
         "calls": args.calls,
         "model": work.model,
         "between_calls": args.between,
+        "server_tracing": args.server_tracing,
         "request_bytes": sum(len(getattr(tensor, raw) or b"") for tensor in work.inputs),
         "bare_median_us": round(sampled["bare"], 1),
         "instrumented_median_us": round(sampled["traced"], 1),

@@ -5,10 +5,11 @@ protobuf's own parse, and the rebuilt ``ModelInfer`` of a real gRPC client (sync
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,36 +149,46 @@ def test_a_grpc_client_counts_every_call_styles_tensor_bytes(
         assert all(0 < seconds < span.duration_ns / 1e9 for seconds in phases), span.attributes
 
 
-Seen = tuple[list[Any], list[Any], list[Any]]
-
-
-def unsampled_calls(style: str, url: str, count: int, counted: list[Any]) -> Seen:
-    """``count`` calls of an instrumented gRPC client's ``infer`` (``style``: the sync client,
-    or the asyncio one awaited on a loop of its own), after a first call that brings its
-    channel up and makes its series, with ``LATER``'s worker held. Returns their results, the
-    last ``count`` items waiting in ``LATER`` and what ``counted`` held, as the calls
-    returned."""
-
-    def seen(results: list[Any]) -> Seen:
-        return results, list(LATER.waiting)[-count:], list(counted)
-
+@contextlib.contextmanager
+def grpc_infer(style: str, url: str) -> Iterator[Callable[..., Any]]:
+    """The ``infer`` of an instrumented gRPC client: the sync client's, or the asyncio
+    client's with each call awaited to its end on a loop of its own; after a first call that
+    brings its channel up and makes its series, and whatever that call left to ``LATER``."""
     if style == "sync":
         with otelkit.instrument(grpcclient.InferenceServerClient(url)) as client:
             client.infer("identity_fp32", tensor(grpcclient))
             LATER.drain()
-            with LATER._lock:
-                return seen([client.infer("identity_fp32", tensor(grpcclient))
-                             for _ in range(count)])  # fmt: skip
+            yield client.infer
+        return
+    loop = asyncio.new_event_loop()
 
-    async def calls() -> Seen:
-        async with otelkit.instrument(aiogrpcclient.InferenceServerClient(url)) as client:
-            await client.infer("identity_fp32", tensor(aiogrpcclient))
-            LATER.drain()
-            with LATER._lock:
-                return seen([await client.infer("identity_fp32", tensor(aiogrpcclient))
-                             for _ in range(count)])  # fmt: skip
+    async def made() -> Any:
+        return otelkit.instrument(aiogrpcclient.InferenceServerClient(url))
 
-    return asyncio.run(calls())
+    client = loop.run_until_complete(made())
+
+    def infer(*args: Any, **kwargs: Any) -> Any:
+        return loop.run_until_complete(client.infer(*args, **kwargs))
+
+    try:
+        infer("identity_fp32", tensor(grpcclient))
+        LATER.drain()
+        yield infer
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()
+
+
+Seen = tuple[list[Any], list[Any], list[Any]]
+
+
+def unsampled_calls(style: str, url: str, count: int, counted: list[Any]) -> Seen:
+    """``count`` calls of an instrumented gRPC client's ``infer`` (``grpc_infer``) with
+    ``LATER``'s worker held. Returns their results, the last ``count`` items waiting in
+    ``LATER`` and what ``counted`` held, as the calls returned."""
+    with grpc_infer(style, url) as infer, LATER._lock:
+        results = [infer("identity_fp32", tensor(grpcclient)) for _ in range(count)]
+        return results, list(LATER.waiting)[-count:], list(counted)
 
 
 @pytest.mark.triton
@@ -288,3 +299,51 @@ def wait_for_requests(receiver: Receiver, request_ids: set[str], timeout: float 
             assert found == request_ids
             return spans
         time.sleep(0.05)
+
+
+def reused_input_calls(style: str, url: str) -> list[Any]:
+    """Three calls of an instrumented gRPC client's ``infer`` (``grpc_infer``) with ``LATER``'s
+    worker held: a batch of 2, then the same ``InferInput`` refilled with a batch of 5 (its
+    tensors are the caller's to reuse once a call returns), then a request too large to keep
+    (20 kB). Returns the calls waiting in ``LATER``, as they wait."""
+    reused = grpcclient.InferInput("INPUT0", list(DATA.shape), "FP32")
+    big = grpcclient.InferInput("INPUT0", [1, 5000], "FP32")
+    big.set_data_from_numpy(np.zeros((1, 5000), dtype=np.float32))
+    outputs = [grpcclient.InferRequestedOutput("OUTPUT0")]
+    with grpc_infer(style, url) as infer, LATER._lock:
+        reused.set_data_from_numpy(DATA)
+        infer("identity_fp32", [reused], outputs=outputs, request_id="batch-2")
+        reused.set_shape([5, 4])
+        reused.set_data_from_numpy(np.ones((5, 4), dtype=np.float32))
+        infer("identity_fp32", [reused], outputs=outputs, request_id="batch-5")
+        infer("identity_fp32", [big], outputs=outputs, request_id="big")
+        return [item.__self__ for item in list(LATER.waiting)[-3:]]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("style", ["sync", "asyncio"])
+def test_a_sampled_grpc_call_reads_its_facts_from_its_own_request_off_the_callers_path(
+    style: str, triton: TritonServer, receiver: Receiver
+) -> None:
+    """A sampled gRPC call keeps the request message tritonclient built for it (a small one)
+    and reads its input and output counts, request id and batch size from it when its
+    telemetry ends, not from the caller's inputs as it starts: the span tells the call's own
+    request even when the caller refilled its inputs before then. A request of more than
+    16 kB is not kept: its facts are read as it starts."""
+    otelkit.configure(service_name="wire-facts", traces_endpoint=receiver.traces_url)
+    try:
+        calls = reused_input_calls(style, triton.grpc_url)
+        otelkit.flush()
+        spans = wait_for_requests(receiver, {"batch-2", "batch-5", "big"})
+    finally:
+        otelkit.shutdown()
+    assert [call.facts is None for call in calls] == [True, True, False]  # waiting for requests
+    assert [call.request for call in calls] == [None, None, None]  # let go once read
+    by_id = {span.attributes[semconv.REQUEST_ID]: span.attributes for span in spans}
+    assert {key: attributes[semconv.BATCH_SIZE] for key, attributes in by_id.items()} == {
+        "batch-2": 2, "batch-5": 5, "big": 1,
+    }  # fmt: skip
+    for attributes in by_id.values():
+        assert attributes[semconv.INPUT_COUNT] == 1 and attributes[semconv.OUTPUT_COUNT] == 1
+        assert attributes[semconv.CALL_STYLE] == ("infer" if style == "sync" else "asyncio_infer")
+    assert by_id["big"][semconv.REQUEST_BYTES] == 20_000

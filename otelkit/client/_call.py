@@ -29,7 +29,7 @@ from otelkit._internal import internal_error
 from otelkit._later import LATER
 from otelkit._spans import LeanSpan, SpanRecorder
 from otelkit._switch import SWITCH
-from otelkit.client._wire import counted_on_wire
+from otelkit.client._wire import KEEP_WIRE_BYTES, counted_on_wire
 from otelkit.propagation import has_baggage, headers_for
 
 __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
@@ -300,15 +300,36 @@ def end_unsampled(
         internal_error("ending a client call's metrics")
 
 
-# What a sampled call's span says of its request, taken when the call starts (the caller may
-# reuse its inputs for the next call before the span is ended): call style, number of inputs,
-# number of outputs asked for, request id, first dimension of the first input (batch size).
-_Facts = tuple[str, int, int, "str | None", "int | None"]
+# What a sampled call's span says of its request: number of inputs, number of outputs asked
+# for, request id, first dimension of the first input (batch size). Taken from the caller's
+# inputs as the call starts (the caller may reuse them for the next call before the span is
+# ended), or, off the caller's path, from the request message the transport built from them.
+_Facts = tuple[int, int, "str | None", "int | None"]
+_UNKNOWN: _Facts = (0, 0, None, None)
 
 
-def _describe(attributes: dict[str, Any], per: _PerModel, facts: _Facts) -> None:
+def _caller_facts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Facts:
+    """The facts from ``infer``'s arguments: model_name, inputs, model_version, outputs,
+    request_id."""
+    count = len(args)
+    inputs = args[1] if count > 1 else kwargs.get("inputs", ())
+    outputs = args[3] if count > 3 else kwargs.get("outputs")
+    request_id = args[4] if count > 4 else kwargs.get("request_id")
+    shape = inputs[0].shape() if inputs else None
+    return len(inputs), len(outputs) if outputs else 0, request_id, shape[0] if shape else None
+
+
+def _request_facts(request: Any) -> _Facts:
+    """The facts from a gRPC ``ModelInferRequest``, as tritonclient builds it from the same
+    arguments (a fresh message per call, which the caller never sees)."""
+    inputs = request.inputs
+    shape = inputs[0].shape if inputs else None
+    return len(inputs), len(request.outputs), request.id or None, shape[0] if shape else None
+
+
+def _describe(attributes: dict[str, Any], per: _PerModel, style: str, facts: _Facts) -> None:
     """The sampled span's attributes known before the call."""
-    style, inputs, outputs, request_id, batch = facts
+    inputs, outputs, request_id, batch = facts
     attributes.update(per.attributes)
     attributes[semconv.CALL_STYLE] = style
     attributes[semconv.INPUT_COUNT] = inputs
@@ -321,22 +342,23 @@ def _describe(attributes: dict[str, Any], per: _PerModel, facts: _Facts) -> None
 
 
 class Call:
-    """One inference request in flight (but a synchronous ``infer`` that ``open_call`` finds
-    not sampled, which needs none: ``_sync.traced_infer``).
+    """One inference request in flight (but an ``infer`` that ``open_call`` finds not sampled,
+    which needs none: ``_sync.traced_infer``, ``_aio.traced_aio_infer``).
 
     An unsampled call records its metrics and nothing else: no attributes, no headers, no
     phases (its ``sent_ns``, ``received_ns``, ``counted`` and ``wire`` start unset). A
     sampled one also fills its span and sends its context to the server, and is the current
     call (``CURRENT_CALL``) while its transport runs: the rebuilt gRPC ``ModelInfer``
-    (``_sync.attach_model_infer``) stamps its ``sent_ns`` and ``received_ns`` and either
-    keeps the response's bytes (``wire``, a small response) or sets ``counted`` (the response's
-    tensor bytes and outputs, counted as it arrived). Otherwise the response is counted from
-    the call's ``result``, which is kept until then: off the caller's path, within about
-    10 ms (``LATER``).
+    (``_sync.attach_model_infer``) stamps its ``sent_ns`` and ``received_ns``, hands it its
+    request message when the call waits for it (``request``: the call's ``facts`` are then read
+    from it, off the caller's path), and either keeps the response's bytes (``wire``, a small
+    response) or sets ``counted`` (the response's tensor bytes and outputs, counted as it
+    arrived). Otherwise the response is counted from the call's ``result``, which is kept until
+    then: off the caller's path, within about 10 ms (``LATER``).
     """
 
-    __slots__ = ("counted", "end", "facts", "per", "received_ns", "request_bytes", "result",
-                 "sampled", "sent_ns", "span", "start", "wire")  # fmt: skip
+    __slots__ = ("counted", "end", "facts", "per", "received_ns", "request", "request_bytes",
+                 "result", "sampled", "sent_ns", "span", "start", "style", "wire")  # fmt: skip
 
     def __init__(
         self,
@@ -346,28 +368,31 @@ class Call:
         style: str,
         context: Context | None = None,
         links: Sequence[Link] = (),
+        handed_request: bool = False,
     ) -> None:
         """``opened``: what ``open_call`` found (its root decision holds unless ``context`` is
         given); ``args`` and ``kwargs`` are ``infer``'s: model_name, inputs, model_version,
-        outputs, request_id. The unsampled path reads only what its metrics need, for speed."""
+        outputs, request_id. ``handed_request``: the transport hands a sampled call its request
+        message (gRPC's rebuilt ``ModelInfer``); the call then keeps a small one (up to
+        ``KEEP_WIRE_BYTES`` of tensors) until its telemetry ends and reads its facts from it,
+        instead of from the caller's inputs now. The unsampled path reads only what its metrics
+        need, for speed."""
         self.per = per = opened[0]
         self.request_bytes = opened[1]
         root = opened[2] if context is None else None
         self.span = span = RECORDER.start(per.span_name, _CLIENT, context, links, root)
         self.sampled = sampled = span.sampled
-        if sampled:  # plain values, not a named tuple: no Python frame to build them
+        if sampled:
+            self.style = style
             self.sent_ns = self.received_ns = 0
             self.counted: tuple[int, int | None] | None = None
             self.wire: bytes | None = None
-            count = len(args)
-            inputs = args[1] if count > 1 else kwargs.get("inputs", ())
-            outputs = args[3] if count > 3 else kwargs.get("outputs")
-            request_id = args[4] if count > 4 else kwargs.get("request_id")
-            shape = inputs[0].shape() if inputs else None
-            self.facts: _Facts = (
-                style, len(inputs), len(outputs) if outputs else 0, request_id,
-                shape[0] if shape else None,
-            )  # fmt: skip
+            self.request: Any = None
+            self.facts: _Facts | None = (
+                None
+                if handed_request and opened[1] <= KEEP_WIRE_BYTES
+                else _caller_facts(args, kwargs)
+            )
         per.calls.in_flight.begin()
         self.start = time.perf_counter_ns()
 
@@ -421,7 +446,19 @@ class Call:
             seconds, self.request_bytes, response_bytes, context.trace_id, context.span_id
         )
         attributes = span.attributes
-        _describe(attributes, per, self.facts)
+        facts = self.facts
+        if facts is None:  # read from the request message
+            request, self.request = self.request, None
+            if request is not None:
+                facts = _request_facts(request)
+            else:  # the call failed before its request was built, or, when it did not
+                facts = _UNKNOWN  # fail, the transport did not hand it over: otelkit's bug
+                if error is None:
+                    try:
+                        raise LookupError("no request message was handed to this gRPC call")
+                    except LookupError:
+                        internal_error("reading a gRPC call's request message")
+        _describe(attributes, per, self.style, facts)
         if self.sent_ns:
             attributes[semconv.SERIALIZE_S] = (self.sent_ns - self.start) / 1e9
             if self.received_ns:
@@ -430,7 +467,7 @@ class Call:
         attributes[semconv.REQUEST_BYTES] = self.request_bytes
         if error is None:
             attributes[semconv.RESPONSE_BYTES] = response_bytes
-            if not self.facts[2]:  # no outputs named: as many as came back
+            if not facts[1]:  # no outputs named: as many as came back
                 attributes[semconv.OUTPUT_COUNT] = (
                     output_count(self.result) if outputs is None else outputs
                 )

@@ -21,6 +21,7 @@ from otelkit._internal import internal_error
 from otelkit._later import LATER
 from otelkit.client._call import (
     CURRENT_CALL,
+    GRPC_TENSORS,
     TARGET,
     Call,
     ClientTarget,
@@ -71,7 +72,11 @@ def _begin(
     telemetry failed (the call then runs bare)."""
     try:
         opened = open_call(client.__dict__.get(TARGET) or target_of(client), args, kwargs)
-        return opened if short and opened[2] == 0 else Call(opened, args, kwargs, style)
+        if short and opened[2] == 0:
+            return opened
+        # a gRPC call here goes through the rebuilt ModelInfer, which hands it its request
+        grpc = opened[0].tensors is GRPC_TENSORS
+        return Call(opened, args, kwargs, style, handed_request=grpc)
     except InstrumentationSuppressed:
         return None
     except Exception:
@@ -190,6 +195,8 @@ def _serializer(original: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
         call = current()
         if call is not None:
             call.sent_ns = clock()
+            if call.facts is None:  # the call reads its facts from its request, later
+                call.request = request
         return raw
 
     return serialize
@@ -218,7 +225,8 @@ def _deserializer(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 def attach_model_infer(client: Any) -> None:
     """Rebuild a gRPC client's ``ModelInfer`` (sync or asyncio) on its channel, with a
-    serialiser that stamps *sent* for the sampled call in progress once its request is bytes,
+    serialiser that stamps *sent* for the sampled call in progress once its request is bytes
+    (and hands it the request message, when it reads its facts from it: ``Call``),
     and a deserialiser that stamps *received* before parsing and hands it the bytes on the
     wire (``_wire``). Serialising and parsing are the stub's own functions.
 

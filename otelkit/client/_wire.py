@@ -18,7 +18,8 @@ _RAW_OUTPUT_KEY = 0x32  # field 6, length-delimited: ModelInferResponse.raw_outp
 # A sampled call keeps a response's bytes up to this size to count them off the caller's path
 # (about 2 us saved right after the network wait); a larger one is counted as it arrives, so
 # that calls waiting for the worker (at most ``Later``'s limit, 4,096) never hold more than
-# 64 MiB of wire bytes besides their parsed results.
+# 64 MiB of wire bytes besides their parsed results (and as much of request messages, kept
+# up to the same size: ``_call.Call``).
 KEEP_WIRE_BYTES = 16 * 1024
 
 

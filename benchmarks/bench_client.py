@@ -424,21 +424,28 @@ def ablations(
     return {key: round(value, 1) for key, value in found.items()}
 
 
+SWITCHES = {
+    "--profile": "profile otelkit's share",
+    "--ablate": "where the overhead goes",
+    "--event": "call the reference deployment's tracking ensemble with one event (444 hits), "
+    "a call of about 10 ms on a 2-core CPU, instead of the identity model",
+    "--asyncio": "the asyncio clients (tritonclient.grpc.aio, tritonclient.http.aio), each call "
+    "awaited on one event loop; not with --ablate",
+    "--server-tracing": "Triton traces every request (rate 1, to a receiver in a process of its "
+    "own), as a deployment whose traces join the client's does; default: Triton's tracing off",
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=4000, help="interleaved pairs per phase")
     parser.add_argument("--protocol", choices=sorted(MODULES), default="grpc")
-    parser.add_argument("--profile", action="store_true", help="profile otelkit's share")
-    parser.add_argument("--ablate", action="store_true", help="where the overhead goes")
+    for flag, text in SWITCHES.items():
+        parser.add_argument(flag, action="store_true", help=text)
     parser.add_argument(
         "--elements", type=int, default=16,
         help="float32 elements per request (16: the smallest call; 150000: a 600 kB event, "
         "about a mid-size tracking event of 50k space points with 3 features)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--event", action="store_true",
-        help="call the reference deployment's tracking ensemble with one event (444 hits), a "
-        "call of about 10 ms on a 2-core CPU, instead of the identity model",
     )  # fmt: skip
     parser.add_argument(
         "--held", type=int, default=HELD,
@@ -448,16 +455,6 @@ def main() -> int:
         "--between", choices=sorted(BETWEEN), default="nothing",
         help="what the job does between calls, outside their timing (idle: sleeps 10 ms; "
         "sweep: about 2 ms of work through 32 MB)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--asyncio", action="store_true",
-        help="the asyncio clients (tritonclient.grpc.aio, tritonclient.http.aio), each call "
-        "awaited on one event loop; not with --ablate",
-    )  # fmt: skip
-    parser.add_argument(
-        "--server-tracing", action="store_true",
-        help="Triton traces every request (rate 1, to a receiver in a process of its own), as "
-        "a deployment whose traces join the client's does; default: Triton's tracing off",
     )  # fmt: skip
     args = parser.parse_args()
     if args.asyncio and args.ablate:

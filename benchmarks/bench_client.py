@@ -52,6 +52,7 @@ import functools
 import importlib
 import json
 import pstats
+import queue
 import random
 import socket
 import statistics
@@ -107,6 +108,28 @@ def asyncio_clients(protocol: str, url: str) -> tuple[Awaited, Awaited]:
         Awaited(loop, loop.run_until_complete(made())),
         Awaited(loop, otelkit.instrument(loop.run_until_complete(made()))),
     )
+
+
+class Waited:
+    """A synchronous client's ``async_infer`` behind the ``infer`` the phases call: the call is
+    started and its result waited for (gRPC: the callback, on gRPC's thread; HTTP:
+    ``get_result``), as a job does that overlaps its work with the call."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def infer(self, *args: Any) -> Any:
+        if not isinstance(self.client, grpcclient.InferenceServerClient):
+            return self.client.async_infer(*args).get_result()
+        answered: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+        self.client.async_infer(*args[:2], lambda result, error: answered.put((result, error)))
+        result, error = answered.get()
+        if error is not None:
+            raise error
+        return result
+
+    def close(self) -> None:
+        self.client.close()
 
 
 class Workload(NamedTuple):
@@ -431,6 +454,8 @@ SWITCHES = {
     "a call of about 10 ms on a 2-core CPU, instead of the identity model",
     "--asyncio": "the asyncio clients (tritonclient.grpc.aio, tritonclient.http.aio), each call "
     "awaited on one event loop; not with --ablate",
+    "--async-infer": "the synchronous clients' async_infer, each call waited for (gRPC: its "
+    "callback; HTTP: get_result); not with --ablate",
     "--server-tracing": "Triton traces every request (rate 1, to a receiver in a process of its "
     "own), as a deployment whose traces join the client's does; default: Triton's tracing off",
 }
@@ -457,7 +482,7 @@ def main() -> int:
         "sweep: about 2 ms of work through 32 MB)",
     )  # fmt: skip
     args = parser.parse_args()
-    if args.asyncio and args.ablate:
+    if (args.asyncio or args.async_infer) and args.ablate:
         parser.error("--ablate measures the synchronous clients only")
     global between
     between = BETWEEN[args.between]
@@ -473,11 +498,14 @@ def main() -> int:
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         if args.asyncio:
             bare, traced = asyncio_clients(args.protocol, url)
+        elif args.async_infer:
+            bare = Waited(module.InferenceServerClient(url))
+            traced = Waited(otelkit.instrument(module.InferenceServerClient(url)))
         else:
             bare = module.InferenceServerClient(url)
             traced = otelkit.instrument(module.InferenceServerClient(url))
         work = event_workload(module) if args.event else identity_workload(module, args.elements)
-        style = "asyncio " if args.asyncio else ""
+        style = "asyncio " if args.asyncio else "async_infer " if args.async_infer else ""
         print(f"tritonserver up; {style}{args.protocol} client; spans to {traces}", flush=True)
         otelkit.configure(
             service_name="bench-client", traces_dir=traces, prometheus_port=0,
@@ -507,6 +535,7 @@ def main() -> int:
     result = {
         "protocol": args.protocol,
         "asyncio": args.asyncio,
+        "async_infer": args.async_infer,
         "calls": args.calls,
         "model": work.model,
         "between_calls": args.between,

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpcclient
+import tritonclient.http as httpclient
 from opentelemetry.sdk.metrics.export import Sum
 from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
 
 import otelkit
 from otelkit import semconv
@@ -29,6 +31,7 @@ from otelkit.client import _wire
 from otelkit.client._call import CURRENT_CALL, GRPC_TENSORS, end_unsampled
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
+from tests.test_client_sampling import client_points
 
 DATA = np.arange(8, dtype=np.float32).reshape(2, 4)
 
@@ -347,3 +350,59 @@ def test_a_sampled_grpc_call_reads_its_facts_from_its_own_request_off_the_caller
         assert attributes[semconv.INPUT_COUNT] == 1 and attributes[semconv.OUTPUT_COUNT] == 1
         assert attributes[semconv.CALL_STYLE] == ("infer" if style == "sync" else "asyncio_infer")
     assert by_id["big"][semconv.REQUEST_BYTES] == 20_000
+
+
+def answered(client: Any, protocol: str, model: str) -> tuple[Any, Any]:
+    """The result and the error (one of them ``None``) of one ``async_infer`` of ``model``:
+    gRPC's in its callback, HTTP's from the handle's ``get_result``."""
+    module = grpcclient if protocol == "grpc" else httpclient
+    if protocol == "grpc":
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.async_infer(
+            model, tensor(module), lambda result, error: answers.put((result, error))
+        )
+        return answers.get(timeout=10)
+    handle = client.async_infer(model, tensor(module))
+    try:
+        return handle.get_result(), None
+    except InferenceServerException as error:
+        return None, error
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(("protocol", "error_type"), [("grpc", "NOT_FOUND"), ("http", "404")])
+def test_async_infer_not_sampled_takes_the_short_path(
+    protocol: str, error_type: str, triton: TritonServer, tmp_path: Path
+) -> None:
+    """``async_infer`` of a call not sampled takes the short path too (no ``Call``: its metrics
+    wait in ``LATER`` with its result, handed over in gRPC's callback or at HTTP's
+    ``get_result``); the caller gets the result, or the client's error, and a failure is
+    counted with its error type; nothing stays in flight, no span."""
+    otelkit.configure(service_name="async-quiet", traces_dir=str(tmp_path), sampler="always_off")
+    module = grpcclient if protocol == "grpc" else httpclient
+    url = triton.grpc_url if protocol == "grpc" else triton.http_url
+    try:
+        with otelkit.instrument(module.InferenceServerClient(url)) as client:
+            client.infer("identity_fp32", tensor(module))  # connection up, series made
+            LATER.drain()
+            before = client_sums()
+            failures = client_points(semconv.CLIENT_ERRORS.name, "no_such_model", protocol)
+            with LATER._lock:
+                result, error = answered(client, protocol, "identity_fp32")
+                waiting = list(LATER.waiting)[-1:]
+            _, failure = answered(client, protocol, "no_such_model")
+            LATER.drain()
+            after = client_sums()
+            failures_after = client_points(semconv.CLIENT_ERRORS.name, "no_such_model", protocol)
+    finally:
+        otelkit.shutdown()
+    assert error is None and np.array_equal(result.as_numpy("OUTPUT0"), DATA)
+    assert [item.func for item in waiting] == [end_unsampled] and waiting[0].args[4] is result
+    assert isinstance(failure, InferenceServerException)
+    counted_before = failures[error_type].value if error_type in failures else 0
+    assert failures_after[error_type].value == counted_before + 1
+    sent, received = semconv.CLIENT_REQUEST_BYTES.name, semconv.CLIENT_RESPONSE_BYTES.name
+    assert after[sent] - before[sent] == 2 * DATA.nbytes  # the failed request was sent too
+    assert after[received] - before[received] == DATA.nbytes
+    assert after[semconv.CLIENT_IN_FLIGHT.name] == before[semconv.CLIENT_IN_FLIGHT.name]
+    assert load_spans(tmp_path) == []

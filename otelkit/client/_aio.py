@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from otelkit.client._call import CURRENT_CALL, ClientTarget, end_unsampled
-from otelkit.client._sync import Transport, _begin, _enter, _headers_index, hand_over
+from otelkit.client._call import CURRENT_CALL, ClientTarget
+from otelkit.client._sync import Transport, _begin, _enter, _headers_index, end_quietly
 
 __all__ = ["stamp_async", "traced_aio_infer"]
 
@@ -28,7 +28,7 @@ def traced_aio_infer(target_of: Callable[[Any], ClientTarget], original: Callabl
 
     @functools.wraps(original)
     async def infer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        call = _begin(target_of, self, args, kwargs, "asyncio_infer", short=True)
+        call = _begin(target_of, self, args, kwargs, "asyncio_infer")
         if call is None:
             return await original(self, *args, **kwargs)
         if isinstance(call, tuple):  # not sampled: metrics only
@@ -37,9 +37,9 @@ def traced_aio_infer(target_of: Callable[[Any], ClientTarget], original: Callabl
             try:
                 result = await original(self, *args, **kwargs)
             except BaseException as error:
-                end_unsampled(call[0], start, clock(), call[1], None, error)
+                end_quietly(call, start, None, error)
                 raise
-            hand_over(call, start, clock(), result)
+            end_quietly(call, start, result)
             return result
         token = None
         if call.sampled:

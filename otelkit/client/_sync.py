@@ -15,7 +15,7 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from otelkit._internal import internal_error
 from otelkit._later import LATER
@@ -64,15 +64,14 @@ def _begin(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     style: str,
-    short: bool = False,
 ) -> Call | Opened | None:
-    """What one request starts with: its ``Call``; with ``short``, for a call known not to be
-    sampled before a span is asked for (``open_call``), only what ``open_call`` found (its
-    metrics need nothing else: ``hand_over``); ``None`` if instrumentation is suppressed or
-    telemetry failed (the call then runs bare)."""
+    """What one request starts with: its ``Call``; for a call known not to be sampled before a
+    span is asked for (``open_call``), only what ``open_call`` found (its metrics need nothing
+    else: ``end_quietly``); ``None`` if instrumentation is suppressed or telemetry failed (the
+    call then runs bare)."""
     try:
         opened = open_call(client.__dict__.get(TARGET) or target_of(client), args, kwargs)
-        if short and opened[2] == 0:
+        if opened[2] == 0:
             return opened
         # a gRPC call here goes through the rebuilt ModelInfer, which hands it its request
         grpc = opened[0].tensors is GRPC_TENSORS
@@ -85,16 +84,42 @@ def _begin(
 
 
 _WAITING, _LIMIT = LATER.waiting, LATER.limit
+_CLOCK = time.perf_counter_ns
 
 
-def hand_over(opened: Opened, start_ns: int, end_ns: int, result: Any) -> None:
-    """A call not sampled (``opened``: what ``open_call`` found) returned ``result``: its
-    metrics are recorded by ``LATER``."""
+def end_quietly(
+    opened: Opened, start_ns: int, result: Any, error: BaseException | None = None
+) -> None:
+    """A call not sampled (``opened``: what ``open_call`` found; ``start_ns``: when it began)
+    is over: its metrics are recorded by ``LATER`` when it returned ``result``, here when it
+    failed with ``error``. Never raises."""
+    end_ns = _CLOCK()
+    if error is not None:
+        end_unsampled(opened[0], start_ns, end_ns, opened[1], None, error)
+        return
     ended = functools.partial(end_unsampled, opened[0], start_ns, end_ns, opened[1], result)
     if len(_WAITING) < _LIMIT:  # LATER.add, inline
         _WAITING.append(ended)
     else:
         LATER.add(ended)
+
+
+def _run_quietly(
+    opened: Opened,
+    original: Callable[..., Any],
+    client: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[Any, int]:
+    """The client's own call, for a call not sampled (``opened``): what it returned, and when
+    it started; a failure is ended (``end_quietly``) and re-raised, the very same object."""
+    opened[0].calls.in_flight.begin()
+    start = _CLOCK()
+    try:
+        return original(client, *args, **kwargs), start
+    except BaseException as error:
+        end_quietly(opened, start, None, error)
+        raise
 
 
 class _Traced(Protocol):
@@ -128,22 +153,21 @@ def traced_infer(target_of: Callable[[Any], ClientTarget], original: Callable[..
     ``Call``, no span, two clock readings, and its metrics recorded by ``LATER``. This is the
     hottest path otelkit has; everything else goes through ``Call``."""
     index = _headers_index(original)
-    clock = time.perf_counter_ns
+    clock, partial = time.perf_counter_ns, functools.partial
 
     @functools.wraps(original)
     def infer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        call = _begin(target_of, self, args, kwargs, "infer", short=True)
+        call = _begin(target_of, self, args, kwargs, "infer")
         if call is None:
             return original(self, *args, **kwargs)
         if isinstance(call, tuple):  # not sampled: metrics only
-            call[0].calls.in_flight.begin()
-            start = clock()
-            try:
-                result = original(self, *args, **kwargs)
-            except BaseException as error:
-                end_unsampled(call[0], start, clock(), call[1], None, error)
-                raise
-            hand_over(call, start, clock(), result)
+            result, start = _run_quietly(call, original, self, args, kwargs)
+            # end_quietly, inline: a frame less measured 0.25 us on the caller's path here
+            ended = partial(end_unsampled, call[0], start, clock(), call[1], result)
+            if len(_WAITING) < _LIMIT:
+                _WAITING.append(ended)
+            else:
+                LATER.add(ended)
             return result
         token = None
         if call.sampled:
@@ -290,22 +314,37 @@ def detach_http_transport(client: Any) -> None:
 def traced_grpc_async_infer(
     target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]
 ) -> Any:
-    """gRPC ``async_infer``: the span ends when the callback gets the result or the error."""
+    """gRPC ``async_infer``: the span ends when the callback gets the result or the error; a
+    call known not to be sampled takes ``traced_infer``'s short path, ended in its callback."""
     index = _headers_index(original)
+    clock = time.perf_counter_ns
 
     @functools.wraps(original)
     def async_infer(
         self: Any, model_name: str, inputs: Any, callback: Any, *args: Any, **kwargs: Any
     ) -> Any:
         begun = _begin(target_of, self, (model_name, inputs, *args), kwargs, "async_infer")
-        call = cast("Call | None", begun)  # not short: a Call, or None
-        if call is None:
+        if begun is None:
             return original(self, model_name, inputs, callback, *args, **kwargs)
-        traced_call = call
+        if isinstance(begun, tuple):  # not sampled: metrics only
+            opened = begun
+            opened[0].calls.in_flight.begin()
+            start = clock()
+
+            def ended(result: Any, error: Any) -> None:
+                end_quietly(opened, start, result, error)
+                callback(result=result, error=error)
+
+            try:
+                return original(self, model_name, inputs, ended, *args, **kwargs)
+            except BaseException as error:
+                end_quietly(opened, start, None, error)
+                raise
+        call = begun
 
         def done(result: Any, error: Any) -> None:
-            traced_call.received()
-            traced_call.finish(error, result)
+            call.received()
+            call.finish(error, result)
             callback(result=result, error=error)
 
         token = None
@@ -323,25 +362,27 @@ def traced_grpc_async_infer(
     return async_infer
 
 
-class TracedAsyncRequest:
-    """HTTP ``async_infer``'s handle: the span ends when ``get_result`` returns or raises."""
+End = Callable[[Any, "BaseException | None"], None]  # a call's end: its result, or its error
 
-    def __init__(self, inner: Any, call: Call) -> None:
+
+class TracedAsyncRequest:
+    """HTTP ``async_infer``'s handle: the call ends (``end``) when ``get_result`` returns or
+    raises."""
+
+    def __init__(self, inner: Any, end: End) -> None:
         self._inner = inner
-        self._call: Call | None = call
+        self._end: End | None = end
 
     def get_result(self, block: bool = True, timeout: float | None = None) -> Any:
-        call = self._call
+        end, self._end = self._end, None
         try:
             result = self._inner.get_result(block=block, timeout=timeout)
         except BaseException as error:
-            if call is not None:
-                self._call = None
-                call.finish(error)
+            if end is not None:
+                end(None, error)
             raise
-        if call is not None:
-            self._call = None
-            call.finish(None, result)
+        if end is not None:
+            end(result, None)
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -351,13 +392,19 @@ class TracedAsyncRequest:
 def traced_http_async_infer(
     target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]
 ) -> Any:
+    """HTTP ``async_infer``: the span ends at the handle's ``get_result``; a call known not to
+    be sampled takes ``traced_infer``'s short path, ended there too."""
     index = _headers_index(original)
 
     @functools.wraps(original)
     def async_infer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        call = cast("Call | None", _begin(target_of, self, args, kwargs, "async_infer"))
-        if call is None:
+        begun = _begin(target_of, self, args, kwargs, "async_infer")
+        if begun is None:
             return original(self, *args, **kwargs)
+        if isinstance(begun, tuple):  # not sampled: metrics only
+            handle, start = _run_quietly(begun, original, self, args, kwargs)
+            return TracedAsyncRequest(handle, functools.partial(end_quietly, begun, start))
+        call = begun
         if call.sampled:
             args, kwargs = _with_headers(call, index, args, kwargs)
         try:
@@ -365,6 +412,6 @@ def traced_http_async_infer(
         except BaseException as error:
             call.finish(error)
             raise
-        return TracedAsyncRequest(handle, call)
+        return TracedAsyncRequest(handle, lambda result, error: call.finish(error, result))
 
     return async_infer

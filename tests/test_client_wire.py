@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 import otelkit
-from otelkit import semconv
+from otelkit import _internal, semconv
 from otelkit._hotmetrics import HOT
 from otelkit._later import LATER
 from otelkit.analysis import Span, load_spans
@@ -406,3 +406,28 @@ def test_async_infer_not_sampled_takes_the_short_path(
     assert after[received] - before[received] == DATA.nbytes
     assert after[semconv.CLIENT_IN_FLIGHT.name] == before[semconv.CLIENT_IN_FLIGHT.name]
     assert load_spans(tmp_path) == []
+
+
+@pytest.mark.triton
+def test_a_sampled_grpc_call_that_fails_before_its_request_is_built(
+    triton: TritonServer, receiver: Receiver
+) -> None:
+    """tritonclient refuses a reserved request parameter before it builds the request: the
+    call's own exception reaches the caller, and its span says the failure and no request
+    facts (there was no request to read them from), without an internal error of otelkit's."""
+    otelkit.configure(service_name="wire-early", traces_endpoint=receiver.traces_url)
+    errors_before = _internal.INTERNAL_ERRORS.total
+    try:
+        client = otelkit.instrument(grpcclient.InferenceServerClient(triton.grpc_url))
+        with client, pytest.raises(InferenceServerException, match="reserved"):
+            client.infer("identity_fp32", tensor(grpcclient), parameters={"priority": 1})
+        otelkit.flush()
+        assert receiver.wait_for_spans(1, timeout=10)
+    finally:
+        otelkit.shutdown()
+    (span,) = [s for s in load_spans(receiver.out_dir) if s.kind.name == "CLIENT"]
+    assert span.status_code.name == "ERROR"
+    assert span.attributes[semconv.ERROR_TYPE] == "InferenceServerException"
+    assert span.attributes[semconv.CALL_STYLE] == "infer"
+    assert semconv.INPUT_COUNT not in span.attributes
+    assert _internal.INTERNAL_ERRORS.total == errors_before

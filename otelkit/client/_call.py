@@ -305,7 +305,6 @@ def end_unsampled(
 # inputs as the call starts (the caller may reuse them for the next call before the span is
 # ended), or, off the caller's path, from the request message the transport built from them.
 _Facts = tuple[int, int, "str | None", "int | None"]
-_UNKNOWN: _Facts = (0, 0, None, None)
 
 
 def _caller_facts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Facts:
@@ -327,11 +326,14 @@ def _request_facts(request: Any) -> _Facts:
     return len(inputs), len(request.outputs), request.id or None, shape[0] if shape else None
 
 
-def _describe(attributes: dict[str, Any], per: _PerModel, style: str, facts: _Facts) -> None:
-    """The sampled span's attributes known before the call."""
-    inputs, outputs, request_id, batch = facts
+def _describe(attributes: dict[str, Any], per: _PerModel, style: str, facts: _Facts | None) -> None:
+    """The sampled span's attributes known before the call (``facts``: ``None`` when unknown:
+    a gRPC call that failed before its request was built)."""
     attributes.update(per.attributes)
     attributes[semconv.CALL_STYLE] = style
+    if facts is None:
+        return
+    inputs, outputs, request_id, batch = facts
     attributes[semconv.INPUT_COUNT] = inputs
     if request_id:
         attributes[semconv.REQUEST_ID] = request_id
@@ -451,13 +453,11 @@ class Call:
             request, self.request = self.request, None
             if request is not None:
                 facts = _request_facts(request)
-            else:  # the call failed before its request was built, or, when it did not
-                facts = _UNKNOWN  # fail, the transport did not hand it over: otelkit's bug
-                if error is None:
-                    try:
-                        raise LookupError("no request message was handed to this gRPC call")
-                    except LookupError:
-                        internal_error("reading a gRPC call's request message")
+            elif error is None:  # a call that did not fail before its request was built, whose
+                try:  # transport did not hand it over: otelkit's own failure
+                    raise LookupError("no request message was handed to this gRPC call")
+                except LookupError:
+                    internal_error("reading a gRPC call's request message")
         _describe(attributes, per, self.style, facts)
         if self.sent_ns:
             attributes[semconv.SERIALIZE_S] = (self.sent_ns - self.start) / 1e9
@@ -467,7 +467,7 @@ class Call:
         attributes[semconv.REQUEST_BYTES] = self.request_bytes
         if error is None:
             attributes[semconv.RESPONSE_BYTES] = response_bytes
-            if not facts[1]:  # no outputs named: as many as came back
+            if facts is None or not facts[1]:  # no outputs named: as many as came back
                 attributes[semconv.OUTPUT_COUNT] = (
                     output_count(self.result) if outputs is None else outputs
                 )

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from otelkit.client._call import CURRENT_CALL, ClientTarget
-from otelkit.client._sync import Transport, _begin, _enter, _headers_index, end_quietly
+from otelkit.client._call import CURRENT_CALL, ClientTarget, end_quietly
+from otelkit.client._sync import Transport, _begin, _enter, _headers_index
 
 __all__ = ["stamp_async", "traced_aio_infer"]
 

@@ -12,6 +12,7 @@ guard and its exceptions pass through untouched.
 from __future__ import annotations
 
 import contextvars
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from random import getrandbits
@@ -33,8 +34,8 @@ from otelkit.client._wire import KEEP_WIRE_BYTES, counted_on_wire
 from otelkit.propagation import has_baggage, headers_for
 
 __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
-           "ClientTarget", "InstrumentationSuppressed", "Tensors", "end_unsampled", "error_type",
-           "open_call", "output_count", "with_trace_context"]  # fmt: skip
+           "ClientTarget", "InstrumentationSuppressed", "Tensors", "end_quietly", "end_unsampled",
+           "error_type", "open_call", "output_count", "with_trace_context"]  # fmt: skip
 
 _WAITING, _LIMIT = LATER.waiting, LATER.limit
 CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
@@ -300,6 +301,23 @@ def end_unsampled(
         internal_error("ending a client call's metrics")
 
 
+def end_quietly(
+    opened: Opened, start_ns: int, result: Any, error: BaseException | None = None
+) -> None:
+    """A call not sampled (``opened``: what ``open_call`` found; ``start_ns``: when it began)
+    is over: its metrics are recorded by ``LATER`` when it returned ``result``, here when it
+    failed with ``error``. Never raises."""
+    end_ns = time.perf_counter_ns()
+    if error is not None:
+        end_unsampled(opened[0], start_ns, end_ns, opened[1], None, error)
+        return
+    ended = functools.partial(end_unsampled, opened[0], start_ns, end_ns, opened[1], result)
+    if len(_WAITING) < _LIMIT:  # LATER.add, inline
+        _WAITING.append(ended)
+    else:
+        LATER.add(ended)
+
+
 # What a sampled call's span says of its request: number of inputs, number of outputs asked
 # for, request id, first dimension of the first input (batch size). Taken from the caller's
 # inputs as the call starts (the caller may reuse them for the next call before the span is
@@ -344,8 +362,8 @@ def _describe(attributes: dict[str, Any], per: _PerModel, style: str, facts: _Fa
 
 
 class Call:
-    """One inference request in flight (but an ``infer`` that ``open_call`` finds not sampled,
-    which needs none: ``_sync.traced_infer``, ``_aio.traced_aio_infer``).
+    """One inference request in flight (but one that ``open_call`` finds not sampled, which
+    needs none, whatever its style: ``end_quietly`` ends it).
 
     An unsampled call records its metrics and nothing else: no attributes, no headers, no
     phases (its ``sent_ns``, ``received_ns``, ``counted`` and ``wire`` start unset). A

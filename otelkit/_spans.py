@@ -41,13 +41,16 @@ from otelkit._later import LATER
 from otelkit._switch import SWITCH
 from otelkit.propagation import format_traceparent
 
-__all__ = ["READY_ROOTS", "LeanSpan", "ReadyRoots", "SpanRecorder", "with_span"]
+__all__ = ["READY_ROOT", "READY_ROOTS", "LeanSpan", "ReadyRoots", "SpanRecorder", "with_span"]
 
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
 _INVALID = trace.INVALID_SPAN_CONTEXT
 _SAMPLED_FLAGS = {flags: TraceFlags(flags | _SAMPLED) for flags in (0, _RANDOM)}
 _UNSET = Status(StatusCode.UNSET)  # immutable: one for every span that has not failed
+# A root's decision drawn ahead (``SpanRecorder``) when every root is sampled and its ids come
+# ready-made (``ReadyRoots``): the caller takes them itself (``SpanRecorder.take_root``)
+READY_ROOT = -1
 
 
 def with_span(span_context: SpanContext, base: Context | None = None) -> Context:
@@ -125,9 +128,12 @@ def _fixed_root_decision(sampler: Sampler) -> bool | None:
 def _root_bound(pipeline: _Pipeline) -> int | None:
     """What decides a root span, when its trace id alone does: the bound its low 64 bits must
     fall under to be sampled (``TraceIdRatioBased``'s rule, for the SDK's random ids; 0 when
-    every root is dropped). ``None`` for any other sampler, or one that samples every root."""
+    every root is dropped; ``READY_ROOT`` when every root is sampled and ``ReadyRoots`` draws
+    their ids). ``None`` for any other sampler or id generator."""
     if pipeline.root_sampled is not None:  # fixed: every root dropped, or every one sampled
-        return None if pipeline.root_sampled else 0
+        if not pipeline.root_sampled:
+            return 0
+        return READY_ROOT if pipeline.ready_roots else None
     sampler = pipeline.sampler
     root = sampler._root if isinstance(sampler, ParentBased) else sampler
     if type(root) is TraceIdRatioBased and pipeline.ready_roots:  # the SDK's random ids
@@ -178,8 +184,10 @@ class LeanSpan:
         attributes: dict[str, Any],
         links: Sequence[Link] = (),
         traceparent: str | None = None,
+        start_ns: int = 0,
     ) -> None:
-        """``traceparent``: the header of ``context``, when it came ready-made."""
+        """``traceparent``: the header of ``context``, when it came ready-made; ``start_ns``:
+        when the span started (default: now)."""
         self._pipeline = pipeline
         self._scope = scope
         self.name = name
@@ -191,7 +199,7 @@ class LeanSpan:
         self.traceparent = traceparent
         self.events: list[Event] = []
         self.status = _UNSET
-        self.start_ns = time.time_ns()
+        self.start_ns = start_ns or time.time_ns()
 
     sampled = True
 
@@ -287,23 +295,26 @@ class SpanRecorder:
     """Starts lean spans for one instrumentation scope, following ``configure()``.
 
     A root span's sampling decision can be drawn before ``start``, where the sampler decides
-    a root by its trace id alone (``always_off``, ``traceidratio`` and their ``parentbased_``
-    forms, with the SDK's random ids): ``roots_generation`` is then the ``SWITCH.generation``
-    this holds for (else -1), and ``root_bound`` the bound under which a trace id's low 64
-    bits make a root sampled (0: every root is dropped). While no span is current, 128 random
-    bits are the SDK's draw of a root's trace id; ``start(..., root=...)`` takes such a trace
-    id, or 0 for a root not sampled, and a caller that knows its span would not be sampled
-    may skip ``start`` altogether (the client's ``open_call``).
+    a root by its trace id alone, or not at all (``always_off``, ``always_on``,
+    ``traceidratio`` and their ``parentbased_`` forms, with the SDK's random ids):
+    ``roots_generation`` is then the ``SWITCH.generation`` this holds for (else -1), and
+    ``root_bound`` the bound under which a trace id's low 64 bits make a root sampled (0:
+    every root is dropped; ``READY_ROOT``: every root is sampled, with ids drawn ahead by
+    ``ReadyRoots``). While no span is current, 128 random bits are the SDK's draw of a root's
+    trace id; ``start(..., root=...)`` takes such a trace id, 0 for a root not sampled, or
+    ``READY_ROOT``. A caller that knows its span would not be sampled may skip ``start``
+    altogether (the client's ``open_call``); so may one under ``READY_ROOT``: ``take_root``
+    gives it the ids, and ``root_span`` makes the span later, off the caller's path.
     """
 
-    __slots__ = ("_generation", "_pipeline", "_scope", "_server", "_tracer", "root_bound",
+    __slots__ = ("_generation", "_scope", "_server", "_tracer", "pipeline", "root_bound",
                  "roots_generation")  # fmt: skip
 
     def __init__(self, scope_name: str, version: str = "", *, server: bool = False) -> None:
         self._scope = InstrumentationScope(scope_name, version)
         self._server = server  # server spans carry GPU attributes when configured to
         self._generation = -1
-        self._pipeline: _Pipeline | None = None
+        self.pipeline: _Pipeline | None = None  # as of ``_generation``
         self._tracer = SWITCH.tracers.get_tracer(scope_name, version)
         self.roots_generation = -1
         self.root_bound = 0
@@ -313,20 +324,46 @@ class SpanRecorder:
         if self._generation != generation:
             state = telemetry.current()
             if state is None:
-                self._pipeline = None
+                self.pipeline = None
             else:
                 provider = state.tracer_provider
-                self._pipeline = _Pipeline(
+                self.pipeline = _Pipeline(
                     provider._active_span_processor, provider.resource, provider.id_generator,
                     provider.sampler, _fixed_root_decision(provider.sampler),
                     type(provider.id_generator) is RandomIdGenerator, _gpu_attributes(state),
                 )  # fmt: skip
             self._generation = generation
-            pipeline = self._pipeline
+            pipeline = self.pipeline
             bound = None if pipeline is None else _root_bound(pipeline)
             self.root_bound = bound or 0  # before roots_generation: a reader checks that first
             self.roots_generation = generation if bound is not None else -1
-        return self._pipeline
+        return self.pipeline
+
+    def take_root(self) -> tuple[_Pipeline, tuple[SpanContext, str]] | None:
+        """For a caller that drew ``READY_ROOT`` (under the current ``roots_generation``): the
+        pipeline and the ready ids and header of its sampled root span, whose ``LeanSpan``
+        ``root_span`` makes later; ``None`` when no ids are ready (``start`` then draws them)."""
+        pipeline, ready = self.pipeline, READY_ROOTS.take()
+        return None if pipeline is None or ready is None else (pipeline, ready)
+
+    def root_span(
+        self,
+        taken: tuple[_Pipeline, tuple[SpanContext, str]],
+        name: str,
+        kind: SpanKind,
+        start_ns: int,
+    ) -> LeanSpan:
+        """The span of a root that ``take_root`` gave ids to, started at ``start_ns``."""
+        pipeline, (context, traceparent) = taken
+        return LeanSpan(
+            pipeline, self._scope, name, kind, context, None, self._attributes(pipeline), (),
+            traceparent, start_ns,
+        )  # fmt: skip
+
+    def _attributes(self, pipeline: _Pipeline) -> dict[str, Any]:
+        """A new span's first attributes: a server span's GPU ones, when enriching."""
+        gpu = pipeline.gpu
+        return dict(gpu()) if gpu is not None and self._server else {}
 
     def start(
         self,
@@ -344,7 +381,9 @@ class SpanRecorder:
         """
         if root == 0:
             return UNSAMPLED
-        pipeline = self._pipeline if self._generation == SWITCH.generation else self._current()
+        if root == READY_ROOT:  # sampled, its ids not taken: draw them here
+            root = None
+        pipeline = self.pipeline if self._generation == SWITCH.generation else self._current()
         current = (_current_context() if context is None else context).get(_SPAN_KEY)
         if current is None:  # no span: skip the isinstance check against an ABC
             if pipeline is not None and pipeline.root_sampled is False:
@@ -388,10 +427,9 @@ class SpanRecorder:
             traceparent = None
         else:
             span_context, traceparent = ready
-        gpu = pipeline.gpu
         return LeanSpan(
             pipeline, self._scope, name, kind, span_context, parent_context,
-            dict(gpu()) if gpu is not None and self._server else {}, links, traceparent,
+            self._attributes(pipeline), links, traceparent,
         )  # fmt: skip
 
 

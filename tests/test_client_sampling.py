@@ -9,6 +9,7 @@ import functools
 import importlib
 import inspect
 import random
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import otelkit
 from otelkit import semconv, telemetry
 from otelkit._hotmetrics import HOT
 from otelkit._later import LATER
-from otelkit._spans import UNSAMPLED, LeanSpan
+from otelkit._spans import READY_ROOT, READY_ROOTS, UNSAMPLED, LeanSpan
 from otelkit._switch import SWITCH
 from otelkit.analysis import load_spans
 from otelkit.client._call import GRPC_TENSORS, RECORDER, Call, ClientTarget, open_call
@@ -109,13 +110,57 @@ def test_a_sampled_draw_is_the_trace_id_the_sdk_would_have_drawn(sampler: Any) -
 @pytest.mark.parametrize(
     ("name", "expected"),
     [("always_off", {0}), ("parentbased_always_off", {0}), ("traceidratio", {0}),
-     ("always_on", {None}), ("parentbased_always_on", {None})],
+     ("always_on", {READY_ROOT}), ("parentbased_always_on", {READY_ROOT})],
 )  # fmt: skip
 def test_roots_are_drawn_ahead_only_for_samplers_that_decide_by_trace_id(
     name: str, expected: set[int | None], sampler: Any
 ) -> None:
     sampler(name, 0.0)
     assert {drawn() for _ in range(50)} == expected
+
+
+def ready_roots() -> list[tuple[SpanContext, str]]:
+    """Ready roots drawn now (as the worker's next cycle would), in the order calls take them."""
+    READY_ROOTS._wanted = True
+    READY_ROOTS.refill()
+    return list(READY_ROOTS._ready)
+
+
+def test_a_root_with_ready_ids_gets_its_span_as_it_ends(sampler: Any, tmp_path: Path) -> None:
+    """Every root sampled: a call takes ready ids and sends their header; its span, made only
+    as the call ends, has those ids and starts when the call started."""
+    sampler("always_on")
+    assert drawn() == READY_ROOT
+    with LATER._lock:  # no refill meanwhile: the next call takes the first ready root
+        context, traceparent = ready_roots()[0]
+        started = time.time_ns()
+        call = Call(open_call(TARGET, ARGS, {}), ARGS, {}, "infer")
+    assert call.span is None  # nothing built on the caller's path
+    assert call.headers({"x-job": "7"}) == {"x-job": "7", "traceparent": traceparent}
+    time.sleep(0.05)
+    call.finish(ConnectionRefusedError("never made"))
+    ended = time.time_ns()
+    assert isinstance(call.span, LeanSpan)
+    otelkit.shutdown()
+    (span,) = load_spans(tmp_path)
+    assert (span.trace_id, span.span_id) == (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+    assert span.parent_span_id is None and span.kind.name == "CLIENT"
+    assert span.attributes[semconv.ERROR_TYPE] == "ConnectionRefusedError"
+    # its start is the call's (to the clock's skew), not the end's
+    assert started - 2_000_000 <= span.start_ns <= started + 2_000_000
+    assert 50_000_000 <= span.duration_ns <= ended - started + 2_000_000
+
+
+def test_a_root_finds_no_ready_ids_and_draws_its_own(sampler: Any) -> None:
+    sampler("always_on")
+    assert drawn() == READY_ROOT
+    with LATER._lock:
+        ready = ready_roots()
+        READY_ROOTS._ready.clear()
+        call = opened_call()
+    assert isinstance(call.span, LeanSpan) and call.sampled
+    assert call.span.context.trace_id not in {context.trace_id for context, _ in ready}
+    assert call.span.context.trace_id >> 64  # the SDK's 128 random bits
 
 
 def test_a_current_span_leaves_the_decision_to_the_span(sampler: Any) -> None:

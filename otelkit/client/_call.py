@@ -28,7 +28,7 @@ from otelkit._context import SUPPRESSED_KEYS, current_context, is_suppressed
 from otelkit._hotmetrics import HOT, CallSpecs
 from otelkit._internal import internal_error
 from otelkit._later import LATER
-from otelkit._spans import LeanSpan, SpanRecorder
+from otelkit._spans import READY_ROOT, LeanSpan, RecordingSpan, SpanRecorder
 from otelkit._switch import SWITCH
 from otelkit.client._wire import KEEP_WIRE_BYTES, counted_on_wire
 from otelkit.propagation import has_baggage, headers_for
@@ -233,9 +233,10 @@ def open_call(
     """What any call to ``target`` starts with (``args`` and ``kwargs``: ``infer``'s): its
     model's ``_PerModel``, the request's tensor bytes, and its root span's sampling decision
     when it can be drawn before a span is asked for (``SpanRecorder``: no span is current and
-    the sampler is ``always_off`` or a trace id ratio): the trace id of a sampled root, 0 for
-    one not sampled, else ``None``. A call known not to be sampled needs no ``Call``:
-    ``end_unsampled`` records it.
+    the sampler is ``always_off``, ``always_on`` or a trace id ratio): the trace id of a
+    sampled root, 0 for one not sampled, ``READY_ROOT`` for a sampled one whose ids are drawn
+    ahead, else ``None``. A call known not to be sampled needs no ``Call``: ``end_unsampled``
+    records it.
 
     Raises ``InstrumentationSuppressed`` when the caller suppressed instrumentation, but for
     a request on a stream (``streamed``): a traced stream's server traces all its requests,
@@ -268,7 +269,9 @@ def open_call(
     if RECORDER.roots_generation != SWITCH.generation or context.get(_SPAN_KEY) is not None:
         return per, request_bytes, None
     bound = RECORDER.root_bound
-    low = getrandbits(64) if bound else 0  # the bits the ratio decides on, drawn first:
+    if bound <= 0:  # every root dropped (0), or every one sampled (READY_ROOT)
+        return per, request_bytes, bound
+    low = getrandbits(64)  # the bits the ratio decides on, drawn first:
     if low >= bound:  # the very bits getrandbits(128) would have put there
         return per, request_bytes, 0
     return per, request_bytes, getrandbits(64) << 64 | low
@@ -378,7 +381,8 @@ class Call:
     """
 
     __slots__ = ("counted", "end", "facts", "per", "received_ns", "request", "request_bytes",
-                 "result", "sampled", "sent_ns", "span", "start", "style", "wire")  # fmt: skip
+                 "result", "root", "sampled", "sent_ns", "span", "start", "style",
+                 "wire")  # fmt: skip
 
     def __init__(
         self,
@@ -400,8 +404,16 @@ class Call:
         self.per = per = opened[0]
         self.request_bytes = opened[1]
         root = opened[2] if context is None else None
-        self.span = span = RECORDER.start(per.span_name, _CLIENT, context, links, root)
-        self.sampled = sampled = span.sampled
+        taken = RECORDER.take_root() if root == READY_ROOT else None
+        if taken is None:
+            self.span: RecordingSpan | None = RECORDER.start(
+                per.span_name, _CLIENT, context, links, root
+            )
+            self.sampled = sampled = self.span.sampled
+        else:  # a root with ready ids (``root``): its span is made as the call ends (``_end``)
+            self.root = taken
+            self.span = None
+            self.sampled = sampled = True
         if sampled:
             self.style = style
             self.sent_ns = self.received_ns = 0
@@ -419,6 +431,9 @@ class Call:
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
         """The caller's headers plus this call's trace context (see ``with_trace_context``)."""
         span = self.span
+        if span is None:  # its ids, taken ready-made
+            context, traceparent = self.root[1]
+            return with_trace_context(caller, context, traceparent)
         return with_trace_context(caller, span.context, span.traceparent)
 
     def sent(self) -> None:
@@ -433,7 +448,8 @@ class Call:
         try:
             self.end = time.perf_counter_ns()
             self.result = result
-            if error is None and (not self.sampled or self.span.__class__ is LeanSpan):
+            span = self.span
+            if error is None and (span is None or not self.sampled or span.__class__ is LeanSpan):
                 if len(_WAITING) < _LIMIT:  # LATER.add, inline
                     _WAITING.append(self._end)
                 else:
@@ -461,6 +477,9 @@ class Call:
         response_bytes, outputs = counted
         seconds = (self.end - self.start) / 1e9
         span = self.span
+        if span is None:  # its ids were taken as it started: its span starts then, on this clock
+            started = time.time_ns() - (time.perf_counter_ns() - self.start)
+            span = self.span = RECORDER.root_span(self.root, per.span_name, _CLIENT, started)
         context = span.context
         per.calls.end(
             seconds, self.request_bytes, response_bytes, context.trace_id, context.span_id

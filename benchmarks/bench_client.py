@@ -67,6 +67,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from medians import difference_interval, verdict  # benchmarks/, this script's directory
 
 import otelkit
 from otelkit import semconv
@@ -273,23 +274,52 @@ def cpu_per_call(bare: Any, traced: Any, work: Workload, calls: int) -> tuple[fl
     return spent["bare"] / blocks / per_block / 1000, spent["traced"] / blocks / per_block / 1000
 
 
-def phase(name: str, bare: Any, traced: Any, work: Workload, calls: int) -> dict[str, float]:
+def phase(name: str, bare: Any, traced: Any, work: Workload, calls: int) -> dict[str, Any]:
     interleave(bare, traced, work, max(200, calls // 10))  # warm both paths and channels
     bare_us, traced_us = interleave(bare, traced, work, calls)
     bare_median, traced_median = statistics.median(bare_us), statistics.median(traced_us)
     paired = statistics.median(t - b for b, t in zip(bare_us, traced_us, strict=True))
+    interval, interval_pct = difference_interval(bare_us, traced_us)
     bare_cpu, traced_cpu = cpu_per_call(bare, traced, work, calls)
     print(
         f"{name:>10}: bare median {bare_median:8.1f} us, instrumented {traced_median:8.1f} us, "
-        f"difference of medians {traced_median - bare_median:+6.1f} us, "
+        f"difference of medians {traced_median - bare_median:+6.1f} us "
+        f"(95 % interval {interval[0]:+.1f} to {interval[1]:+.1f}), "
         f"median paired difference {paired:+6.1f} us ({calls} pairs); "
         f"CPU per call {bare_cpu:.1f} / {traced_cpu:.1f} us ({traced_cpu - bare_cpu:+.1f})",
         flush=True,
     )
     return {
         "bare": bare_median, "traced": traced_median, "paired": paired,
-        "cpu": traced_cpu - bare_cpu,
+        "cpu": traced_cpu - bare_cpu, "interval": interval, "interval_pct": interval_pct,
     }  # fmt: skip
+
+
+# Issue 3's targets: (key in the result, what is measured, its bound)
+TARGETS = (
+    ("sampled_us", "overhead, every call sampled (us)", 25.0),
+    ("sampled_pct", "overhead, every call sampled (% of the bare median)", 1.0),
+    ("unsampled_us", "overhead, calls not sampled (us)", 5.0),
+)
+
+
+def targets(sampled: dict[str, Any], unsampled: dict[str, Any]) -> dict[str, Any]:
+    overhead = sampled["traced"] - sampled["bare"]
+    measured = {
+        "sampled_us": (overhead, sampled["interval"]),
+        "sampled_pct": (100 * overhead / sampled["bare"], sampled["interval_pct"]),
+        "unsampled_us": (unsampled["traced"] - unsampled["bare"], unsampled["interval"]),
+    }
+    found = {}
+    for key, text, bound in TARGETS:
+        found[key] = verdict(*measured[key], bound)
+        low, high = found[key]["interval95"]
+        print(
+            f"target: {text} {measured[key][0]:.1f} (95 % {low:.1f} to {high:.1f}), "
+            f"at most {bound:g}: {found[key]['verdict']}",
+            flush=True,
+        )
+    return found
 
 
 def own_time(bare: Any, traced: Any, work: Workload, calls: int) -> tuple[float, float]:
@@ -552,6 +582,10 @@ def main() -> int:
         "unsampled_cpu_overhead_us": round(unsampled["cpu"], 1),
         "one_pct_sampled_overhead_us": round(one_pct["traced"] - one_pct["bare"], 1),
         "one_pct_sampled_cpu_overhead_us": round(one_pct["cpu"], 1),
+        "overhead_interval95_us": [round(bound, 1) for bound in sampled["interval"]],
+        "unsampled_interval95_us": [round(bound, 1) for bound in unsampled["interval"]],
+        "one_pct_sampled_interval95_us": [round(bound, 1) for bound in one_pct["interval"]],
+        "targets": targets(sampled, unsampled),
         "spans_dropped": sum(n for k, n in stats.items() if k.startswith("dropped")),
         **parts,
     }

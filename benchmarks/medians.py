@@ -1,0 +1,48 @@
+"""How well one benchmark run resolves an overhead: the difference of two medians, with a
+95 % interval from a moving-block bootstrap over interleaved call pairs, and a verdict
+against a target bound.
+
+The interval says how well *this run* resolves the overhead: drift within the run widens it
+(neighbouring pairs share the host's state of the moment, so they are resampled together),
+but it does not say how the next run, in another state of the host, will come out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+BLOCK = 50  # call pairs resampled together
+
+
+def difference_interval(
+    bare: Sequence[float], traced: Sequence[float], replicates: int = 1000, seed: int = 0
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """95 % intervals of ``median(traced) - median(bare)`` (pairs at the same index were
+    measured side by side) and of it as a percentage of ``median(bare)``."""
+    bare_values, traced_values = np.asarray(bare, float), np.asarray(traced, float)
+    count = len(bare_values)
+    if count != len(traced_values) or count == 0:
+        raise ValueError(f"need as many traced as bare values, and some: {count}, {len(traced)}")
+    block = min(BLOCK, count)
+    blocks = -(-count // block)
+    starts = np.random.default_rng(seed).integers(0, count - block + 1, (replicates, blocks))
+    index = (starts[:, :, None] + np.arange(block)).reshape(replicates, -1)[:, :count]
+    bare_medians = np.median(bare_values[index], axis=1)
+    difference = np.median(traced_values[index], axis=1) - bare_medians
+    low, high = np.percentile(difference, [2.5, 97.5])
+    low_pct, high_pct = np.percentile(100 * difference / bare_medians, [2.5, 97.5])
+    return (float(low), float(high)), (float(low_pct), float(high_pct))
+
+
+def verdict(measured: float, interval: tuple[float, float], bound: float) -> dict[str, Any]:
+    """``met`` when the whole 95 % interval is within ``bound``, ``missed`` when none of it is,
+    else ``undecided`` (this run cannot tell: run it again, or longer)."""
+    low, high = interval
+    outcome = "met" if high <= bound else "missed" if low > bound else "undecided"
+    return {
+        "bound": bound, "measured": round(measured, 2),
+        "interval95": [round(low, 2), round(high, 2)], "verdict": outcome,
+    }  # fmt: skip

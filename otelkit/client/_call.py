@@ -377,7 +377,9 @@ class Call:
     from it, off the caller's path), and either keeps the response's bytes (``wire``, a small
     response) or sets ``counted`` (the response's tensor bytes and outputs, counted as it
     arrived). Otherwise the response is counted from the call's ``result``, which is kept until
-    then: off the caller's path, within about 10 ms (``LATER``).
+    then: off the caller's path, within about 10 ms (``LATER``). A sampled root that took ready
+    ids (``root``: ``open_call`` found ``READY_ROOT``) has no span until then: ``_end`` makes it,
+    started when the call started.
     """
 
     __slots__ = ("counted", "end", "facts", "per", "received_ns", "request", "request_bytes",

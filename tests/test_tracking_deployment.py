@@ -176,7 +176,11 @@ def test_an_ensemble_trace_holds_every_stage_under_its_step(
 def test_the_client_drives_every_option_from_a_thread_pool(
     pipeline_server: TritonServer, models: Models, events: list[torch.Tensor]
 ) -> None:
-    remote = Remote(pipeline_server.http_url, "http")
+    # no trace context: with this module's otelkit sampling every call, Triton would trace all
+    # 40 events' requests, and tritonserver 2.51 crashes now and then under that much tracing
+    # (upstream issue 7795; it cut a CI run short here). Traced calls from many threads are
+    # test_client's; traced events end to end, the tests above.
+    remote = Remote(pipeline_server.http_url, "http", instrument=False)
     for option in OPTIONS:
         report = drive(option, events, threads=4, models=models, remote=remote, count=8)
         assert (report.events, report.errors) == (8, 0), report.first_error

@@ -283,19 +283,21 @@ def phase(name: str, bare: Any, traced: Any, work: Workload, calls: int) -> dict
     interleave(bare, traced, work, max(200, calls // 10))  # warm both paths and channels
     bare_us, traced_us = interleave(bare, traced, work, calls)
     bare_median, traced_median = statistics.median(bare_us), statistics.median(traced_us)
+    difference = traced_median - bare_median
     paired = statistics.median(t - b for b, t in zip(bare_us, traced_us, strict=True))
     interval, interval_pct = difference_interval(bare_us, traced_us)
     bare_cpu, traced_cpu = cpu_per_call(bare, traced, work, calls)
     print(
         f"{name:>10}: bare median {bare_median:8.1f} us, instrumented {traced_median:8.1f} us, "
-        f"difference of medians {traced_median - bare_median:+6.1f} us "
+        f"difference of medians {difference:+6.1f} us "
         f"(95 % interval {interval[0]:+.1f} to {interval[1]:+.1f}), "
         f"median paired difference {paired:+6.1f} us ({calls} pairs); "
         f"CPU per call {bare_cpu:.1f} / {traced_cpu:.1f} us ({traced_cpu - bare_cpu:+.1f})",
         flush=True,
     )
     return {
-        "bare": bare_median, "traced": traced_median, "paired": paired,
+        "bare": bare_median, "traced": traced_median, "difference": difference,
+        "difference_pct": 100 * difference / bare_median, "paired": paired,
         "cpu": traced_cpu - bare_cpu, "interval": interval, "interval_pct": interval_pct,
     }  # fmt: skip
 
@@ -309,11 +311,10 @@ TARGETS = (
 
 
 def targets(sampled: dict[str, Any], unsampled: dict[str, Any]) -> dict[str, Any]:
-    overhead = sampled["traced"] - sampled["bare"]
     measured = {
-        "sampled_us": (overhead, sampled["interval"]),
-        "sampled_pct": (100 * overhead / sampled["bare"], sampled["interval_pct"]),
-        "unsampled_us": (unsampled["traced"] - unsampled["bare"], unsampled["interval"]),
+        "sampled_us": (sampled["difference"], sampled["interval"]),
+        "sampled_pct": (sampled["difference_pct"], sampled["interval_pct"]),
+        "unsampled_us": (unsampled["difference"], unsampled["interval"]),
     }
     found = {}
     for key, text, bound in TARGETS:
@@ -447,13 +448,13 @@ def ablations(
         found[f"{prefix}_own_time_before_us"], found[f"{prefix}_own_time_after_us"] = before, after
     other_bare = module.InferenceServerClient(url)
     result = phase("a/a", bare, other_bare, work, calls)
-    found["bare_vs_bare_us"] = result["traced"] - result["bare"]
+    found["bare_vs_bare_us"] = result["difference"]
     result = phase("header", bare, _WithTraceparent(other_bare, fresh=False), work, calls)
-    found["bare_with_traceparent_us"] = result["traced"] - result["bare"]
+    found["bare_with_traceparent_us"] = result["difference"]
     result = phase("new header", bare, _WithTraceparent(other_bare, fresh=True), work, calls)
-    found["bare_with_new_traceparent_us"] = result["traced"] - result["bare"]
+    found["bare_with_new_traceparent_us"] = result["difference"]
     result = phase("floor", bare, _Floor(other_bare), work, calls)
-    found["timed_and_counted_only_us"] = result["traced"] - result["bare"]
+    found["timed_and_counted_only_us"] = result["difference"]
     other_bare.close()
     if module is grpcclient:
         otelkit.configure(
@@ -462,12 +463,12 @@ def ablations(
         )  # fmt: skip
         contrib = contrib_intercepted(module, url)
         result = phase("contrib", bare, contrib, work, calls)
-        found["contrib_interceptor_us"] = result["traced"] - result["bare"]
+        found["contrib_interceptor_us"] = result["difference"]
         found["contrib_interceptor_cpu_us"] = result["cpu"]
         contrib.close()
     otelkit.configure(service_name="bench-client", traces_exporter="none", prometheus_port=0)
     result = phase("no export", bare, traced, work, calls)
-    found["sampled_no_export_us"] = result["traced"] - result["bare"]
+    found["sampled_no_export_us"] = result["difference"]
     otelkit.configure(
         service_name="bench-client", traces_dir=traces, prometheus_port=0,
         bsp_max_queue_size=100_000,
@@ -478,7 +479,7 @@ def ablations(
         result = phase("no context", bare, traced, work, calls)
     finally:
         _call.Call.headers = own_headers  # type: ignore[method-assign]
-    found["sampled_no_context_us"] = result["traced"] - result["bare"]
+    found["sampled_no_context_us"] = result["difference"]
     return {key: round(value, 1) for key, value in found.items()}
 
 
@@ -565,7 +566,6 @@ def main() -> int:
         bare.close()
         traced.close()
     otelkit.shutdown()
-    overhead = sampled["traced"] - sampled["bare"]
     raw = (_call.GRPC_TENSORS if module is grpcclient else _call.HTTP_TENSORS).input_attribute
     result = {
         "protocol": args.protocol,
@@ -578,14 +578,14 @@ def main() -> int:
         "request_bytes": sum(len(getattr(tensor, raw) or b"") for tensor in work.inputs),
         "bare_median_us": round(sampled["bare"], 1),
         "instrumented_median_us": round(sampled["traced"], 1),
-        "overhead_us": round(overhead, 1),
-        "overhead_pct": round(100 * overhead / sampled["bare"], 2),
+        "overhead_us": round(sampled["difference"], 1),
+        "overhead_pct": round(sampled["difference_pct"], 2),
         "paired_overhead_us": round(sampled["paired"], 1),
-        "unsampled_overhead_us": round(unsampled["traced"] - unsampled["bare"], 1),
+        "unsampled_overhead_us": round(unsampled["difference"], 1),
         "unsampled_paired_overhead_us": round(unsampled["paired"], 1),
         "cpu_overhead_us": round(sampled["cpu"], 1),
         "unsampled_cpu_overhead_us": round(unsampled["cpu"], 1),
-        "one_pct_sampled_overhead_us": round(one_pct["traced"] - one_pct["bare"], 1),
+        "one_pct_sampled_overhead_us": round(one_pct["difference"], 1),
         "one_pct_sampled_cpu_overhead_us": round(one_pct["cpu"], 1),
         "overhead_interval95_us": [round(bound, 1) for bound in sampled["interval"]],
         "unsampled_interval95_us": [round(bound, 1) for bound in unsampled["interval"]],

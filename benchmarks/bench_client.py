@@ -76,7 +76,7 @@ from medians import difference_interval, verdict  # benchmarks/, this script's d
 
 import otelkit
 from otelkit import semconv
-from otelkit._hotmetrics import HotRegistry
+from otelkit._core.hotmetrics import HotRegistry
 from otelkit.client import _call
 from otelkit.tritonserver import TritonServer, free_port
 

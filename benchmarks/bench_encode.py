@@ -1,5 +1,5 @@
 """CPU cost of encoding SDK spans for export: OTLP JSON (``spans_to_bytes`` against the protobuf
-detour) and OTLP protobuf (``_otlp_proto.encode_request`` against the SDK's ``encode_spans``).
+detour) and OTLP protobuf (``otlp_proto.encode_request`` against the SDK's ``encode_spans``).
 
 The exporters' worker thread pays this per span, and through the GIL it is taken from the
 application's threads. The spans are typical client spans (15 attributes: strings, ints, floats;
@@ -27,8 +27,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from otelkit._otlp_proto import encode_request
-from otelkit.otlp_json import dumps, request_to_json, spans_to_bytes
+from otelkit.export.otlp_json import dumps, request_to_json, spans_to_bytes
+from otelkit.export.otlp_proto import encode_request
 
 Batch = Sequence[ReadableSpan]
 

@@ -13,8 +13,8 @@ subpackage (``otelkit.analysis``, ``otelkit.semconv``, ``otelkit.receiver``).
 
 from __future__ import annotations
 
-from otelkit._instrument import instrument, uninstrument
 from otelkit.errors import ConfigError, MissingExtraError, OtelkitError
+from otelkit.instrumentation import instrument, uninstrument
 from otelkit.propagation import extract, inject
 from otelkit.server import stage
 from otelkit.telemetry import Telemetry, configure, flush, shutdown

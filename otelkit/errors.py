@@ -14,7 +14,7 @@ from typing import Literal
 __all__ = ["ConfigError", "MissingExtraError", "OtelkitError", "StartFailure", "TritonStartError"]
 
 #: Tests set ``OTELKIT_RAISE_INTERNAL_ERRORS=1``: otelkit's own failures, which a user's program
-#: only sees counted and logged, are raised instead (``_internal.internal_error``, ``Later``).
+#: only sees counted and logged, are raised instead (``guard.internal_error``, ``Later``).
 RAISE_INTERNAL_ERRORS = os.environ.get("OTELKIT_RAISE_INTERNAL_ERRORS", "") == "1"
 
 StartFailure = Literal["port_in_use", "model_failed", "not_found", "timeout", "exited"]

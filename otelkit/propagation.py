@@ -21,9 +21,9 @@ from opentelemetry.context import Context
 from opentelemetry.propagators import textmap
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from otelkit._baggage import format_baggage, parse_baggage
-from otelkit._carriers import Carrier, CarrierT, read, write
-from otelkit._context import current_context
+from otelkit._core.baggage import format_baggage, parse_baggage
+from otelkit._core.carriers import Carrier, CarrierT, read, write
+from otelkit._core.context import current_context
 
 __all__ = [
     "Carrier",

@@ -27,10 +27,10 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otelkit._jsonl import JsonLinesWriter
-from otelkit._otlp_validate import normalize_json
-from otelkit._signals import stop_on_signals
-from otelkit.otlp_json import request_to_json, span_count
+from otelkit._core.signals import stop_on_signals
+from otelkit.export.jsonl import JsonLinesWriter
+from otelkit.export.otlp_json import request_to_json, span_count
+from otelkit.export.otlp_json_normalize import normalize_json
 
 __all__ = ["Receiver", "add_arguments", "run"]
 

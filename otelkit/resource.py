@@ -16,11 +16,18 @@ import socket
 import sys
 import uuid
 from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.sdk.resources import Resource
 
 from otelkit import semconv
 
-__all__ = ["detect"]
+if TYPE_CHECKING:
+    from otelkit.config import Settings
+
+__all__ = ["detect", "make_resource"]
 
 _SLURM_VARIABLES = {
     "SLURM_JOB_ID": semconv.SLURM_JOB_ID,
@@ -77,3 +84,17 @@ def detect(
             with contextlib.suppress(OSError):
                 attributes[semconv.K8S_NAMESPACE_NAME] = namespace_file.read_text().strip()
     return attributes
+
+
+def make_resource(settings: Settings) -> Resource:
+    """The resource of every span and metric: detected, configured, then ``service.name``."""
+    attributes: dict[str, Any] = {
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "opentelemetry",
+        "telemetry.sdk.version": metadata.version("opentelemetry-sdk"),
+        semconv.TELEMETRY_DISTRO_VERSION: metadata.version("otelkit"),
+        **detect(),
+        **settings.resource_attributes,
+        semconv.SERVICE_NAME: settings.service_name,
+    }
+    return Resource(attributes)

@@ -19,8 +19,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 import otelkit
-from otelkit import _internal, semconv
-from otelkit._later import LATER
+from otelkit import semconv
+from otelkit._core import guard
+from otelkit._core.worker import LATER
 from otelkit.analysis import Span, build_traces, load_spans
 from otelkit.client import _call
 from otelkit.receiver import Receiver
@@ -273,7 +274,7 @@ def test_a_failure_inside_otelkit_never_reaches_the_call(
     its telemetry ends (on the worker): every call returns its result, each failure is
     counted on the health metric and each place is logged once."""
     monkeypatch.setattr("otelkit.errors.RAISE_INTERNAL_ERRORS", False)  # as for a user
-    monkeypatch.setattr("otelkit._internal.INTERNAL_ERRORS", _internal.InternalErrors())
+    monkeypatch.setattr("otelkit._core.guard.INTERNAL_ERRORS", guard.InternalErrors())
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("otelkit bug")
@@ -289,7 +290,7 @@ def test_a_failure_inside_otelkit_never_reaches_the_call(
                     assert np.array_equal(result.as_numpy("OUTPUT0"), DATA)
                 LATER.drain()
     client.close()
-    assert _internal.INTERNAL_ERRORS.total == 2 * len(places)
+    assert guard.INTERNAL_ERRORS.total == 2 * len(places)
     assert [record.getMessage().split(";")[0] for record in caplog.records] == [
         "otelkit: telemetry failed while starting a client span for infer",
         "otelkit: telemetry failed while injecting trace context",

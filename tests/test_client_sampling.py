@@ -26,10 +26,10 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 
 import otelkit
 from otelkit import semconv, telemetry
-from otelkit._hotmetrics import HOT
-from otelkit._later import LATER
-from otelkit._spans import READY_ROOT, READY_ROOTS, UNSAMPLED, LeanSpan
-from otelkit._switch import SWITCH
+from otelkit._core.hotmetrics import HOT
+from otelkit._core.spans import READY_ROOT, READY_ROOTS, UNSAMPLED, LeanSpan
+from otelkit._core.switch import SWITCH
+from otelkit._core.worker import LATER
 from otelkit.analysis import load_spans
 from otelkit.client._call import GRPC_TENSORS, RECORDER, Call, ClientTarget, open_call
 from otelkit.tritonserver import TritonServer

@@ -23,9 +23,10 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 import otelkit
-from otelkit import _internal, semconv
-from otelkit._hotmetrics import HOT
-from otelkit._later import LATER
+from otelkit import semconv
+from otelkit._core import guard
+from otelkit._core.hotmetrics import HOT
+from otelkit._core.worker import LATER
 from otelkit.analysis import Span, load_spans
 from otelkit.client import _wire
 from otelkit.client._call import CURRENT_CALL, GRPC_TENSORS, end_unsampled
@@ -426,7 +427,7 @@ def test_a_sampled_grpc_call_that_fails_before_its_request_is_built(
     call's own exception reaches the caller, and its span says the failure and no request
     facts (there was no request to read them from), without an internal error of otelkit's."""
     otelkit.configure(service_name="wire-early", traces_endpoint=receiver.traces_url)
-    errors_before = _internal.INTERNAL_ERRORS.total
+    errors_before = guard.INTERNAL_ERRORS.total
     try:
         client = otelkit.instrument(grpcclient.InferenceServerClient(triton.grpc_url))
         with client, pytest.raises(InferenceServerException, match="reserved"):
@@ -442,4 +443,4 @@ def test_a_sampled_grpc_call_that_fails_before_its_request_is_built(
     assert span.attributes[semconv.ERROR_TYPE] == "InferenceServerException"
     assert span.attributes[semconv.CALL_STYLE] == "infer"
     assert semconv.INPUT_COUNT not in span.attributes
-    assert _internal.INTERNAL_ERRORS.total == errors_before
+    assert guard.INTERNAL_ERRORS.total == errors_before

@@ -18,8 +18,8 @@ import otelkit
 
 ILLUSTRATIONS = {
     "otelkit": "a Triton server, a client and a model server",
-    "otelkit._instrument.instrument": "a Triton server and a FastAPI app",
-    "otelkit._hotmetrics": "a call's trace and span ids",
+    "otelkit.instrumentation.instrument": "a Triton server and a FastAPI app",
+    "otelkit._core.hotmetrics": "a call's trace and span ids",
     "otelkit.auto": "tritonclient instrumented for the whole process",
     "otelkit.auto.TritonClientInstrumentor": "tritonclient instrumented for the whole process",
     "otelkit.gpu.owners": "another process on a GPU",

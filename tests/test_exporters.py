@@ -21,9 +21,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otelkit
-from otelkit._exporters import HttpSpanExporter, grpc_span_exporter
-from otelkit._grpc_export import GRPC_MAX_MESSAGE_BYTES
 from otelkit.analysis import load_spans
+from otelkit.export.grpc_exporter import GRPC_MAX_MESSAGE_BYTES
+from otelkit.export.span_exporters import HttpSpanExporter, grpc_span_exporter
 from otelkit.receiver import Receiver
 
 

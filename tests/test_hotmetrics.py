@@ -25,8 +25,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 import otelkit
 from otelkit import semconv
-from otelkit._export import PullReader
-from otelkit._hotmetrics import (
+from otelkit._core.hotmetrics import (
     HOT,
     CallSeries,
     CallSpecs,
@@ -34,7 +33,8 @@ from otelkit._hotmetrics import (
     HotRegistry,
     with_hot_metrics,
 )
-from otelkit._prometheus import PrometheusEndpoint
+from otelkit.export.processor import PullReader
+from otelkit.export.prometheus import PrometheusEndpoint
 from tests.test_telemetry import scrape
 
 LABELS = (semconv.M_MODEL, semconv.M_SERVER)

@@ -1,4 +1,4 @@
-"""Work taken off the caller's path (``otelkit._later``): run soon by a worker thread, at once
+"""Work taken off the caller's path (``otelkit._core.worker``): run soon by a worker thread, at once
 by whoever drains, in the caller when too much waits, and never twice across a fork."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otelkit import _internal, semconv
-from otelkit._hotmetrics import HotRegistry
-from otelkit._internal import InternalErrors
-from otelkit._later import LATER, DrainFirst, Later
+from otelkit import semconv
+from otelkit._core import guard
+from otelkit._core.guard import InternalErrors
+from otelkit._core.hotmetrics import HotRegistry
+from otelkit._core.worker import LATER, DrainFirst, Later
 
 IDLE = 3600.0  # a worker that never wakes during a test: only drains run the work
 
@@ -70,7 +71,7 @@ def test_failing_work_is_counted_logged_once_and_the_rest_still_runs(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("otelkit.errors.RAISE_INTERNAL_ERRORS", False)  # as for a user
-    monkeypatch.setattr("otelkit._internal.INTERNAL_ERRORS", InternalErrors())
+    monkeypatch.setattr("otelkit._core.guard.INTERNAL_ERRORS", InternalErrors())
     later = Later(interval_s=IDLE)
     done: list[str] = []
     for _ in range(2):
@@ -79,7 +80,7 @@ def test_failing_work_is_counted_logged_once_and_the_rest_still_runs(
     with caplog.at_level(logging.ERROR, logger="otelkit"):
         later.drain()
     assert done == ["after", "after"] and later.failed == 2
-    assert _internal.INTERNAL_ERRORS.total == 2  # exported as a health metric
+    assert guard.INTERNAL_ERRORS.total == 2  # exported as a health metric
     [record] = caplog.records
     assert "failed while ending a call's span and metrics" in record.getMessage()
     later.close()

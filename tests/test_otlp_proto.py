@@ -1,4 +1,4 @@
-"""``_otlp_proto.encode_request`` writes what ``encode_spans(...).SerializeToString()`` writes.
+"""``otlp_proto.encode_request`` writes what ``encode_spans(...).SerializeToString()`` writes.
 
 Spans of every shape the SDK makes (and a few only a hand-built ``ReadableSpan`` can hold) are
 encoded both ways; parsed back, the two requests are the same message.
@@ -21,7 +21,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from otelkit._otlp_proto import encode_request
+from otelkit.export.otlp_proto import encode_request
 
 ATTRIBUTES: dict[str, Any] = {
     "text": "grpc",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import otelkit
-from otelkit._extras import require
+from otelkit._core.extras import require
 from otelkit.analysis import load_spans
 from otelkit.errors import MissingExtraError
 

@@ -1,4 +1,4 @@
-"""Sampled root spans take ids and their ``traceparent`` drawn ahead (``_spans.ReadyRoots``),
+"""Sampled root spans take ids and their ``traceparent`` drawn ahead (``spans.ReadyRoots``),
 and the headers a call sends are the same whether its ``traceparent`` came ready-made or not."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 
 import otelkit
 from otelkit import telemetry
-from otelkit._spans import READY_ROOTS, UNSAMPLED, SpanRecorder
-from otelkit._switch import SWITCH
+from otelkit._core.spans import READY_ROOTS, UNSAMPLED, SpanRecorder
+from otelkit._core.switch import SWITCH
 from otelkit.client._call import with_trace_context
 from otelkit.propagation import format_traceparent
 

@@ -20,9 +20,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 import otelkit
 from otelkit import semconv
-from otelkit._export import BatchExportProcessor
-from otelkit._later import DrainFirst
+from otelkit._core.worker import DrainFirst
 from otelkit.analysis import load_spans
+from otelkit.export.processor import BatchExportProcessor
 from otelkit.propagation import W3CPropagator
 from otelkit.resource import detect
 
@@ -84,7 +84,7 @@ def test_configure_twice_never_duplicates_exporters(tmp_path: Path) -> None:
     again = otelkit.configure(service_name="twice", traces_dir=str(tmp_path))
     assert again is first
     processors = first.tracer_provider._active_span_processor._span_processors
-    # the first only drains calls whose telemetry waits to end (otelkit._later)
+    # the first only drains calls whose telemetry waits to end (otelkit._core.worker)
     assert [type(p) for p in processors] == [DrainFirst, BatchExportProcessor]
     end_spans(3)
     otelkit.shutdown()
@@ -174,7 +174,7 @@ def test_an_sdk_metric_named_like_a_hot_one_does_not_break_the_scrape(tmp_path: 
     """FastAPI >= 0.165 records http.server.request.duration through the SDK by itself; two
     families of one name make Prometheus reject the whole scrape, so otelkit's own one wins."""
     telemetry = otelkit.configure(traces_dir=str(tmp_path), prometheus_port=0)
-    from otelkit._hotmetrics import HOT
+    from otelkit._core.hotmetrics import HOT
 
     labels = (semconv.M_HTTP_METHOD, semconv.M_HTTP_ROUTE, semconv.M_HTTP_STATUS)
     HOT.histogram(semconv.HTTP_SERVER_DURATION, labels).series(("GET", "/x", "200")).observe(0.01)

@@ -22,8 +22,9 @@ pytest.importorskip("pytriton", reason="needs nvidia-pytriton: pip install 'otel
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
 
-from otelkit import _triton_install, tritonserver  # noqa: E402
+from otelkit import tritonserver  # noqa: E402
 from otelkit.tritonserver import TritonServer, TritonStartError, free_port, triton_install  # noqa: E402
+from otelkit.tritonserver import install as _triton_install  # noqa: E402
 
 pytestmark = pytest.mark.triton
 

@@ -23,7 +23,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, TextIO
 
-from otelkit._otlp_validate import normalize_json
+from otelkit.export.otlp_json_normalize import normalize_json
 
 __all__ = [
     "Span",

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from otelkit import semconv
-from otelkit._extras import require
+from otelkit._core.extras import require
+from otelkit._core.worker import LATER
 from otelkit.client import _aio, _stream, _sync
 from otelkit.client._call import GRPC_TENSORS, HTTP_TENSORS, TARGET, ClientTarget, Tensors
 from otelkit.client._interceptors import channel_target, infer_suppressed, session_traced
@@ -147,6 +148,7 @@ def instrument_client(client: Any) -> Any:
         raise TypeError(f"otelkit: cannot instrument {type(client).__qualname__}")
     if client.__dict__.get(_WRAPPED):
         return client
+    LATER.start()  # calls end on the worker
     _target(kind, client)
     cls = type(client)
     for name, wrap in kind.wrappers.items():
@@ -175,6 +177,7 @@ def uninstrument_client(client: Any) -> Any:
 def instrument_classes() -> list[str]:
     """Instrument every tritonclient client class that is installed; returns their modules."""
     done = []
+    LATER.start()
     for kind in _KINDS.values():
         try:
             module = importlib.import_module(kind.module)

@@ -23,19 +23,19 @@ from opentelemetry.trace import Link, SpanContext, SpanKind
 from opentelemetry.trace.propagation import _SPAN_KEY
 
 from otelkit import semconv
-from otelkit._carriers import write
-from otelkit._context import SUPPRESSED_KEYS, current_context, is_suppressed
-from otelkit._hotmetrics import HOT, CallSpecs
-from otelkit._internal import internal_error
-from otelkit._later import LATER
-from otelkit._spans import READY_ROOT, LeanSpan, RecordingSpan, SpanRecorder
-from otelkit._switch import SWITCH
+from otelkit._core.carriers import write
+from otelkit._core.context import SUPPRESSED_KEYS, current_context, is_suppressed
+from otelkit._core.guard import internal_error
+from otelkit._core.hotmetrics import HOT, CallSpecs
+from otelkit._core.spans import READY_ROOT, LeanSpan, RecordingSpan, SpanRecorder, error_type
+from otelkit._core.switch import SWITCH
+from otelkit._core.worker import LATER
 from otelkit.client._wire import KEEP_WIRE_BYTES, counted_on_wire
 from otelkit.propagation import has_baggage, headers_for
 
 __all__ = ["CURRENT_CALL", "GRPC_TENSORS", "HTTP_TENSORS", "RECORDER", "TARGET", "Call",
            "ClientTarget", "InstrumentationSuppressed", "Tensors", "end_quietly", "end_unsampled",
-           "error_type", "open_call", "output_count", "with_trace_context"]  # fmt: skip
+           "open_call", "output_count", "with_trace_context"]  # fmt: skip
 
 _WAITING, _LIMIT = LATER.waiting, LATER.limit
 CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
@@ -52,15 +52,6 @@ class InstrumentationSuppressed(Exception):  # a signal, not an error
     (``opentelemetry.instrumentation.utils.suppress_instrumentation()``): the wrapper then
     runs the client's own call, with no span, no metrics and no context sent, as every
     contrib instrumentation does there. Never reaches the user."""
-
-
-def error_type(error: BaseException) -> str:
-    """A low-cardinality name for a failure: the gRPC status or HTTP code, else the class."""
-    status = getattr(error, "status", None)
-    code = status() if callable(status) else None
-    if code:
-        return str(code).removeprefix("StatusCode.")
-    return type(error).__qualname__
 
 
 class Tensors:
@@ -141,7 +132,7 @@ def with_trace_context(
     Only sampled spans come here: Triton traces every request that carries a context,
     whatever its own sampling rate (triton-inference-server/server#8474), so an unsampled
     call sends none. A header the caller set under the same name (any case) is replaced.
-    ``traceparent``: the span's header, when it came ready-made (``_spans.ReadyRoots``); it is
+    ``traceparent``: the span's header, when it came ready-made (``spans.ReadyRoots``); it is
     all there is to send when the caller has no headers and the context no baggage.
     """
     try:

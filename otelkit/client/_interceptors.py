@@ -23,7 +23,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from otelkit._context import instrumentation_suppressed
+from otelkit._core.context import instrumentation_suppressed
 
 __all__ = ["Suppressed", "channel_target", "infer_suppressed", "intercepted", "session_traced"]
 

@@ -25,14 +25,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from otelkit import semconv
-from otelkit._context import is_suppressed
-from otelkit._internal import internal_error
-from otelkit._spans import with_span
+from otelkit._core.context import is_suppressed
+from otelkit._core.guard import internal_error
+from otelkit._core.spans import error_type, with_span
 from otelkit.client._call import (
     RECORDER,
     Call,
     ClientTarget,
-    error_type,
     open_call,
     with_trace_context,
 )

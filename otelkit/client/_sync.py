@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from otelkit._internal import internal_error
-from otelkit._later import LATER
+from otelkit._core.guard import internal_error
+from otelkit._core.worker import LATER
 from otelkit.client._call import (
     CURRENT_CALL,
     GRPC_TENSORS,

@@ -9,7 +9,7 @@ message copies every tensor out (about 50 us for 600 kB); this costs under 2 us.
 
 from __future__ import annotations
 
-from otelkit._internal import internal_error
+from otelkit._core.guard import internal_error
 
 __all__ = ["KEEP_WIRE_BYTES", "counted_on_wire", "wire_tensors"]
 

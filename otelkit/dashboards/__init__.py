@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from otelkit._extras import require
+from otelkit._core.extras import require
 from otelkit.dashboards.options import DashboardOptions
 
 __all__ = [

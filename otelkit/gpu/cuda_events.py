@@ -20,8 +20,8 @@ import time
 from typing import Any
 
 from otelkit import semconv
-from otelkit._hotmetrics import HistogramSeries
-from otelkit._spans import RecordingSpan
+from otelkit._core.hotmetrics import HistogramSeries
+from otelkit._core.spans import RecordingSpan
 
 __all__ = ["GpuRun", "finish", "start"]
 

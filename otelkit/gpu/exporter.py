@@ -18,16 +18,16 @@ from pathlib import Path
 
 from opentelemetry.sdk.metrics import MeterProvider
 
-from otelkit._export import PullReader
-from otelkit._pipeline import make_resource
-from otelkit._prometheus import PrometheusEndpoint
-from otelkit._signals import stop_on_signals
+from otelkit._core.signals import stop_on_signals
 from otelkit.config import resolve
 from otelkit.errors import ConfigError
+from otelkit.export.processor import PullReader
+from otelkit.export.prometheus import PrometheusEndpoint
 from otelkit.gpu.backend import GpuBackend
 from otelkit.gpu.instruments import observe
 from otelkit.gpu.replay import RecordingError, ReplayBackend
 from otelkit.gpu.sampler import GpuSampler
+from otelkit.resource import make_resource
 
 __all__ = ["GpuExporter", "add_arguments", "run"]
 

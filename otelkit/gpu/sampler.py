@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otelkit import semconv
-from otelkit._hotmetrics import HOT
+from otelkit._core.hotmetrics import HOT
 from otelkit.gpu import torch_memory
 from otelkit.gpu.backend import (
     FIELDS,

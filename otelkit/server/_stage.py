@@ -25,10 +25,9 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Link, SpanKind
 
 from otelkit import semconv
-from otelkit._hotmetrics import HOT, HistogramSeries, UpDownSeries
-from otelkit._internal import internal_error
-from otelkit._spans import SpanRecorder, with_span
-from otelkit.client._call import error_type
+from otelkit._core.guard import internal_error
+from otelkit._core.hotmetrics import HOT, HistogramSeries, UpDownSeries
+from otelkit._core.spans import SpanRecorder, error_type, with_span
 from otelkit.gpu import cuda_events as _gpu
 
 __all__ = ["BATCH_LINKS", "CURRENT_MODEL", "Stage", "StageRun", "stage"]

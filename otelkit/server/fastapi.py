@@ -39,9 +39,9 @@ from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from otelkit import semconv
-from otelkit._hotmetrics import HOT
-from otelkit._internal import internal_error
-from otelkit._spans import LeanSpan, RecordingSpan, SpanRecorder, _SdkSpan, with_span
+from otelkit._core.guard import internal_error
+from otelkit._core.hotmetrics import HOT
+from otelkit._core.spans import LeanSpan, RecordingSpan, SdkSpan, SpanRecorder, with_span
 from otelkit.propagation import extract
 
 __all__ = ["ServerSpanMiddleware", "instrument_app", "uninstrument_app"]
@@ -268,14 +268,14 @@ def _rename(span: RecordingSpan, name: str) -> None:
     """The route is known only once the router ran, after the span started."""
     if isinstance(span, LeanSpan):
         span.name = name
-    elif isinstance(span, _SdkSpan):
+    elif isinstance(span, SdkSpan):
         span._span.update_name(name)
 
 
 def _set_error_status(span: RecordingSpan) -> None:
     if isinstance(span, LeanSpan):
         span.status = Status(StatusCode.ERROR)
-    elif isinstance(span, _SdkSpan):
+    elif isinstance(span, SdkSpan):
         span._span.set_status(Status(StatusCode.ERROR))
 
 

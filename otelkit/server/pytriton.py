@@ -40,9 +40,9 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext
 
-from otelkit._extras import require
-from otelkit._internal import internal_error
-from otelkit._switch import SWITCH
+from otelkit._core.extras import require
+from otelkit._core.guard import internal_error
+from otelkit._core.switch import SWITCH
 from otelkit.server._stage import BATCH_LINKS, CURRENT_MODEL
 
 __all__ = ["install_tracer", "traced"]

@@ -33,7 +33,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link
 
-from otelkit._internal import internal_error
+from otelkit._core.guard import internal_error
 from otelkit.propagation import extract
 from otelkit.server._stage import BATCH_LINKS, CURRENT_MODEL
 

@@ -9,15 +9,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.sampling import (
@@ -28,19 +25,23 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 
-from otelkit import resource as resource_detection
 from otelkit import semconv
-from otelkit._export import BatchExportProcessor, LossCounter, MetricPusher, PullReader
-from otelkit._exporters import HttpSpanExporter, JsonLinesSpanExporter, grpc_span_exporter
-from otelkit._later import LATER, DrainFirst
-from otelkit._prometheus import PrometheusEndpoint
+from otelkit._core.worker import LATER, DrainFirst
 from otelkit.config import Settings
+from otelkit.export.processor import BatchExportProcessor, LossCounter, MetricPusher, PullReader
+from otelkit.export.prometheus import PrometheusEndpoint
+from otelkit.export.span_exporters import (
+    HttpSpanExporter,
+    JsonLinesSpanExporter,
+    grpc_span_exporter,
+)
 from otelkit.gpu.replay import RecordingError, ReplayBackend
 from otelkit.gpu.sampler import GpuSampler
+from otelkit.resource import make_resource
 
 _log = logging.getLogger("otelkit")
 
-__all__ = ["Telemetry", "build", "make_resource"]
+__all__ = ["Telemetry", "build"]
 
 _DEFAULT_PROMETHEUS_PORT = 9464  # the OpenTelemetry specification's default for Prometheus
 
@@ -81,20 +82,6 @@ class Telemetry:
 
 def _span_loss(interval_s: float) -> LossCounter:
     return LossCounter(interval_s, "spans", semconv.TELEMETRY_SPANS_DROPPED)
-
-
-def make_resource(settings: Settings) -> Resource:
-    """The resource of every span and metric: detected, configured, then ``service.name``."""
-    attributes: dict[str, Any] = {
-        "telemetry.sdk.language": "python",
-        "telemetry.sdk.name": "opentelemetry",
-        "telemetry.sdk.version": metadata.version("opentelemetry-sdk"),
-        semconv.TELEMETRY_DISTRO_VERSION: metadata.version("otelkit"),
-        **resource_detection.detect(),
-        **settings.resource_attributes,
-        semconv.SERVICE_NAME: settings.service_name,
-    }
-    return Resource(attributes)
 
 
 def _sampler(settings: Settings) -> Sampler:

@@ -2,8 +2,8 @@
 protobuf, and the SDK's OTLP/gRPC exporter with a faster encoder.
 
 The JSON ones write the same OTLP JSON as the embedded receiver and the Collector's file
-exporter, so ``otelkit.analysis`` reads any of them; they encode with ``_otlp_text``, about a
-tenth of the CPU of the protobuf detour. The protobuf ones encode with ``_otlp_proto``: the same
+exporter, so ``otelkit.analysis`` reads any of them; they encode with ``otlp_json_encode``, about a
+tenth of the CPU of the protobuf detour. The protobuf ones encode with ``otlp_proto``: the same
 request as the SDK's, for about a quarter of its CPU.
 """
 
@@ -24,9 +24,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.re import parse_env_headers
 
-from otelkit._jsonl import JsonLinesWriter
-from otelkit._otlp_proto import encode_request
-from otelkit.otlp_json import spans_to_bytes
+from otelkit.export.jsonl import JsonLinesWriter
+from otelkit.export.otlp_json import spans_to_bytes
+from otelkit.export.otlp_proto import encode_request
+from otelkit.export.sizing import in_halves
 
 __all__ = ["HttpSpanExporter", "JsonLinesSpanExporter", "grpc_span_exporter"]
 
@@ -77,7 +78,7 @@ class JsonLinesSpanExporter(SpanExporter):
 
 class HttpSpanExporter(SpanExporter):
     """OTLP/HTTP with JSON (``http/json``, which the Python SDK does not ship) or protobuf
-    (``http/protobuf``) bodies. Protobuf is written by ``_otlp_proto``, at about a quarter of
+    (``http/protobuf``) bodies. Protobuf is written by ``otlp_proto``, at about a quarter of
     the CPU of the SDK's exporter, whose environment it honours alike: headers, the CA bundle,
     client certificate and key, and compression (``OTEL_EXPORTER_OTLP_[TRACES_]HEADERS``,
     ``..._CERTIFICATE``, ``..._CLIENT_CERTIFICATE``, ``..._CLIENT_KEY``, ``..._COMPRESSION``:
@@ -179,36 +180,6 @@ _COMPRESS: dict[str, Callable[[bytes], bytes]] = {
 }
 
 
-Send = Callable[[Sequence[ReadableSpan]], "int | None"]
-
-
-def in_halves(spans: Sequence[ReadableSpan], send: Send, backend: str) -> int:
-    """Send ``spans`` with ``send``; how many of them ``backend`` took.
-
-    ``send`` answers ``None`` when they were taken, 0 when they were lost (it logged why), and
-    the size of what it sent when the backend refused it as too large. A batch refused so is
-    sent again in halves, down to single spans, so that only a span too large on its own is
-    lost; otelkit's batch processor counts what this returns, not the whole batch, as
-    dropped."""
-    refused = send(spans)
-    if refused is None:
-        return len(spans)
-    if refused and len(spans) > 1:
-        half = len(spans) // 2
-        return in_halves(spans[:half], send, backend) + in_halves(spans[half:], send, backend)
-    if refused and backend not in _TOLD_TOO_LARGE:  # the drop itself is counted, each time
-        _TOLD_TOO_LARGE.add(backend)
-        logger.warning(
-            "otelkit: %s refused a span of %d bytes as too large; dropped (logged once; "
-            "such spans are counted in otelkit_telemetry_spans_dropped_total, "
-            "reason export_failed)", backend, refused,
-        )  # fmt: skip
-    return 0
-
-
-_TOLD_TOO_LARGE: set[str] = set()  # the backends for which a span too large was logged
-
-
 def _sdk_environment(environ: Mapping[str, str]) -> Callable[[str], str | None]:
     """An OTLP exporter setting from the environment: the traces one, else the general one."""
 
@@ -224,8 +195,8 @@ def grpc_span_exporter(
     url: str, insecure: bool, headers: Mapping[str, str], timeout_s: float
 ) -> SpanExporter:
     """The SDK's OTLP/gRPC span exporter (its channel, credentials, retries and environment),
-    with each batch encoded by ``_otlp_proto`` instead of protobuf's Python API, and sent in
+    with each batch encoded by ``otlp_proto`` instead of protobuf's Python API, and sent in
     parts no larger than the server takes (``deliver``)."""
-    from otelkit._grpc_export import SizedGrpcSpanExporter  # grpc, imported when first used
+    from otelkit.export.grpc_exporter import SizedGrpcSpanExporter  # grpc, imported when first used
 
     return SizedGrpcSpanExporter(url, insecure=insecure, headers=dict(headers), timeout=timeout_s)

@@ -21,12 +21,14 @@ from typing import Any
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from otelkit import _internal, semconv
-from otelkit._pipeline import Telemetry, build
-from otelkit._switch import SWITCH
+from otelkit import semconv
+from otelkit._core import guard
+from otelkit._core.switch import SWITCH
+from otelkit._core.worker import LATER
 from otelkit.config import Settings, resolve
 from otelkit.gpu import instruments as gpu_instruments
 from otelkit.propagation import W3CPropagator
+from otelkit.telemetry.pipeline import Telemetry, build
 
 __all__ = ["Telemetry", "configure", "current", "flush", "shutdown"]
 
@@ -59,9 +61,10 @@ def configure(**options: Any) -> Telemetry:
         if _state is not None:
             _stop(_state, timeout_s=10.0)
         _state = build(settings)
-        SWITCH.set(_state.tracer_provider, _state.meter_provider)
+        SWITCH.set(_state.tracer_provider, _state.meter_provider, _gpu_span_attributes(_state))
         _install_globals()
         _install_lifecycle_hooks(settings)
+        LATER.start()
     logger.info(
         "otelkit: service %s, traces to %s%s",
         settings.service_name, _state.traces_destination,
@@ -84,6 +87,14 @@ def shutdown(timeout_s: float = 10.0) -> None:
         if state is not None:
             SWITCH.set(None, None)
             _stop(state, timeout_s)
+
+
+def _gpu_span_attributes(state: Telemetry) -> Callable[[], dict[str, Any]] | None:
+    """What server spans add from the GPU sampler, when configured to."""
+    sampler = state.gpu_sampler
+    if sampler is None or not state.settings.gpu_span_attributes:
+        return None
+    return lambda: sampler.latest.span_attributes
 
 
 def _stop(state: Telemetry, timeout_s: float) -> None:
@@ -158,7 +169,7 @@ def _export_error_observations(state: Telemetry) -> list[Observation]:
 
 
 def _internal_error_observations(state: Telemetry) -> list[Observation]:
-    return [Observation(_internal.INTERNAL_ERRORS.total)]  # the whole process's, like the log
+    return [Observation(guard.INTERNAL_ERRORS.total)]  # the whole process's, like the log
 
 
 _HEALTH: tuple[tuple[semconv.MetricSpec, Callable[[Telemetry], list[Observation]]], ...] = (

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from otelkit import errors
-from otelkit._internal import caught
+from otelkit._core.guard import caught
 
 __all__ = ["LATER", "DrainFirst", "Later"]
 
@@ -54,13 +54,23 @@ class Later:
         self.failed = 0
         self._failure: Exception | None = None
         self._lock = threading.Lock()  # held while an item runs: drain waits for the worker's
-        self._start_worker()
+        self._closed = False
+        self._thread: threading.Thread | None = None  # started by ``start``: nothing at import
+
+    def start(self) -> None:
+        """Start the worker thread unless it runs (``configure()`` and ``instrument()`` do)."""
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._start_worker()
 
     def add(self, work: Work) -> None:
         """Run ``work`` soon, off this thread (at once, here, when too much waits)."""
         items = self.waiting
         if len(items) < self.limit:
             items.append(work)  # one step of C code under the GIL: no lock needed
+            if self._thread is None:
+                self.start()
             return
         with self._lock:
             self._run(work)
@@ -114,12 +124,14 @@ class Later:
 
     def _start_worker(self) -> None:
         self._closed = False
-        threading.Thread(target=self._work, name="otelkit-later", daemon=True).start()
+        self._thread = threading.Thread(target=self._work, name="otelkit-later", daemon=True)
+        self._thread.start()
 
     def _after_fork_in_child(self) -> None:
         self.waiting.clear()
         self._lock = threading.Lock()
-        self._start_worker()
+        if self._thread is not None:  # the parent's worker is gone: the child gets its own
+            self._start_worker()
 
 
 class DrainFirst(SpanProcessor):

@@ -1,13 +1,13 @@
 """The SDK's OTLP/gRPC span exporter, with otelkit's encoder and messages the server takes.
 
-Encoding: ``_otlp_proto`` writes the request's bytes, which protobuf parses in C, for about a
+Encoding: ``otlp_proto`` writes the request's bytes, which protobuf parses in C, for about a
 quarter of the CPU of building it with protobuf's Python API.
 
 Size: a gRPC server refuses a message over its receive limit (4 MiB by default, which the
 Collector's, Jaeger's and Tempo's OTLP receivers keep) with ``RESOURCE_EXHAUSTED``, which the
 SDK retries, the same bytes each time, until its export timeout, and then drops the batch: a
 burst of failed calls, each span with its exception's stack trace, is enough. This exporter
-sends no message over the limit (halving a batch down to single spans, ``_exporters.in_halves``)
+sends no message over the limit (halving a batch down to single spans, ``sizing.in_halves``)
 and, when a server refuses one, takes the limit the server states as its own from then on and
 tells the SDK not to retry those bytes.
 """
@@ -26,8 +26,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from otelkit._exporters import in_halves
-from otelkit._otlp_proto import encode_request
+from otelkit.export.otlp_proto import encode_request
+from otelkit.export.sizing import in_halves
 
 __all__ = ["GRPC_MAX_MESSAGE_BYTES", "SizedGrpcSpanExporter", "stated_limit"]
 
@@ -89,7 +89,7 @@ class _Measured:
 
 
 class SizedGrpcSpanExporter(OTLPSpanExporter):
-    """Encodes with ``_otlp_proto``; sends no message larger than ``max_bytes``, gRPC's
+    """Encodes with ``otlp_proto``; sends no message larger than ``max_bytes``, gRPC's
     default limit, or the smaller one a server stated when it refused a message."""
 
     max_bytes = GRPC_MAX_MESSAGE_BYTES

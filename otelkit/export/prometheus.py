@@ -30,8 +30,8 @@ from prometheus_client.core import (
 )
 
 from otelkit import semconv
-from otelkit._export import PullReader
-from otelkit._hotmetrics import HOT, HotRegistry
+from otelkit._core.hotmetrics import HOT, HotRegistry
+from otelkit.export.processor import PullReader
 
 logger = logging.getLogger("otelkit")
 

@@ -24,8 +24,8 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelkit import semconv
-from otelkit._context import instrumentation_suppressed
-from otelkit._hotmetrics import HOT, HotRegistry, with_hot_metrics
+from otelkit._core.context import instrumentation_suppressed
+from otelkit._core.hotmetrics import HOT, HotRegistry, with_hot_metrics
 
 __all__ = ["BatchExportProcessor", "LossCounter", "MetricPusher", "PullReader"]
 

@@ -1,7 +1,7 @@
 """Thread-safe appending of JSON documents to a file, one compact line each, with rotation.
 
 The embedded receiver writes ``traces.jsonl`` through it and the JSON-lines span exporter its
-per-process files; each line is encoded by ``otelkit.otlp_json.dumps``, or comes encoded
+per-process files; each line is encoded by ``otelkit.export.otlp_json.dumps``, or comes encoded
 (``otlp_json.spans_to_bytes``).
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from otelkit.otlp_json import dumps
+from otelkit.export.otlp_json import dumps
 
 __all__ = ["JsonLinesWriter"]
 

@@ -2,7 +2,7 @@
 
 Tests and demos need a real Triton serving Python-backend models, with Triton's own
 OpenTelemetry tracing exporting OTLP/HTTP to a URL we choose. ``triton_install()`` locates the
-binary and prepares its backend directory and environment (see ``otelkit._triton_install``);
+binary and prepares its backend directory and environment (see ``otelkit.tritonserver.install``);
 ``TritonServer`` runs it, waits until it is ready and stops it with every stub it started.
 
 Example::
@@ -31,8 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from otelkit._triton_install import TritonInstall, triton_install
 from otelkit.errors import ConfigError, StartFailure, TritonStartError
+from otelkit.tritonserver.install import TritonInstall, triton_install
 
 __all__ = ["TritonInstall", "TritonServer", "TritonStartError", "free_port", "triton_install"]
 

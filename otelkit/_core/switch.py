@@ -27,6 +27,8 @@ class ProviderSwitch:
         self.generation = 0
         self._tracer_provider: trace.TracerProvider | None = None
         self._meter_provider: metrics.MeterProvider | None = None
+        #: what otelkit's own spans add from the configuration (GPU attributes on server spans)
+        self.span_attributes: Callable[[], dict[str, Any]] | None = None
         self._observables: list[Callable[[metrics.MeterProvider], None]] = []
         self._lock = threading.Lock()
         self.tracers = SwitchingTracerProvider(self)
@@ -36,14 +38,20 @@ class ProviderSwitch:
         self,
         tracer_provider: trace.TracerProvider | None,
         meter_provider: metrics.MeterProvider | None,
+        span_attributes: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         """Point every switch at new providers (``None``: follow OpenTelemetry's globals)."""
         with self._lock:
             self._tracer_provider = tracer_provider
             self._meter_provider = meter_provider
+            self.span_attributes = span_attributes
             self.generation += 1
             for register in self._observables:
                 register(self.meter_provider())
+
+    def configured_tracer_provider(self) -> trace.TracerProvider | None:
+        """The provider of otelkit's own configuration; ``None`` while it is not configured."""
+        return self._tracer_provider
 
     def tracer_provider(self) -> trace.TracerProvider:
         if self._tracer_provider is not None:

@@ -1,4 +1,4 @@
-"""What otelkit's OTLP encoders of SDK spans share (``_otlp_proto``: protobuf, ``_otlp_text``:
+"""What otelkit's OTLP encoders of SDK spans share (``otlp_proto``: protobuf, ``otlp_json_encode``:
 JSON): the grouping, the reading of a span's parts, and protobuf's rules for strings and int64.
 
 Both mirror opentelemetry-exporter-otlp-proto-common's ``encode_spans``, which builds protobuf

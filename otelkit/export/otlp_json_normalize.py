@@ -1,4 +1,4 @@
-"""Validation of received OTLP JSON traces, normalised to the form ``otelkit.otlp_json`` writes.
+"""Validation of received OTLP JSON traces, normalised to the form ``otlp_json`` writes.
 
 The receiver takes JSON bodies from anything that speaks OTLP/HTTP (Triton, the Collector, an
 SDK using protobuf's JSON mapping) and the loader reads files others wrote: both pass them

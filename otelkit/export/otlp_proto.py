@@ -6,7 +6,7 @@ builds a protobuf object per span, attribute and value through protobuf's Python
 the threads the spans describe. ``encode_request`` writes the same ``ExportTraceServiceRequest``
 in protobuf's wire format directly, at a fraction of that (``benchmarks/bench_encode.py``).
 
-It mirrors ``encode_spans`` field by field: the same grouping (``_otlp_sdk.grouped``), the
+It mirrors ``encode_spans`` field by field: the same grouping (``sdk_fields.grouped``), the
 same fields set (a span's status and a resource are always present, a scope even when the span
 has none), the same flags, and what protobuf would refuse refused alike (an attribute it cannot
 encode is logged and left out; a span it cannot encode fails the batch). Parsed, the bytes equal
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from otelkit._otlp_sdk import (
+from otelkit.export.sdk_fields import (
     INT64_MAX,
     attribute_items,
     contents,

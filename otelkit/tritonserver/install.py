@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from otelkit._extras import require
+from otelkit._core.extras import require
 from otelkit.errors import TritonStartError
 
 __all__ = ["TritonInstall", "triton_install"]

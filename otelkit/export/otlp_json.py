@@ -18,8 +18,8 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otelkit._otlp_text import encode_json
-from otelkit._otlp_validate import normalize_json
+from otelkit.export.otlp_json_encode import spans_to_bytes
+from otelkit.export.otlp_json_normalize import normalize_json
 
 __all__ = ["dumps", "normalize_json", "request_to_json", "span_count", "spans_to_bytes",
            "spans_to_json"]  # fmt: skip
@@ -56,29 +56,13 @@ def request_to_json(req: ExportTraceServiceRequest) -> JsonDict:
     return {"resourceSpans": resource_spans} if resource_spans else {}
 
 
-def spans_to_bytes(spans: Sequence[ReadableSpan]) -> bytes:
-    """Encode OpenTelemetry SDK spans as one OTLP JSON request, serialised as ``dumps`` would.
-
-    The bytes are exactly ``dumps(request_to_json(encode_spans(spans)))``, written straight from
-    the spans: the protobuf detour costs about ten times as much CPU, and building dicts to
-    serialise two to three times as much, which the exporter's thread takes (through the GIL)
-    from the threads the spans describe. Spans are grouped as ``encode_spans`` groups them: by
-    equal resource, then equal scope, in order of first appearance; of equal resources (or
-    scopes) the first is the one written. otelkit's JSON span exporters write these bytes.
-
-    >>> spans_to_bytes([])
-    b'{}'
-    """
-    return encode_json(spans)
-
-
 def spans_to_json(spans: Sequence[ReadableSpan]) -> JsonDict:
     """``spans_to_bytes(spans)`` as a document of dicts, ``request_to_json(encode_spans(spans))``.
 
     >>> spans_to_json([])
     {}
     """
-    doc: JsonDict = json.loads(encode_json(spans))
+    doc: JsonDict = json.loads(spans_to_bytes(spans))
     return doc
 
 

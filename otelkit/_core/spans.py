@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
     Decision,
@@ -35,13 +35,14 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from otelkit import semconv, telemetry
-from otelkit._context import current_context as _current_context
-from otelkit._later import LATER
-from otelkit._switch import SWITCH
+from otelkit import semconv
+from otelkit._core.context import current_context as _current_context
+from otelkit._core.switch import SWITCH
+from otelkit._core.worker import LATER
 from otelkit.propagation import format_traceparent
 
-__all__ = ["READY_ROOT", "READY_ROOTS", "LeanSpan", "ReadyRoots", "SpanRecorder", "with_span"]
+__all__ = ["READY_ROOT", "READY_ROOTS", "LeanSpan", "ReadyRoots", "RecordingSpan", "SdkSpan",
+           "SpanRecorder", "error_type", "with_span"]  # fmt: skip
 
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
@@ -238,7 +239,7 @@ class LeanSpan:
         )
 
 
-class _SdkSpan:
+class SdkSpan:
     """The same interface over a span of the global tracer, when otelkit is not configured."""
 
     __slots__ = ("_span", "attributes", "context", "sampled")
@@ -288,7 +289,7 @@ class _Unsampled:
 
 
 UNSAMPLED = _Unsampled()
-RecordingSpan = LeanSpan | _SdkSpan | _Unsampled
+RecordingSpan = LeanSpan | SdkSpan | _Unsampled
 
 
 class SpanRecorder:
@@ -322,15 +323,15 @@ class SpanRecorder:
     def _current(self) -> _Pipeline | None:
         generation = SWITCH.generation
         if self._generation != generation:
-            state = telemetry.current()
-            if state is None:
+            provider = SWITCH.configured_tracer_provider()
+            if not isinstance(provider, TracerProvider):
                 self.pipeline = None
             else:
-                provider = state.tracer_provider
                 self.pipeline = _Pipeline(
                     provider._active_span_processor, provider.resource, provider.id_generator,
                     provider.sampler, _fixed_root_decision(provider.sampler),
-                    type(provider.id_generator) is RandomIdGenerator, _gpu_attributes(state),
+                    type(provider.id_generator) is RandomIdGenerator,
+                    SWITCH.span_attributes,
                 )  # fmt: skip
             self._generation = generation
             pipeline = self.pipeline
@@ -393,7 +394,7 @@ class SpanRecorder:
             parent = current.get_span_context() if isinstance(current, trace.Span) else _INVALID
         if pipeline is None:
             span = self._tracer.start_span(name, context, kind, links=links)
-            recorded = _SdkSpan(span, {})
+            recorded = SdkSpan(span, {})
             return recorded if recorded.sampled else UNSAMPLED
         ready: tuple[SpanContext, str] | None = None
         if parent is not _INVALID and parent.is_valid:
@@ -433,8 +434,10 @@ class SpanRecorder:
         )  # fmt: skip
 
 
-def _gpu_attributes(state: telemetry.Telemetry) -> Callable[[], dict[str, Any]] | None:
-    sampler = state.gpu_sampler
-    if sampler is None or not state.settings.gpu_span_attributes:
-        return None
-    return lambda: sampler.latest.span_attributes
+def error_type(error: BaseException) -> str:
+    """A low-cardinality name for a failure: the gRPC status or HTTP code, else the class."""
+    status = getattr(error, "status", None)
+    code = status() if callable(status) else None
+    if code:
+        return str(code).removeprefix("StatusCode.")
+    return type(error).__qualname__

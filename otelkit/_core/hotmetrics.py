@@ -43,7 +43,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelkit import semconv
-from otelkit._later import LATER, Later
+from otelkit._core.worker import LATER, Later
 
 __all__ = [
     "HOT",

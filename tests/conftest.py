@@ -1,7 +1,6 @@
 """Shared test set-up.
 
-Under CI (``CI=true``) a skipped test fails unless it is marked ``gpu``: every other component
-(Triton, Prometheus, uvicorn) runs on CI's machines, so a skip there would hide a missing install.
+Real servers started once per test session; under CI a skip fails (``tests/ci_skips.py``).
 """
 
 from __future__ import annotations
@@ -11,44 +10,19 @@ import os
 # otelkit's own failures re-raise in tests instead of being logged once and swallowed.
 os.environ.setdefault("OTELKIT_RAISE_INTERNAL_ERRORS", "1")
 
-import shutil
-import time
-from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
-from otelkit.analysis import Span, load_spans
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
+from tests.paths import MODELS
+from tests.support import TrackingServer
 
-ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def require_binary(name: str) -> str:
-    """Path of an executable that a test needs; skip locally, fail under CI, when missing."""
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed (make test installs it)")
-    return path
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, None]:
-    outcome = yield
-    report = outcome.get_result()
-    if ON_CI and report.skipped and item.get_closest_marker("gpu") is None:
-        report.outcome = "failed"
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-        report.longrepr = f"skipped under CI, where only GPU tests may skip: {reason}"
+pytest_plugins = ["tests.ci_skips"]
 
 
 # -- real servers, started once per test session ---------------------------------------------
-
-MODELS = Path(__file__).parent / "models"
 
 
 @pytest.fixture(scope="session")
@@ -86,15 +60,6 @@ def triton(receiver: Receiver, model_metrics_port: int) -> Iterator[TritonServer
         yield server
 
 
-@dataclass(frozen=True)
-class TrackingServer:
-    """The reference deployment's Triton; stage model ``i`` serves ``/metrics`` on
-    ``models_metrics_port + i`` (``gnn_tracking.stages.STAGE_ORDER``, from 1)."""
-
-    server: TritonServer
-    models_metrics_port: int
-
-
 @pytest.fixture(scope="session")
 def tracking_triton(
     receiver: Receiver, tmp_path_factory: pytest.TempPathFactory
@@ -112,39 +77,3 @@ def tracking_triton(
         receiver.traces_url, models_metrics_port=port, log_path=log, trace_rate=1_000_000
     ) as server:
         yield TrackingServer(server, port)
-
-
-def wait_for_trace(directory: Path, trace_id: str, count: int, timeout: float = 15.0) -> list[Span]:
-    """The spans of one trace once ``count`` of them have arrived; fails after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        spans = [s for s in load_spans(directory) if s.trace_id == trace_id]
-        if len(spans) >= count or time.monotonic() > deadline:
-            assert len(spans) >= count, (
-                f"trace {trace_id}: {len(spans)} of {count} spans arrived: "
-                f"{sorted((s.name, s.parent_span_id) for s in spans)}"
-            )
-            return spans
-        time.sleep(0.05)
-
-
-def joined_trace(
-    call: Callable[[], str], directory: Path, count: int, attempts: int = 3
-) -> tuple[str, list[Span]]:
-    """Run ``call`` (it returns a trace id) until Triton's spans join that trace.
-
-    Triton 2.51 loses the ``traceparent`` of about 2-3 % of gRPC requests: its gRPC carrier
-    reads the metadata value with ``strlen`` past its end, the parse fails and the request
-    starts a trace of its own. A request hit by that is sent again, at most ``attempts`` times.
-    """
-    for attempt in range(1, attempts + 1):
-        trace_id = call()
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            spans = [s for s in load_spans(directory) if s.trace_id == trace_id]
-            if len(spans) >= count:
-                return trace_id, spans
-            time.sleep(0.05)
-        if attempt == attempts:
-            return trace_id, wait_for_trace(directory, trace_id, count, timeout=0)
-    raise AssertionError("unreachable")

@@ -13,6 +13,7 @@ import otelkit
 from otelkit._core.extras import require
 from otelkit.analysis import load_spans
 from otelkit.errors import MissingExtraError
+from tests import ci_skips
 
 pytest_plugins = ["pytester"]
 
@@ -57,25 +58,37 @@ def test_spans_are_flushed_at_interpreter_exit(tmp_path: Path) -> None:
     assert len(load_spans(tmp_path)) == 11
 
 
-@pytest.mark.parametrize(("ci", "marker", "outcome"), [
-    ("true", "", "failed"),
-    ("true", "@pytest.mark.gpu", "skipped"),
-    ("", "", "skipped"),
+SKIPS = {
+    "in the test": 'def test_needs_something():\n    pytest.skip("component missing")\n',
+    "gpu test": '@pytest.mark.gpu\ndef test_needs_a_gpu():\n    pytest.skip("no GPU")\n',
+    "skipif mark": '@pytest.mark.skipif(True, reason="off")\ndef test_marked():\n    pass\n',
+    "in a fixture": (
+        "@pytest.fixture\ndef server():\n    pytest.skip('no server')\n\n"
+        "def test_with_server(server):\n    pass\n"
+    ),
+    "module level": 'pytest.skip("no lib", allow_module_level=True)\n\ndef test_x():\n    pass\n',
+    "importorskip": 'pytest.importorskip("no_such_module_here")\n\ndef test_x():\n    pass\n',
+}
+
+
+@pytest.mark.parametrize(("form", "ci", "outcome"), [
+    ("in the test", "true", "failed"),
+    ("in the test", "", "skipped"),
+    ("gpu test", "true", "skipped"),
+    ("skipif mark", "true", "errors"),
+    ("in a fixture", "true", "errors"),
+    ("module level", "true", "errors"),
+    ("module level", "", "skipped"),
+    ("importorskip", "true", "errors"),
 ])  # fmt: skip
 def test_under_ci_only_gpu_tests_may_skip(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str, marker: str, outcome: str
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, form: str, ci: str, outcome: str
 ) -> None:
     monkeypatch.setenv("CI", ci)
-    pytester.makeconftest(Path(__file__).with_name("conftest.py").read_text())
+    pytester.makeconftest(Path(ci_skips.__file__).read_text())
     pytester.makeini("[pytest]\nmarkers =\n    gpu: gpu\n")
-    pytester.makepyfile(
-        f"""
-        import pytest
-
-        {marker}
-        def test_needs_something():
-            pytest.skip("component missing")
-        """
-    )
+    pytester.makepyfile("import pytest\n\n" + SKIPS[form])
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(**{outcome: 1})
+    if outcome != "skipped":
+        result.stdout.fnmatch_lines(["*under CI, where only GPU tests may skip*"])

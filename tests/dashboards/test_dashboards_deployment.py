@@ -1,0 +1,263 @@
+"""Every panel of every dashboard shows data from the running reference deployment.
+
+A real Prometheus (exemplar storage on) scrapes what an operator's would: Triton's metrics
+and the five stage models' ``/metrics`` (``examples/gnn_tracking`` on a real tritonserver),
+the FastAPI twin in its own process, this process as the instrumented client, and three
+``otelkit gpu-exporter`` processes replaying recorded GPUs (one with NVML read errors). Load
+runs through Triton and the twin, with failing requests among it; then every panel query of
+every dashboard is evaluated through Prometheus's HTTP API and must return data, and the
+trace ids of the latency histograms' exemplars must be traces the embedded receiver holds.
+
+Only the panels fed by CUDA (torch memory, stage GPU time) have no source on this machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import torch
+from gnn_tracking.client import event_pool
+from gnn_tracking.options import OPTIONS, Remote, reconstruct
+from gnn_tracking.stages import STAGE_ORDER, STAGES
+from gnn_tracking.twin import twin_process
+from tritonclient.utils import InferenceServerException
+
+import otelkit
+from otelkit import semconv
+from otelkit.analysis import load_spans
+from otelkit.dashboards import panel_queries, render, substitute
+from otelkit.receiver import Receiver
+from otelkit.tritonserver import free_port
+from tests.gpu.test_gpu import FIXTURES as GPU_FIXTURES
+from tests.gpu.test_gpu import run_exporter
+from tests.gpu.test_gpu import stop as stop_exporter
+from tests.prometheus import PrometheusServer
+from tests.support import TrackingServer, require_binary
+
+pytestmark = [pytest.mark.triton, pytest.mark.prometheus]
+pytest.importorskip("grafanalib")
+
+# Panels fed only by CUDA: torch's allocator and the stages' CUDA events. None on this machine.
+CUDA_ONLY = {
+    ("gpu", "torch memory per process"),
+    ("stages", "GPU share of stage wall time"),
+    ("stages", "GPU time per stage"),
+}
+GPU_REPLAYS = ("h100x1.json", "h100x8.json")  # processes and GPM; clocks held down (idle)
+LATENCY_HISTOGRAMS = (
+    semconv.CLIENT_DURATION, semconv.STAGE_DURATION, semconv.HTTP_SERVER_DURATION,
+)  # fmt: skip
+SAMPLED = 0.25  # share of events traced: exemplars come only from sampled spans
+PANELS_TIMEOUT_S = 60.0
+
+
+def replay_with_read_errors(out: Path) -> Path:
+    """``a100x2.json`` with GPU 1's power reading failing in every other sample, as NVML's
+    ``NVML_ERROR_UNKNOWN`` does; the other fields and GPU 0 keep their recorded values."""
+    recording = json.loads((GPU_FIXTURES / "a100x2.json").read_text())
+    second = recording["devices"][1]["uuid"]
+    samples = []
+    for number, sample in enumerate(recording["samples"]):
+        sample = copy.deepcopy(sample)
+        if number % 2:
+            sample["fields"][second]["power.usage"] = "error: Unknown Error"
+        samples.append(sample)
+    recording["samples"] = samples
+    path = out / "a100x2-read-errors.json"
+    path.write_text(json.dumps(recording))
+    return path
+
+
+def bad_filter_inputs() -> dict[str, torch.Tensor]:
+    """A ``filter`` request whose edges name hits that do not exist: the stage raises."""
+    return {
+        "FEATURES": torch.zeros(4, 3),
+        "EMBEDDING": torch.zeros(4, 8),
+        "EDGE_INDEX": torch.tensor([[99], [98]], dtype=torch.int64),
+    }
+
+
+class Load:
+    """Threads reconstructing events through a ``Remote`` until stopped, every ``fail_every``-th
+    call a failing ``filter`` request; counts what succeeded and keeps what failed."""
+
+    def __init__(self, remotes: list[Remote], events: list[torch.Tensor]) -> None:
+        self.remotes, self.events = remotes, events
+        self.stop = threading.Event()
+        self.done = 0
+        self.failed: list[BaseException] = []
+        self.unexpected: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._run, args=(remote,), name=f"load-{i}")
+            for i, remote in enumerate(remotes)
+        ]
+
+    def _run(self, remote: Remote, fail_every: int = 5) -> None:
+        for number in itertools.count():
+            if self.stop.is_set():
+                return
+            try:
+                if number % fail_every == fail_every - 1:
+                    self._fail(remote)
+                else:
+                    option = OPTIONS[3 if number % 2 else 4]  # each stage alone, and the ensemble
+                    reconstruct(option, self.events[number % len(self.events)], None, remote)
+                    self.done += 1
+            except BaseException as error:  # a thread's failure must reach the test
+                self.unexpected.append(error)
+                return
+            time.sleep(0.01)
+
+    def _fail(self, remote: Remote) -> None:
+        try:
+            remote.infer(STAGES["filter"], bad_filter_inputs())
+        except InferenceServerException as error:
+            self.failed.append(error)
+        else:
+            raise AssertionError("a filter request with unknown hits succeeded")
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+
+@pytest.fixture
+def client_telemetry(receiver: Receiver) -> Iterator[otelkit.Telemetry]:
+    """otelkit in this process as the deployment's client: sampled share, Prometheus endpoint."""
+    yield otelkit.configure(
+        service_name="gnn-tracking-client",
+        traces_endpoint=receiver.traces_url,
+        sampler="parentbased_traceidratio",
+        sampler_arg=SAMPLED,
+        metrics_exporter="prometheus",
+        prometheus_port=0,
+        prometheus_host="127.0.0.1",
+        bsp_schedule_delay_ms=50,
+    )
+    otelkit.shutdown()
+
+
+def empty_panels(
+    prometheus: PrometheusServer, dashboards: dict[str, dict[str, Any]]
+) -> dict[tuple[str, str], list[str]]:
+    """(dashboard, panel title) -> its queries, for each panel none of whose queries returns
+    a series now."""
+    showing: set[tuple[str, str]] = set()
+    queries: dict[tuple[str, str], list[str]] = {}
+    for name, dashboard in sorted(dashboards.items()):
+        for query in panel_queries(dashboard):
+            expr = substitute(query.expr, {"__rate_interval": "4s", "__range": "1m"})
+            queries.setdefault((name, query.panel), []).append(expr)
+            if (name, query.panel) not in showing and prometheus.query(expr)["result"]:
+                showing.add((name, query.panel))
+    return {panel: exprs for panel, exprs in queries.items() if panel not in showing}
+
+
+def wait_until(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+    return True
+
+
+def exemplar_trace_ids(prometheus: PrometheusServer, since: float) -> dict[str, set[str]]:
+    """Histogram name -> the trace ids on its exemplars since ``since``."""
+    found: dict[str, set[str]] = {}
+    for histogram in LATENCY_HISTOGRAMS:
+        series = prometheus.query_exemplars(
+            f"{semconv.prometheus_name(histogram)}_bucket", since, time.time()
+        )
+        found[histogram.name] = {
+            exemplar["labels"]["trace_id"]
+            for one in series
+            for exemplar in one["exemplars"]
+            if "trace_id" in exemplar["labels"]
+        }
+    return found
+
+
+def test_every_panel_shows_the_running_reference_deployment(
+    tracking_triton: TrackingServer,
+    receiver: Receiver,
+    client_telemetry: otelkit.Telemetry,
+    tmp_path: Path,
+) -> None:
+    assert client_telemetry.prometheus_url is not None
+    replays = [GPU_FIXTURES / name for name in GPU_REPLAYS] + [replay_with_read_errors(tmp_path)]
+    exporters = [run_exporter("--replay", str(path), "--interval", "0.5") for path in replays]
+    twin_metrics_port = free_port()
+    triton = tracking_triton.server
+    models = tracking_triton.models_metrics_port
+    jobs = {
+        "triton": [f"127.0.0.1:{triton.metrics_port}"],
+        "triton-models": [f"127.0.0.1:{models + i}" for i in range(1, len(STAGE_ORDER) + 1)],
+        "fastapi": [f"127.0.0.1:{twin_metrics_port}"],
+        "client": [urlsplit(client_telemetry.prometheus_url).netloc],
+        "gpu-exporter": [urlsplit(url).netloc for _, url in exporters],
+    }
+    dashboards = render()
+    events = event_pool(8, 20, seed=321)
+    started = time.time()
+    try:
+        with (
+            twin_process(receiver.traces_url, tmp_path / "twin.log",
+                         metrics_port=twin_metrics_port) as twin_url,
+            PrometheusServer(require_binary("prometheus"), jobs, tmp_path) as prometheus,
+        ):  # fmt: skip
+            remotes = [Remote(triton.http_url, "http"), Remote(twin_url, "http")]
+            with Load(remotes, events) as load:
+                prometheus.wait_for_targets(timeout=30)
+                empty: dict[tuple[str, str], list[str]] = {}
+
+                def only_cuda_panels_empty() -> bool:
+                    empty.clear()
+                    empty.update(empty_panels(prometheus, dashboards))
+                    return set(empty) <= CUDA_ONLY
+
+                wait_until(only_cuda_panels_empty, PANELS_TIMEOUT_S)
+            for remote in remotes:
+                remote.close()
+            exemplars = exemplar_trace_ids(prometheus, started)
+    finally:
+        for process, _ in exporters:
+            stop_exporter(process)
+    assert load.unexpected == []
+    assert load.done > 0 and load.failed, (load.done, load.failed)
+    assert all("filter" in str(error) for error in load.failed)
+    missing = {panel: exprs for panel, exprs in empty.items() if panel not in CUDA_ONLY}
+    assert missing == {}, "panels without data:\n" + "\n".join(
+        f"{dashboard} / {title}: {' | '.join(exprs)}"
+        for (dashboard, title), exprs in sorted(missing.items())
+    )
+
+    for histogram, trace_ids in exemplars.items():
+        assert trace_ids, f"no exemplar on {histogram}"
+    wanted = set().union(*exemplars.values())
+    otelkit.flush()
+    stored: set[str] = set()
+
+    def all_exemplar_traces_stored() -> bool:
+        stored.update(span.trace_id for span in load_spans(receiver.out_dir))
+        return wanted <= stored
+
+    assert wait_until(all_exemplar_traces_stored, 20.0), (
+        f"{len(wanted - stored)} of {len(wanted)} exemplar trace ids are in no stored trace: "
+        f"{sorted(wanted - stored)[:5]}"
+    )

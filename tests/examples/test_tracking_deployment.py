@@ -1,0 +1,254 @@
+"""The reference deployment against a real tritonserver and a real uvicorn.
+
+Every model of ``examples/gnn_tracking/model_repository`` loads and answers; the five service
+options agree on the track labels; an option-4 trace holds every stage span under the
+ensemble's steps, joined to the client's span; the FastAPI twin answers identically through
+``tritonclient.http``; the committed repository is what ``gnn_tracking.repository`` writes.
+
+Traced calls go over HTTP: the bundled tritonserver 2.51 crashes (SIGSEGV in
+``InferenceRequestDelete``) after a few hundred gRPC requests that carry a trace context, so
+the gRPC path is checked with uninstrumented clients, which send none.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc
+import tritonclient.http
+from gnn_tracking import repository
+from gnn_tracking.client import drive, event_pool
+from gnn_tracking.models import Models, load_models
+from gnn_tracking.options import OPTIONS, ROOT_SPAN, Remote, reconstruct
+from gnn_tracking.stages import ENSEMBLE, STAGE_ORDER, STAGES
+from gnn_tracking.twin import create_twin
+from opentelemetry import trace
+
+import otelkit
+from otelkit import semconv
+from otelkit.analysis import Span, build_traces, load_spans
+from otelkit.analysis.breakdown import breakdown
+from otelkit.receiver import Receiver
+from otelkit.tritonserver import TritonServer, free_port
+from tests.support import TrackingServer, wait_for_trace
+
+pytestmark = pytest.mark.triton
+
+
+@pytest.fixture(scope="module")
+def models() -> Models:
+    return load_models()
+
+
+@pytest.fixture(scope="module")
+def events() -> list[torch.Tensor]:
+    return event_pool(4, 30, seed=77)
+
+
+@pytest.fixture(scope="module")
+def pipeline_server(tracking_triton: TrackingServer) -> TritonServer:
+    return tracking_triton.server
+
+
+@pytest.fixture(scope="module")
+def traced_client(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """otelkit in this process exports to the receiver too; yields the receiver's directory."""
+    otelkit.configure(
+        service_name="gnn-tracking-client-tests",
+        traces_endpoint=receiver.traces_url,
+        bsp_schedule_delay_ms=50,
+    )
+    yield receiver.out_dir
+    otelkit.shutdown()
+
+
+def test_the_committed_repository_is_what_the_stage_table_writes(tmp_path: Path) -> None:
+    assert repository.main(["--check"]) == 0
+    assert repository.main(["--out", str(tmp_path)]) == 0
+    assert {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()} == set(
+        repository.repository_files()
+    )
+
+
+def test_every_model_loads_and_declares_the_stage_tensors(pipeline_server: TritonServer) -> None:
+    client = tritonclient.http.InferenceServerClient(pipeline_server.http_url)
+    index = client.get_model_repository_index()
+    assert {m["name"]: m.get("state") for m in index} == {
+        name: "READY" for name in (*STAGE_ORDER, ENSEMBLE)
+    }
+    for name, stage in STAGES.items():
+        metadata = client.get_model_metadata(name)
+        declared = {
+            t["name"]: (t["datatype"], [int(d) for d in t["shape"]]) for t in metadata["inputs"]
+        }
+        assert declared == {s.name: (s.datatype, list(s.shape)) for s in stage.inputs}, name
+        produced = {
+            t["name"]: (t["datatype"], [int(d) for d in t["shape"]]) for t in metadata["outputs"]
+        }
+        assert produced == {s.name: (s.datatype, list(s.shape)) for s in stage.outputs}, name
+
+
+def test_each_stage_model_answers_what_the_stage_computes_in_process(
+    pipeline_server: TritonServer, models: Models, events: list[torch.Tensor]
+) -> None:
+    remote = Remote(pipeline_server.grpc_url, "grpc", instrument=False)
+    tensors = {"FEATURES": events[0]}
+    for name in STAGE_ORDER:
+        stage = STAGES[name]
+        with torch.inference_mode():
+            expected = stage.run(models, tensors)
+        served = remote.infer(stage, tensors)
+        for key, value in expected.items():
+            assert torch.equal(served[key], value.cpu()), f"{name}: {key} differs"
+        tensors.update(expected)
+    remote.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_all_five_options_give_the_labels_of_the_in_process_pipeline(
+    pipeline_server: TritonServer, models: Models, events: list[torch.Tensor], protocol: str
+) -> None:
+    if protocol == "grpc":
+        remote = Remote(pipeline_server.grpc_url, "grpc", instrument=False)
+    else:
+        remote = Remote(pipeline_server.http_url, "http")
+    for features in events:
+        expected = reconstruct(OPTIONS[0], features, models, None)
+        assert expected.shape == (features.shape[0],)
+        assert int(expected.max()) + 1 < features.shape[0]  # tracks, not one label per hit
+        for option in OPTIONS[1:]:
+            labels = reconstruct(option, features, models, remote)
+            assert torch.equal(labels, expected), f"option {option.number} ({protocol})"
+    remote.close()
+
+
+def _stage_spans(spans: list[Span]) -> dict[str, Span]:
+    return {
+        s.attributes[semconv.STAGE_NAME]: s for s in spans if semconv.STAGE_NAME in s.attributes
+    }
+
+
+def test_an_ensemble_trace_holds_every_stage_under_its_step(
+    pipeline_server: TritonServer, traced_client: Path, events: list[torch.Tensor]
+) -> None:
+    remote = Remote(pipeline_server.http_url, "http")
+    reconstruct(OPTIONS[4], events[1], None, remote)
+    remote.close()
+    otelkit.flush()
+    roots = [
+        s
+        for s in load_spans(traced_client)
+        if s.name == ROOT_SPAN and s.attributes.get("gnn_tracking.option") == 4
+    ]
+    trace_id = roots[-1].trace_id
+    # root, client, InferRequest, ensemble model span, 5 x (step model span, compute, stage)
+    spans = wait_for_trace(traced_client, trace_id, 4 + 3 * len(STAGE_ORDER))
+    tree = build_traces(spans)[trace_id]
+    (root,) = tree.roots
+    (call,) = tree.children(root)
+    assert call.attributes[semconv.MODEL_NAME] == ENSEMBLE
+    (infer_request,) = tree.children(call)
+    assert infer_request.name == "InferRequest"
+    (ensemble,) = tree.children(infer_request)
+    assert ensemble.name == ENSEMBLE
+    steps = {s.name: s for s in tree.children(ensemble)}
+    assert set(steps) == set(STAGE_ORDER)
+    stages = _stage_spans(spans)
+    for name, step in steps.items():
+        # Triton hands the model the context of its model span: the stage is a child of the
+        # step's model span, and runs within its compute span
+        (compute,) = [c for c in tree.children(step) if c.name == "compute"]
+        assert stages[name].parent_span_id == step.span_id, name
+        assert compute.start_ns <= stages[name].start_ns <= stages[name].end_ns <= compute.end_ns
+    groups = breakdown([tree], root_name=ROOT_SPAN)
+    (group,) = groups.values()
+    assert group.problems == [] and group.incomplete == 0
+    assert {f"server {name}" for name in STAGE_ORDER} <= set(group.components)
+
+
+def test_the_client_drives_every_option_from_a_thread_pool(
+    pipeline_server: TritonServer, models: Models, events: list[torch.Tensor]
+) -> None:
+    # no trace context: with this module's otelkit sampling every call, Triton would trace all
+    # 40 events' requests, and tritonserver 2.51 crashes now and then under that much tracing
+    # (upstream issue 7795; it cut a CI run short here). Traced calls from many threads are
+    # test_client's; traced events end to end, the tests above.
+    remote = Remote(pipeline_server.http_url, "http", instrument=False)
+    for option in OPTIONS:
+        report = drive(option, events, threads=4, models=models, remote=remote, count=8)
+        assert (report.events, report.errors) == (8, 0), report.first_error
+        assert report.throughput > 0 and report.percentile_ms(50) > 0
+    remote.close()
+
+
+def test_a_failing_request_is_a_clear_error_and_the_server_keeps_serving(
+    pipeline_server: TritonServer, events: list[torch.Tensor]
+) -> None:
+    client = tritonclient.grpc.InferenceServerClient(pipeline_server.grpc_url)
+    bad = tritonclient.grpc.InferInput("EMBEDDING", [4, 8], "FP32")
+    bad.set_data_from_numpy(np.zeros((4, 8), np.float32))
+    edges = tritonclient.grpc.InferInput("EDGE_INDEX", [2, 1], "INT64")
+    edges.set_data_from_numpy(np.array([[99], [98]], np.int64))  # hits that do not exist
+    features = tritonclient.grpc.InferInput("FEATURES", [4, 3], "FP32")
+    features.set_data_from_numpy(np.zeros((4, 3), np.float32))
+    with pytest.raises(tritonclient.utils.InferenceServerException, match="filter"):
+        client.infer("filter", [features, bad, edges])
+    remote = Remote(pipeline_server.grpc_url, "grpc", instrument=False)
+    assert reconstruct(OPTIONS[4], events[0], None, remote).shape == (events[0].shape[0],)
+    remote.close()
+
+
+@pytest.fixture(scope="module")
+def twin_url(models: Models) -> Iterator[str]:
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_twin(models), port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_the_fastapi_twin_answers_like_triton(
+    twin_url: str, pipeline_server: TritonServer, models: Models, events: list[torch.Tensor]
+) -> None:
+    twin, triton = Remote(twin_url, "http"), Remote(pipeline_server.http_url, "http")
+    for features in events:
+        expected = reconstruct(OPTIONS[0], features, models, None)
+        assert torch.equal(reconstruct(OPTIONS[4], features, None, twin), expected)
+        assert torch.equal(reconstruct(OPTIONS[3], features, None, twin), expected)
+        assert torch.equal(reconstruct(OPTIONS[4], features, None, triton), expected)
+    twin.close()
+    triton.close()
+
+
+def test_twin_stage_spans_nest_under_its_server_span(
+    twin_url: str, traced_client: Path, events: list[torch.Tensor]
+) -> None:
+    twin = Remote(twin_url, "http")
+    with trace.get_tracer("tests").start_as_current_span("twin call") as span:
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+        reconstruct(OPTIONS[4], events[2], None, twin)
+    twin.close()
+    otelkit.flush()
+    spans = wait_for_trace(traced_client, trace_id, 3 + 1 + len(STAGE_ORDER))
+    tree = build_traces(spans)[trace_id]
+    server_spans = [s for s in spans if s.kind.name == "SERVER"]
+    assert len(server_spans) == 1
+    stages = _stage_spans(spans)
+    assert set(stages) == set(STAGE_ORDER)
+    for stage in stages.values():
+        assert stage.parent_span_id == server_spans[0].span_id
+    assert tree.roots[0].name == "twin call"

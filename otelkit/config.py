@@ -388,6 +388,16 @@ OPTIONS: tuple[Option, ...] = (
         " (starts the GPU sampler)",
     ),
     Option(
+        "exit_timeout_s",
+        5.0,
+        _number_in(0.1, 600.0),
+        (),
+        _parse_float,
+        doc="longest a SIGTERM or interpreter exit waits for telemetry to leave; what is not "
+        "sent by then is counted as dropped (Kubernetes kills 30 s after SIGTERM, Slurm after "
+        "its KillWait, 30 s by default)",
+    ),
+    Option(
         "install_signal_handler",
         True,
         _check_bool,
@@ -429,6 +439,7 @@ class Settings:
     gpu_interval_s: float
     gpu_replay: str | None
     gpu_span_attributes: bool
+    exit_timeout_s: float
     install_signal_handler: bool
 
 

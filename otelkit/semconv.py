@@ -99,6 +99,11 @@ TELEMETRY_QUEUE_SIZE = MetricSpec(
     f"{PREFIX}.telemetry.spans.queued", "up_down_counter", "{span}",
     "Spans waiting in the export queue.",
 )  # fmt: skip
+TELEMETRY_IN_EXPORT = MetricSpec(
+    f"{PREFIX}.telemetry.spans.exporting", "up_down_counter", "{span}",
+    "Spans of the batch being exported now. Every span ended is exported, dropped, queued or "
+    "exporting.",
+)  # fmt: skip
 
 # -- client spans (OpenTelemetry RPC conventions, plus otelkit's inference attributes) ---------
 RPC_SYSTEM_NAME = "rpc.system.name"
@@ -350,6 +355,7 @@ TELEMETRY_METRICS: tuple[MetricSpec, ...] = (
     TELEMETRY_EXPORT_ERRORS,
     TELEMETRY_INTERNAL_ERRORS,
     TELEMETRY_QUEUE_SIZE,
+    TELEMETRY_IN_EXPORT,
 )
 METRICS: tuple[MetricSpec, ...] = CLIENT_METRICS + SERVER_METRICS + TELEMETRY_METRICS + GPU_METRICS
 

@@ -9,6 +9,7 @@ instrumentation also works under ``opentelemetry-instrument`` or a user's own SD
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,6 +34,12 @@ class ProviderSwitch:
         self._lock = threading.Lock()
         self.tracers = SwitchingTracerProvider(self)
         self.meters = SwitchingMeterProvider(self)
+        # A forked child's provider has its own resource (process.pid): what was cached from
+        # the parent's is read again.
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    def _after_fork_in_child(self) -> None:
+        self.generation += 1
 
     def set(
         self,

@@ -53,7 +53,9 @@ class Later:
         self._each_cycle: list[Work] = []
         self.failed = 0
         self._failure: Exception | None = None
-        self._lock = threading.Lock()  # held while an item runs: drain waits for the worker's
+        # Held while items run: drain waits for the worker's. Reentrant, because SIGTERM's flush
+        # runs on the main thread, which may hold it already (a flush, the overflow path).
+        self._lock = threading.RLock()
         self._closed = False
         self._thread: threading.Thread | None = None  # started by ``start``: nothing at import
 
@@ -83,16 +85,22 @@ class Later:
     def pending(self) -> int:
         return len(self.waiting)
 
-    def drain(self) -> None:
+    def drain(self, timeout_s: float | None = None) -> bool:
         """Run everything handed in so far; on return, all of it has run (the item the worker
-        was running included)."""
+        was running included). With ``timeout_s``, give up waiting for the worker after that
+        long and return ``False``: an exit path must not hang on it."""
         items = self.waiting
-        with self._lock:
+        if not self._lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            return False
+        try:
             while items:
                 self._run(items.popleft())
+        finally:
+            self._lock.release()
         failure, self._failure = self._failure, None
         if failure is not None:
             raise failure
+        return True
 
     def close(self) -> None:
         """Stop the worker after it ran what waits (for instances other than ``LATER``)."""
@@ -129,7 +137,7 @@ class Later:
 
     def _after_fork_in_child(self) -> None:
         self.waiting.clear()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         if self._thread is not None:  # the parent's worker is gone: the child gets its own
             self._start_worker()
 
@@ -138,8 +146,9 @@ class DrainFirst(SpanProcessor):
     """The first span processor of otelkit's tracer provider: a flush or a shutdown of the
     provider first ends the calls still waiting in ``later``, so their spans are exported."""
 
-    def __init__(self, later: Later) -> None:
+    def __init__(self, later: Later, timeout_s: float = 5.0) -> None:
         self._later = later
+        self._timeout_s = timeout_s  # a provider's shutdown passes no bound of its own
 
     def on_start(self, span: Span, parent_context: object = None) -> None:
         return None
@@ -148,11 +157,10 @@ class DrainFirst(SpanProcessor):
         return None
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        self._later.drain()
-        return True
+        return self._later.drain(timeout_millis / 1000)
 
     def shutdown(self) -> None:
-        self._later.drain()
+        self._later.drain(self._timeout_s)
 
 
 LATER = Later()

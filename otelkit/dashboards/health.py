@@ -48,6 +48,8 @@ def _overview() -> list[Any]:
 def _spans() -> list[Any]:
     queued = sum_by(_TARGET, selector(semconv.prometheus_name(semconv.TELEMETRY_QUEUE_SIZE),
                                       INSTANCE))  # fmt: skip
+    exporting = sum_by(_TARGET, selector(semconv.prometheus_name(semconv.TELEMETRY_IN_EXPORT),
+                                         INSTANCE))  # fmt: skip
     return [
         timeseries("Spans exported/s", [
             Q(_rate(semconv.TELEMETRY_SPANS_EXPORTED), _TARGET_LEGEND),
@@ -58,8 +60,9 @@ def _spans() -> list[Any]:
         ], unit="ops", width=8, stack=True, description="queue_full: the batch processor's "
           "queue overflowed (raise OTEL_BSP_MAX_QUEUE_SIZE or sample less); export_failed: the "
           "backend refused or was unreachable; shutdown: spans left at exit."),
-        timeseries("Export queue", [Q(queued, _TARGET_LEGEND)], width=8,
-                   description="Spans waiting to be exported."),
+        timeseries("Export queue", [
+            Q(queued, f"{_TARGET_LEGEND} queued"), Q(exporting, f"{_TARGET_LEGEND} exporting"),
+        ], width=8, description="Spans waiting to be exported, and in the export under way."),
         timeseries("Export errors/s by exporter", [
             Q(_rate(semconv.TELEMETRY_EXPORT_ERRORS, semconv.EXPORTER),
               f"{_TARGET_LEGEND} {{{{{semconv.EXPORTER}}}}}"),

@@ -1,9 +1,12 @@
 """The export pipeline otelkit owns: a batching span processor and a metric pusher.
 
 The SDK's BatchSpanProcessor drops spans when its queue is full and only logs; it keeps
-exporting with a client it built before a fork. Ours counts every span it loses, by reason,
-logs the losses at most once per interval, rebuilds its exporter in a forked child, and never
-blocks the thread that ends a span.
+exporting with a client it built before a fork, and its shutdown waits as long as its exporter
+does. Ours counts every span it loses, by reason, logs the losses at most once per interval,
+rebuilds its exporter in a forked child, never blocks the thread that ends a span, and shuts
+down within the time it is given: at any moment every span it took is exported, dropped (by
+reason), queued, or in the export under way; when shutdown runs out of time, what is still
+queued or in export is counted as dropped (``shutdown``), so nothing leaves uncounted.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from otelkit import semconv
 from otelkit._core.context import instrumentation_suppressed
 from otelkit._core.hotmetrics import HOT, HotRegistry, with_hot_metrics
 
-__all__ = ["BatchExportProcessor", "LossCounter", "MetricPusher", "PullReader"]
+__all__ = ["BatchExportProcessor", "LossCounter", "MetricPusher", "PullReader", "within"]
 
 logger = logging.getLogger("otelkit")
 
@@ -87,6 +90,9 @@ class BatchExportProcessor(SpanProcessor):
         self.loss = loss
         self.exported = 0
         self.export_errors = 0
+        self.in_export = 0  # spans of the batch the worker is exporting now
+        self._abandoned = False  # shutdown gave up waiting and counted what was left
+        self._counts = threading.Lock()  # the batch taken, its outcome and shutdown's count
         self._init_threading()
         self._shutdown = False
         self_ref = weakref.ref(self)
@@ -148,10 +154,14 @@ class BatchExportProcessor(SpanProcessor):
                 return
 
     def _drain(self) -> None:
-        while self._queue:
-            batch: list[ReadableSpan] = []
-            while self._queue and len(batch) < self._max_batch_size:
-                batch.append(self._queue.popleft())
+        while True:
+            with self._counts:
+                if self._abandoned or not self._queue:
+                    return
+                batch: list[ReadableSpan] = []
+                while self._queue and len(batch) < self._max_batch_size:
+                    batch.append(self._queue.popleft())
+                self.in_export = len(batch)
             self._export(batch)
 
     def _export(self, batch: Sequence[ReadableSpan]) -> None:
@@ -162,10 +172,20 @@ class BatchExportProcessor(SpanProcessor):
         except Exception:
             logger.exception("otelkit: span exporter raised; %d spans lost", len(batch))
             delivered = 0
-        self.exported += delivered
-        if delivered < len(batch):
-            self.export_errors += 1
-            self.loss.add(semconv.DROP_REASON_EXPORT_FAILED, len(batch) - delivered)
+        with self._counts:
+            if self._abandoned:
+                return  # shutdown counted this batch as dropped when it stopped waiting
+            self.in_export = 0
+            self.exported += delivered
+            if delivered < len(batch):
+                self.export_errors += 1
+                self.loss.add(semconv.DROP_REASON_EXPORT_FAILED, len(batch) - delivered)
+
+    def counts(self) -> dict[str, int]:
+        """Exported, queued and in export, read together (the dropped are in ``loss``)."""
+        with self._counts:
+            return {"exported": self.exported, "queued": len(self._queue),
+                    "in_export": self.in_export}  # fmt: skip
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         if self._worker is None or not self._worker.is_alive():
@@ -175,21 +195,48 @@ class BatchExportProcessor(SpanProcessor):
         self._wake.set()
         return done.wait(timeout_millis / 1000)
 
-    def shutdown(self, timeout_millis: int = 30_000) -> None:
+    def shutdown(self, timeout_millis: float = 30_000) -> None:
+        """Export what is queued within ``timeout_millis``; count what is left as dropped.
+
+        The exporter's own shutdown (which may wait for an export in progress) gets what is
+        left of the time, in a thread of its own, so a backend that never answers cannot hold
+        the process past the bound."""
         if self._shutdown:
             return
+        deadline = time.monotonic() + timeout_millis / 1000
         self._shutdown = True
         worker = self._worker
         if worker is not None and worker.is_alive():
             self._wake.set()
-            worker.join(timeout_millis / 1000)
-        self.loss.add(semconv.DROP_REASON_SHUTDOWN, len(self._queue))
-        self._queue.clear()
-        try:
-            self._exporter.shutdown()
-        except Exception:
-            logger.exception("otelkit: span exporter failed to shut down")
+            worker.join(max(0.0, deadline - time.monotonic()))
+        with self._counts:
+            self._abandoned = True
+            left = len(self._queue) + self.in_export
+            self._queue.clear()
+            self.in_export = 0
+        self.loss.add(semconv.DROP_REASON_SHUTDOWN, left)
+        within(deadline, self._exporter.shutdown, "span exporter shutdown")
         self.loss.log()
+
+
+def within(deadline: float, work: Callable[[], object], what: str) -> bool:
+    """Run ``work`` in a daemon thread and wait for it until ``deadline`` (monotonic); ``False``
+    when it did not finish (it goes on, and dies with the process). Exporters block on the
+    network without a bound of their own: exit must not wait for them."""
+
+    def run() -> None:
+        try:
+            work()
+        except Exception:
+            logger.exception("otelkit: %s failed", what)
+
+    thread = threading.Thread(target=run, name=f"otelkit-{what.replace(' ', '-')}", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if thread.is_alive():
+        logger.warning("otelkit: %s did not finish in time; not waiting for it", what)
+        return False
+    return True
 
 
 def _delivered(exporter: SpanExporter, batch: Sequence[ReadableSpan]) -> int:
@@ -283,15 +330,18 @@ class MetricPusher:
         return ok
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Push once more and stop, within ``timeout_s``; a last push not done in time is
+        counted as lost."""
         if self._stop.is_set():
             return
+        deadline = time.monotonic() + timeout_s
         self._stop.set()
-        self._thread.join(timeout_s)
-        self.push()
-        try:
-            self._exporter.shutdown()
-        except Exception:
-            logger.exception("otelkit: metric exporter failed to shut down")
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        pushed: list[bool] = []
+        if not within(deadline, lambda: pushed.append(self.push()), "last metric push"):
+            self.loss.add(semconv.DROP_REASON_SHUTDOWN, 1)
+        within(deadline, self._exporter.shutdown, "metric exporter shutdown")
+        self.loss.log()
 
 
 def _call(ref: weakref.ref[Any], method: str) -> None:

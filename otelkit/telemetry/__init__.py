@@ -14,18 +14,22 @@ import multiprocessing.util
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.resources import Resource
 
 from otelkit import semconv
 from otelkit._core import guard
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
 from otelkit.config import Settings, resolve
+from otelkit.export.processor import within
+from otelkit.gpu import cuda_events
 from otelkit.gpu import instruments as gpu_instruments
 from otelkit.propagation import W3CPropagator
 from otelkit.telemetry.pipeline import Telemetry, build
@@ -79,14 +83,16 @@ def flush(timeout_s: float = 10.0) -> bool:
     return state.flush(timeout_s) if state is not None else True
 
 
-def shutdown(timeout_s: float = 10.0) -> None:
-    """Flush and stop every exporter; otelkit's tracers and meters become no-ops."""
+def shutdown(timeout_s: float | None = None) -> None:
+    """Flush and stop every exporter within ``timeout_s`` (default: the ``exit_timeout_s``
+    option, 5 s), whatever the backends do; what is not sent by then is counted as dropped and
+    logged. otelkit's tracers and meters become no-ops."""
     global _state
     with _lock:
         state, _state = _state, None
         if state is not None:
             SWITCH.set(None, None)
-            _stop(state, timeout_s)
+            _stop(state, state.settings.exit_timeout_s if timeout_s is None else timeout_s)
 
 
 def _gpu_span_attributes(state: Telemetry) -> Callable[[], dict[str, Any]] | None:
@@ -98,14 +104,42 @@ def _gpu_span_attributes(state: Telemetry) -> Callable[[], dict[str, Any]] | Non
 
 
 def _stop(state: Telemetry, timeout_s: float) -> None:
-    state.tracer_provider.shutdown()  # flushes and shuts down the span processor
+    deadline = time.monotonic() + timeout_s
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    # Calls still ending on the worker and GPU-timed stages first, then the spans they made,
+    # each within the bound.
+    if not LATER.drain(left()):
+        logger.warning("otelkit: calls still ending when shutdown ran out of time")
+    if not cuda_events.wait_idle(left()):
+        state.span_loss.add(semconv.DROP_REASON_SHUTDOWN, cuda_events.abandon())
+    if state.span_processor is not None:
+        state.span_processor.shutdown(left() * 1000)
+    state.tracer_provider.shutdown()  # the processors are shut down: returns at once
     if state.metric_pusher is not None:
-        state.metric_pusher.shutdown(timeout_s)
+        state.metric_pusher.shutdown(left())
     if state.prometheus is not None:
         state.prometheus.close()
-    state.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+    within(deadline, state.meter_provider.shutdown, "meter provider shutdown")
     if state.gpu_sampler is not None:
-        state.gpu_sampler.stop(timeout_s)
+        state.gpu_sampler.stop(left())
+    _log_final_counts(state)
+
+
+def _log_final_counts(state: Telemetry) -> None:
+    """One line that accounts for every span: exported, or dropped by reason."""
+    if state.span_processor is None:
+        return
+    stats = state.stats()
+    dropped = {k.removeprefix("dropped_"): n for k, n in stats.items() if k.startswith("dropped_")}
+    log = logger.warning if dropped and sum(dropped.values()) else logger.info
+    log(
+        "otelkit: shut down; spans exported %d, dropped %d (%s)",
+        stats["exported"], sum(dropped.values()),
+        ", ".join(f"{reason}: {n}" for reason, n in sorted(dropped.items()) if n) or "none",
+    )  # fmt: skip
 
 
 # -- process-wide hooks -----------------------------------------------------------------------
@@ -145,7 +179,11 @@ def _install_globals() -> None:
 
 
 def _queued_observations(state: Telemetry) -> list[Observation]:
-    return [Observation(state.span_processor.queued() if state.span_processor else 0)]
+    return [Observation(state.stats()["queued"])]
+
+
+def _in_export_observations(state: Telemetry) -> list[Observation]:
+    return [Observation(state.stats()["in_export"])]
 
 
 def _dropped_observations(state: Telemetry) -> list[Observation]:
@@ -178,6 +216,7 @@ _HEALTH: tuple[tuple[semconv.MetricSpec, Callable[[Telemetry], list[Observation]
     (semconv.TELEMETRY_EXPORT_ERRORS, _export_error_observations),
     (semconv.TELEMETRY_INTERNAL_ERRORS, _internal_error_observations),
     (semconv.TELEMETRY_QUEUE_SIZE, _queued_observations),
+    (semconv.TELEMETRY_IN_EXPORT, _in_export_observations),
 )
 
 
@@ -187,10 +226,25 @@ def _install_lifecycle_hooks(settings: Settings) -> None:
         return
     _lifecycle_hooks_installed = True
     atexit.register(shutdown)
+    os.register_at_fork(after_in_child=_child_resource)
     # A multiprocessing child leaves through os._exit, which skips atexit: flush in its finalizer.
     multiprocessing.util.register_after_fork(_finalize_child, _register_child_finalizer)
     if settings.install_signal_handler:
         _install_sigterm_handler()
+
+
+def _child_resource() -> None:
+    """A forked child's spans say which process made them: its own ``process.pid``."""
+    state = _state
+    if state is None:
+        return
+    provider = state.tracer_provider
+    pid = Resource({semconv.PROCESS_PID: os.getpid()})
+    update = getattr(provider, "_update_resource", None)  # the SDK's, which its tracers follow
+    if update is not None:
+        update(pid)
+    else:
+        provider._resource = provider.resource.merge(pid)
 
 
 class _ChildMarker:
@@ -214,6 +268,6 @@ def _install_sigterm_handler() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    shutdown(timeout_s=5.0)
+    shutdown()  # within the exit_timeout_s option
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)  # die of SIGTERM, as the sender expects

@@ -6,7 +6,12 @@ Nothing here touches process-wide state; ``otelkit.telemetry`` does that.
 
 from __future__ import annotations
 
+# Imported before any TracerProvider exists, so that its lock is re-made in a forked child
+# before the provider's own at-fork handler (which runs resource detectors on a thread pool)
+# needs it: the other order hangs a child forked while another thread used a pool (OTLP/gRPC).
+import concurrent.futures.thread  # noqa: F401
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +40,7 @@ from otelkit.export.span_exporters import (
     JsonLinesSpanExporter,
     grpc_span_exporter,
 )
+from otelkit.gpu import cuda_events
 from otelkit.gpu.replay import RecordingError, ReplayBackend
 from otelkit.gpu.sampler import GpuSampler
 from otelkit.resource import make_resource
@@ -66,16 +72,25 @@ class Telemetry:
         return self.prometheus.url if self.prometheus else None
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Export every span ended so far; ``False`` if that did not finish in time."""
-        ok = self.tracer_provider.force_flush(int(timeout_s * 1000))
+        """Export every span ended so far (GPU-timed stages' included, once their CUDA events
+        are read); ``False`` if that did not finish in time."""
+        deadline = time.monotonic() + timeout_s
+        ok = cuda_events.wait_idle(timeout_s)
+        left_ms = max(0.0, deadline - time.monotonic()) * 1000
+        ok = self.tracer_provider.force_flush(int(left_ms)) and ok
         if self.metric_pusher is not None:
             ok = self.metric_pusher.push() and ok
         return ok
 
     def stats(self) -> dict[str, int]:
-        """Spans exported and lost so far, by reason: the figures behind the health metrics."""
+        """Spans exported, queued, in export and lost so far, by reason: the figures behind the
+        health metrics. Every sampled span ended is in exactly one of them."""
         processor = self.span_processor
-        counts = {"exported": processor.exported if processor else 0}
+        counts = (
+            processor.counts()
+            if processor is not None
+            else {"exported": 0, "queued": 0, "in_export": 0}
+        )
         counts.update({f"dropped_{r}": n for r, n in self.span_loss.totals.items()})
         return counts
 
@@ -188,8 +203,12 @@ def build(settings: Settings) -> Telemetry:
     """Everything one configuration needs, started; the caller installs it."""
     resource = make_resource(settings)
     make_span_exporter, destination = _span_exporter(settings)
-    tracer_provider = TracerProvider(resource=resource, sampler=_sampler(settings))
-    tracer_provider.add_span_processor(DrainFirst(LATER))  # before the one that exports
+    # Exit is otelkit's to bound (telemetry.shutdown): the SDK's own exit hook would wait for
+    # the exporter as long as it takes.
+    tracer_provider = TracerProvider(
+        resource=resource, sampler=_sampler(settings), shutdown_on_exit=False
+    )
+    tracer_provider.add_span_processor(DrainFirst(LATER, settings.exit_timeout_s))
     loss = _span_loss(settings.drop_log_interval_s)
     processor = None
     if make_span_exporter is not None:

@@ -251,7 +251,7 @@ def test_ratio_sampled_calls_export_the_sampled_ones_and_count_them_all(
         assert after[protocol] - before.get(protocol, 0) == calls
     assert in_flight and set(in_flight) == {0}
     spans = [span for span in load_spans(tmp_path) if span.kind.name == "CLIENT"]
-    assert stats == {"exported": len(spans)}  # nothing dropped
+    assert stats == {"exported": len(spans), "queued": 0, "in_export": 0}  # nothing dropped
     by_protocol = {
         protocol: [s for s in spans if s.attributes[semconv.PROTOCOL] == protocol]
         for protocol in ("grpc", "http")

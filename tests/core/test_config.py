@@ -46,6 +46,7 @@ CASES: dict[str, tuple[Any, str, Any, str | None, Any]] = {
     "gpu_interval_s": (5, "0.5", 0.5, None, None),
     "gpu_replay": ("/tmp/a.json", "/tmp/b.json", "/tmp/b.json", None, None),
     "gpu_span_attributes": (True, "yes", True, None, None),
+    "exit_timeout_s": (2, "3.5", 3.5, None, None),
     "install_signal_handler": (False, "false", False, None, None),
 }  # fmt: skip
 
@@ -74,6 +75,7 @@ DEFAULTS = {
     "gpu_interval_s": 1.0,
     "gpu_replay": None,
     "gpu_span_attributes": False,
+    "exit_timeout_s": 5.0,
     "install_signal_handler": True,
 }
 

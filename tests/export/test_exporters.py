@@ -153,7 +153,7 @@ def test_a_batch_refused_as_too_large_is_sent_in_halves(tmp_path: Path, protocol
         stats = telemetry.stats()
         assert receiver.wait_for_spans(200, timeout=10)
     assert sorted(s.name for s in load_spans(tmp_path)) == sorted(f"stage-{i}" for i in range(200))
-    assert stats == {"exported": 200, "dropped_export_failed": 1}
+    assert stats == {"exported": 200, "queued": 0, "in_export": 0, "dropped_export_failed": 1}
 
 
 def test_a_span_too_large_on_its_own_is_logged_once_and_counted_each_time(
@@ -170,7 +170,7 @@ def test_a_span_too_large_on_its_own_is_logged_once_and_counted_each_time(
         stats = telemetry.stats()
     told = [r for r in caplog.records if "as too large" in r.getMessage()]
     assert len(told) == 1 and receiver.traces_url in told[0].getMessage()
-    assert stats == {"exported": 0, "dropped_export_failed": 3}
+    assert stats == {"exported": 0, "queued": 0, "in_export": 0, "dropped_export_failed": 3}
 
 
 @contextlib.contextmanager
@@ -201,7 +201,7 @@ def test_a_grpc_batch_over_the_servers_limit_is_sent_in_parts_under_it() -> None
         took = time.monotonic() - started
         stats = telemetry.stats()
     assert sorted(sink.span_names()) == sorted(f"stage-{i}" for i in range(200))
-    assert stats == {"exported": 200, "dropped_export_failed": 1}
+    assert stats == {"exported": 200, "queued": 0, "in_export": 0, "dropped_export_failed": 1}
     assert all(request.ByteSize() <= 8192 for request in sink.requests)
     assert attempts.count == len(sink.requests) + 1  # one refusal, not retried
     assert took < 5  # the SDK's retries of the refused batch would take about 7 s
@@ -220,7 +220,7 @@ def test_grpc_messages_stay_under_grpcs_default_limit() -> None:
         assert otelkit.flush()
         stats = telemetry.stats()
     assert sorted(sink.span_names()) == sorted(f"failed-{i}" for i in range(64))
-    assert stats == {"exported": 64}
+    assert stats == {"exported": 64, "queued": 0, "in_export": 0}
     sizes = [request.ByteSize() for request in sink.requests]
     assert len(sizes) > 1 and max(sizes) <= GRPC_MAX_MESSAGE_BYTES
     assert attempts.count == len(sink.requests)  # none refused

@@ -33,6 +33,8 @@ SAMPLERS = (
     "parentbased_always_on",
     "parentbased_always_off",
     "parentbased_traceidratio",
+    "ratelimiting",  # at most sampler_arg new traces per second (otelkit's, as Jaeger's)
+    "parentbased_ratelimiting",
 )
 
 
@@ -310,10 +312,11 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "sampler_arg",
         1.0,
-        _number_in(0.0, 1.0),
+        _number_in(0.0, 1e9),
         ("OTEL_TRACES_SAMPLER_ARG",),
         _parse_float,
-        doc="sampling ratio for the traceidratio samplers, 0 to 1",
+        doc="the traceidratio samplers' ratio, 0 to 1; the ratelimiting samplers' new traces "
+        "per second, above 0",
     ),
     Option(
         "bsp_max_queue_size",
@@ -469,6 +472,16 @@ def _resolve_one(option: Option, arguments: Mapping[str, Any], environ: Mapping[
         raise ConfigError(option.name, env_vars, raw, str(invalid)) from None
 
 
+def _check_sampler_arg(sampler: str, arg: float) -> None:
+    option = _BY_NAME["sampler_arg"]
+    if sampler.endswith("traceidratio") and arg > 1.0:
+        raise ConfigError(option.name, option.env_vars, arg, f"a ratio from 0 to 1 for {sampler}")
+    if sampler.endswith("ratelimiting") and arg <= 0.0:
+        raise ConfigError(
+            option.name, option.env_vars, arg, f"traces per second, above 0, for {sampler}"
+        )
+
+
 def resolve(arguments: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Settings:
     """Resolve every option; raise ``ConfigError`` on an unknown option or a bad value."""
     unknown = sorted(set(arguments) - set(_BY_NAME))
@@ -486,6 +499,7 @@ def resolve(arguments: Mapping[str, Any], environ: Mapping[str, str] | None = No
             values[option.name],
             f"at most bsp_max_queue_size ({values['bsp_max_queue_size']})",
         )
+    _check_sampler_arg(values["sampler"], values["sampler_arg"])
     if values["service_name"] is None:
         program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
         values["service_name"] = values["resource_attributes"].get(

@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 
 from otelkit import semconv
+from otelkit._core.sampling import RateLimitingSampler
 from otelkit._core.worker import LATER, DrainFirst
 from otelkit.config import Settings
 from otelkit.export.processor import BatchExportProcessor, LossCounter, MetricPusher, PullReader
@@ -100,10 +101,13 @@ def _span_loss(interval_s: float) -> LossCounter:
 
 
 def _sampler(settings: Settings) -> Sampler:
-    name, ratio = settings.sampler, settings.sampler_arg
-    root = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF}.get(
-        name.removeprefix("parentbased_"), TraceIdRatioBased(ratio)
-    )
+    name, arg = settings.sampler, settings.sampler_arg
+    base = name.removeprefix("parentbased_")
+    root: Sampler
+    if base == "ratelimiting":
+        root = RateLimitingSampler(arg)
+    else:
+        root = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF}.get(base, TraceIdRatioBased(arg))
     return ParentBased(root) if name.startswith("parentbased_") else root
 
 

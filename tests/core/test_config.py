@@ -132,7 +132,7 @@ BAD: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
     ({}, {"OTEL_EXPORTER_OTLP_HEADERS": "novalue"}, "headers", "OTEL_EXPORTER_OTLP_HEADERS"),
     ({}, {"OTEL_EXPORTER_OTLP_HEADERS": "=v"}, "headers", "OTEL_EXPORTER_OTLP_HEADERS"),
     ({"headers": "a=1,b"}, {}, "headers", "OTEL_EXPORTER_OTLP_HEADERS"),
-    ({"sampler_arg": 1.5}, {}, "sampler_arg", "OTEL_TRACES_SAMPLER_ARG"),
+    ({"sampler": "traceidratio", "sampler_arg": 1.5}, {}, "sampler_arg", "OTEL_TRACES_SAMPLER_ARG"),
     ({}, {"OTEL_TRACES_SAMPLER_ARG": "-0.1"}, "sampler_arg", "OTEL_TRACES_SAMPLER_ARG"),
     ({}, {"OTEL_TRACES_SAMPLER_ARG": "half"}, "sampler_arg", "OTEL_TRACES_SAMPLER_ARG"),
     ({}, {"OTEL_TRACES_SAMPLER": "sometimes"}, "sampler", "OTEL_TRACES_SAMPLER"),

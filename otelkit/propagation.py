@@ -153,22 +153,28 @@ def parse_traceparent(value: str) -> SpanContext | None:
 def parse_tracestate(value: str) -> list[tuple[str, str]] | None:
     """The ``(key, value)`` entries of a ``tracestate`` value in order; ``None`` when invalid.
 
-    An invalid value must be discarded whole: a malformed member, a duplicate key or more
-    than 32 members. Empty members and whitespace around commas are allowed.
+    An invalid value is discarded whole: a malformed member or more than 32 members. A key that
+    comes again is not an error in Trace Context Level 2: the header is kept, and of the
+    duplicates the first (the most recent vendor's) is, the later ones discarded. Empty members
+    and whitespace around commas are allowed.
 
     >>> parse_tracestate("rojo=00f067aa0ba902b7, congo=t61rcWkgMzE,")
     [('rojo', '00f067aa0ba902b7'), ('congo', 't61rcWkgMzE')]
+    >>> parse_tracestate("rojo=1,congo=2,rojo=3")
+    [('rojo', '1'), ('congo', '2')]
     """
     entries: dict[str, str] = {}
+    members = 0
     for member in value.split(","):
         member = member.strip(" \t")
         if not member:
             continue
         match = _MEMBER_RE.fullmatch(member)
-        if match is None or match[1] in entries or len(entries) == _MAX_MEMBERS:
+        members += 1
+        if match is None or members > _MAX_MEMBERS:
             _logger.debug("tracestate discarded at member %r", member)
             return None
-        entries[match[1]] = match[2]
+        entries.setdefault(match[1], match[2])
     return list(entries.items())
 
 

@@ -13,6 +13,7 @@ through the global tracer instead: slower, but into whatever pipeline the proces
 from __future__ import annotations
 
 import os
+import random
 import time
 import traceback
 from collections import deque
@@ -42,7 +43,7 @@ from otelkit._core.worker import LATER
 from otelkit.propagation import format_traceparent
 
 __all__ = ["READY_ROOT", "READY_ROOTS", "LeanSpan", "ReadyRoots", "RecordingSpan", "SdkSpan",
-           "SpanRecorder", "error_type", "with_span"]  # fmt: skip
+           "SpanRecorder", "error_type", "with_own_parent_id", "with_span"]  # fmt: skip
 
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
@@ -62,6 +63,27 @@ def with_span(span_context: SpanContext, base: Context | None = None) -> Context
     """
     context = _current_context() if base is None else base
     return Context({**context, _SPAN_KEY: trace.NonRecordingSpan(span_context)})
+
+
+def with_own_parent_id(parent: Context) -> Context:
+    """``parent`` for a service that does not sample its request: the same trace, flags and
+    tracestate, under a span id of its own. Trace Context Level 2 asks every participant to
+    replace the parent-id it passes on, sampled or not, so that a service downstream is never
+    told its parent is the caller's span.
+
+    >>> incoming = with_span(SpanContext(0xAB, 0xCD, True, TraceFlags(0)), Context())
+    >>> own = trace.get_current_span(with_own_parent_id(incoming)).get_span_context()
+    >>> (own.trace_id, own.span_id != 0xCD, own.is_remote, own.trace_flags)
+    (171, True, False, 0)
+    """
+    incoming = trace.get_current_span(parent).get_span_context()
+    if not incoming.is_valid:
+        return parent
+    own = SpanContext(
+        incoming.trace_id, random.getrandbits(64) or 1, False, incoming.trace_flags,
+        incoming.trace_state,
+    )  # fmt: skip
+    return with_span(own, parent)
 
 
 class ReadyRoots:

@@ -41,7 +41,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from otelkit import semconv
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT
-from otelkit._core.spans import LeanSpan, RecordingSpan, SdkSpan, SpanRecorder, with_span
+from otelkit._core.spans import (
+    LeanSpan,
+    RecordingSpan,
+    SdkSpan,
+    SpanRecorder,
+    with_own_parent_id,
+    with_span,
+)
 from otelkit.propagation import extract
 
 __all__ = ["ServerSpanMiddleware", "instrument_app", "uninstrument_app"]
@@ -179,10 +186,11 @@ class _Request:
         parent = extract(scope.get("headers") or ())
         self.span = span = _RECORDER.start(_span_method(self.method), _SERVER, parent)
         self.status = 0
-        context = parent  # unsampled: the remote parent stays current, so stages follow it
         if span.sampled:
             _request_attributes(scope, self.method, span.attributes)
             context = with_span(span.context, parent)
+        else:  # stages and calls downstream follow the trace, under this service's own id
+            context = with_own_parent_id(parent)
         self.token = _current_context.attach(context)
         self.start_s = time.perf_counter()
 

@@ -183,13 +183,19 @@ VALID_TRACESTATES = [
     ),
     pytest.param(f"{'k' * 256}={'v' * 256}", [("k" * 256, "v" * 256)], id="256-char-key-and-value"),
     pytest.param(",".join(f"{k}={v}" for k, v in MEMBERS_32), MEMBERS_32, id="32-members"),
+    # Level 2: a duplicated key keeps the header; the first (most recent vendor's) value stays
+    pytest.param("a=1,a=2", [("a", "1")], id="duplicate-keys"),
+    pytest.param(
+        "rojo=1,congo=2,rojo=3,x=4",
+        [("rojo", "1"), ("congo", "2"), ("x", "4")],
+        id="duplicate-key-among-others",
+    ),
 ]
 
 INVALID_TRACESTATES = [
     pytest.param(f"{'k' * 257}=1", id="257-char-key"),
     pytest.param(f"k={'v' * 257}", id="257-char-value"),
     pytest.param(",".join(f"k{i}={i}" for i in range(33)), id="33-members"),
-    pytest.param("a=1,a=2", id="duplicate-keys"),
     pytest.param("Rojo=1", id="uppercase-key"),
     pytest.param("a b=1", id="space-in-key"),
     pytest.param("a =1", id="space-before-equals"),
@@ -248,7 +254,7 @@ def test_w3c_trace_state_validates_like_the_header_parser() -> None:
     assert list(state.items()) == [("1abc", "x"), ("a@b@c", "y")]
     assert W3CTraceState([*MEMBERS_32, ("k32", "32")]) == {}
     assert list(W3CTraceState.from_header(["a=1", " b@c=2"]).items()) == [("a", "1"), ("b@c", "2")]
-    assert W3CTraceState.from_header(["a=1", "a=2"]) == {}
+    assert list(W3CTraceState.from_header(["a=1", "a=2"]).items()) == [("a", "1")]  # Level 2
 
 
 def test_w3c_trace_state_mutations_put_the_changed_key_first_and_stay_level2() -> None:
@@ -327,9 +333,11 @@ def test_extract_matches_names_in_any_case_and_combines_repeats(
     assert summary(extract(build(pairs))) == (INVALID_SPAN_CONTEXT, [], {"model": "gnn"})
 
 
-def test_duplicate_keys_across_tracestate_headers_discard_it() -> None:
-    context = extract([("traceparent", TP), ("tracestate", "a=1"), ("tracestate", "a=2")])
-    assert summary(context) == (remote(1), [], {})
+def test_duplicate_keys_across_tracestate_headers_keep_the_first() -> None:
+    """Level 2: headers combined with ``,`` are one list; a duplicated key keeps the header."""
+    context = extract([("traceparent", TP), ("tracestate", "a=1"), ("tracestate", "a=2,b=3")])
+    entries = [("a", "1"), ("b", "3")]
+    assert summary(context) == (remote(1, entries), entries, {})
 
 
 OUTGOING = remote(3, [("congo", "t61rcWkgMzE"), ("1abc@x", "y")])

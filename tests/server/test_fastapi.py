@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import http.client
 import inspect
+import json
 import threading
 import time
 import uuid
@@ -84,6 +85,10 @@ def add_routes(app: FastAPI) -> None:
     @app.get("/probe/{token}")
     async def probe(token: str) -> dict[str, bool]:
         return {"ok": True}
+
+    @app.get("/downstream")
+    async def downstream() -> dict[str, str]:
+        return otelkit.inject({})  # what this service would send to the next one
 
     @app.get("/fail/{token}")
     async def fail(token: str) -> None:
@@ -236,6 +241,23 @@ def test_an_unsampled_caller_gets_no_spans_from_the_server_or_its_stages(
     time.sleep(0.2)  # the span would end just after the response
     assert stage_spans() == before  # the stages followed the caller's decision, no new roots
     assert [s for s in load_spans(receiver.out_dir) if s.trace_id == trace_id] == []
+
+
+@pytest.mark.parametrize("flags", ["00", "01"])
+def test_the_service_passes_on_a_parent_id_of_its_own_sampled_or_not(port: int, flags: str) -> None:
+    """Trace Context Level 2: every participant replaces the parent-id, whatever it samples."""
+    trace_id, parent_id = new_ids()
+    headers = [
+        ("traceparent", f"00-{trace_id}-{parent_id}-{flags}"), ("tracestate", "congo=t61,rojo=1"),
+    ]  # fmt: skip
+    seen = [json.loads(request(port, "GET", "/downstream", headers).body) for _ in range(2)]
+    ids = []
+    for sent in seen:
+        version, sent_trace, sent_parent, sent_flags = sent["traceparent"].split("-")
+        assert (version, sent_trace, sent_flags) == ("00", trace_id, flags)
+        assert sent["tracestate"] == "congo=t61,rojo=1"
+        ids.append(sent_parent)
+    assert parent_id not in ids and len(set(ids)) == 2  # its own, new for every request
 
 
 def invalid_trace_headers(trace_id: str, parent_id: str) -> dict[str, Headers]:

@@ -193,12 +193,16 @@ class PrometheusServer:
         active: list[dict[str, Any]] = found["activeTargets"]
         return active
 
-    def wait_for_targets(self, timeout: float = 15.0) -> list[dict[str, Any]]:
-        """The targets once every one of them was scraped successfully; fails after ``timeout``."""
+    def wait_for_targets(
+        self, timeout: float = 15.0, down_jobs: frozenset[str] = frozenset()
+    ) -> list[dict[str, Any]]:
+        """The targets once every one of them was scraped: successfully, or, for the jobs in
+        ``down_jobs`` (targets meant to be down), not; fails after ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
             targets = self.targets()
-            if targets and all(target["health"] == "up" for target in targets):
+            wanted = ["down" if t["labels"].get("job") in down_jobs else "up" for t in targets]
+            if targets and [target["health"] for target in targets] == wanted:
                 return targets
             if time.monotonic() > deadline:
                 states = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets]

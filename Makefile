@@ -49,9 +49,9 @@ typecheck: install
 check: lint typecheck test
 
 # The reference deployment end to end: embedded receiver, Triton, five service options, the
-# FastAPI twin, and the breakdown computed from the traces (examples/gnn_tracking/demo.py).
+# FastAPI twin, and the breakdown computed from the traces (examples/gnn_tracking/driving/demo.py).
 demo: install
-	PYTHONPATH=examples $(PY) -m gnn_tracking.demo $(DEMO_ARGS)
+	PYTHONPATH=examples $(PY) -m gnn_tracking.driving.demo $(DEMO_ARGS)
 
 bench-receiver: install
 	$(PY) benchmarks/bench_receiver.py

@@ -43,8 +43,10 @@ lint: install
 	$(VENV)/bin/ruff check otelkit tests benchmarks examples
 	$(VENV)/bin/ruff format --check otelkit tests benchmarks examples
 
+# The example scripts are modules of no package: checked on their own, as files.
 typecheck: install
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy examples/clients examples/servers
 
 check: lint typecheck test
 

@@ -4,7 +4,7 @@
 
 Each task's call gets its own CLIENT span under the job's span, with Triton's spans under it.
 Talks to ``examples/servers/triton_backend/serve.py`` on localhost; spans go where
-``OTEL_EXPORTER_OTLP_ENDPOINT`` points, else to OTLP-JSON lines under ``./otelkit-traces``.
+``infer_sync.py`` says (``$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, or ``./otelkit-traces``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 
 import numpy as np
 import tritonclient.grpc.aio as aioclient
+from numpy.typing import NDArray
 from opentelemetry import trace
 
 import otelkit
@@ -21,7 +22,9 @@ import otelkit
 HITS = np.array([[30, 40, 10], [-60, 80, -25], [0, -120, 40]], dtype=np.float32)
 
 
-async def infer(client: aioclient.InferenceServerClient, model: str, hits: np.ndarray) -> str:
+async def infer(
+    client: aioclient.InferenceServerClient, model: str, hits: NDArray[np.float32]
+) -> str:
     tensor = aioclient.InferInput("HITS", list(hits.shape), "FP32")
     tensor.set_data_from_numpy(hits)
     result = await client.infer(model, [tensor])

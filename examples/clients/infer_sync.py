@@ -3,8 +3,9 @@
     python examples/clients/infer_sync.py [--protocol grpc|http] [--url HOST:PORT] [--model M]
 
 Talks to ``examples/servers/triton_backend/serve.py`` (or ``pytriton_stages.py``) on localhost.
-Spans go where ``OTEL_EXPORTER_OTLP_ENDPOINT`` points (``otelkit receive`` listens on
-http://127.0.0.1:4318), else to OTLP-JSON lines under ``./otelkit-traces``.
+Spans go to ``$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (``otelkit receive``:
+http://127.0.0.1:4318/v1/traces) or ``$OTEL_EXPORTER_OTLP_ENDPOINT`` (a Collector, metrics too);
+with neither, to OTLP-JSON lines under ``./otelkit-traces``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """A plain tritonclient script, no otelkit in it: traced by ``opentelemetry-instrument``.
 
     pip install 'otelkit[instrument]'
-    OTEL_SERVICE_NAME=hit-features-job OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 \\
-        opentelemetry-instrument python examples/clients/plain_client.py --url localhost:8000
+    export OTEL_SERVICE_NAME=hit-features-job
+    export OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4318/v1/traces  # otelkit receive
+    opentelemetry-instrument python examples/clients/plain_client.py --url localhost:8000
 
 ``opentelemetry-instrument`` loads otelkit's distro (it configures otelkit from the same
 ``OTEL_*`` / ``OTELKIT_*`` variables) and its tritonclient instrumentor before the first line:

@@ -17,6 +17,7 @@ import os
 import sysconfig
 
 import numpy as np
+from numpy.typing import NDArray
 from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
@@ -29,10 +30,9 @@ DEFAULT_TRACES_URL = "http://127.0.0.1:4318/v1/traces"
 
 
 @otp.traced(model=MODEL)  # outside @batch: it reads the requests' spans
-@batch
-def infer(HITS: np.ndarray) -> dict[str, np.ndarray]:
-    with otelkit.stage("cylindrical") as run:
-        run.set(hits=len(HITS))
+@batch  # type: ignore[untyped-decorator]  # pytriton ships no type hints
+def infer(HITS: NDArray[np.float32]) -> dict[str, NDArray[np.float32]]:
+    with otelkit.stage("cylindrical", hits=len(HITS)):  # keywords: span attributes
         r = np.hypot(HITS[:, 0], HITS[:, 1])
         phi = np.arctan2(HITS[:, 1], HITS[:, 0])
     with otelkit.stage("scale"):

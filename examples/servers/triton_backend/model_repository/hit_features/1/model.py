@@ -30,8 +30,7 @@ class TritonPythonModel:
         responses = []
         # Each request's work runs under its own model span, in its own client's trace.
         for hits, _ in zip(events, triton_backend.each_request(requests, self.model), strict=True):
-            with otelkit.stage("cylindrical") as run:
-                run.set(hits=len(hits))
+            with otelkit.stage("cylindrical", hits=len(hits)):  # keywords: span attributes
                 r = np.hypot(hits[:, 0], hits[:, 1])
                 phi = np.arctan2(hits[:, 1], hits[:, 0])
             with otelkit.stage("scale"):

@@ -43,15 +43,17 @@ lint: install
 	$(VENV)/bin/ruff check otelkit tests benchmarks examples
 	$(VENV)/bin/ruff format --check otelkit tests benchmarks examples
 
+# The example scripts are modules of no package: checked on their own, as files.
 typecheck: install
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy examples/clients examples/servers
 
 check: lint typecheck test
 
 # The reference deployment end to end: embedded receiver, Triton, five service options, the
-# FastAPI twin, and the breakdown computed from the traces (examples/gnn_tracking/demo.py).
+# FastAPI twin, and the breakdown computed from the traces (examples/gnn_tracking/driving/demo.py).
 demo: install
-	PYTHONPATH=examples $(PY) -m gnn_tracking.demo $(DEMO_ARGS)
+	PYTHONPATH=examples $(PY) -m gnn_tracking.driving.demo $(DEMO_ARGS)
 
 bench-receiver: install
 	$(PY) benchmarks/bench_receiver.py

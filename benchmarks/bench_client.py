@@ -157,7 +157,7 @@ def event_workload(module: Any) -> Workload:
     """One event of the reference deployment (``examples/gnn_tracking``: 444 hits, the demo's
     default size) to its ``tracking`` ensemble: embed, graph building, edge filter, GNN and
     labelling in one call, as a job reconstructing that event sends it."""
-    from gnn_tracking.events import generate_event
+    from gnn_tracking.physics.events import generate_event
 
     features = generate_event(seed=1).features.numpy()
     tensor = module.InferInput("FEATURES", list(features.shape), "FP32")
@@ -171,8 +171,8 @@ def serve(event: bool, traces_url: str | None) -> TritonServer:
     if not event:  # the models' own otelkit exports nothing: this measures the client
         env = {"OTELKIT_TRACES_EXPORTER": "none"}
         return TritonServer(MODELS, env=env, trace_url=traces_url, trace_rate=1)
-    from gnn_tracking.models import load_models  # examples/ is on the path (main)
-    from gnn_tracking.serve import triton_server
+    from gnn_tracking.physics.models import load_models  # examples/ is on the path (main)
+    from gnn_tracking.serving.serve import triton_server
 
     load_models()  # the weights exist (trained once if missing) before the models load them
     return triton_server(traces_url)

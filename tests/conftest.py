@@ -67,9 +67,9 @@ def tracking_triton(
     """A real tritonserver serving the reference deployment (``examples/gnn_tracking``).
 
     Requests carrying a trace context are traced, to the session's receiver; of the others
-    none (tritonserver 2.51 crashes under heavy tracing: ``gnn_tracking.demo``).
+    none (tritonserver 2.51 crashes under heavy tracing: ``gnn_tracking.driving.demo``).
     """
-    from gnn_tracking.serve import models_metrics_base, triton_server
+    from gnn_tracking.serving.serve import models_metrics_base, triton_server
 
     port = models_metrics_base()
     log = tmp_path_factory.mktemp("gnn-triton") / "triton.log"

@@ -25,7 +25,7 @@ def require_binary(name: str) -> str:
 @dataclass(frozen=True)
 class TrackingServer:
     """The reference deployment's Triton; stage model ``i`` serves ``/metrics`` on
-    ``models_metrics_port + i`` (``gnn_tracking.stages.STAGE_ORDER``, from 1)."""
+    ``models_metrics_port + i`` (``gnn_tracking.serving.stages.STAGE_ORDER``, from 1)."""
 
     server: TritonServer
     models_metrics_port: int

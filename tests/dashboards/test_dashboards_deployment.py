@@ -30,10 +30,10 @@ from urllib.parse import urlsplit
 
 import pytest
 import torch
-from gnn_tracking.client import event_pool
-from gnn_tracking.options import OPTIONS, Remote, reconstruct
-from gnn_tracking.stages import STAGE_ORDER, STAGES
-from gnn_tracking.twin import twin_process
+from gnn_tracking.driving.client import event_pool
+from gnn_tracking.driving.options import OPTIONS, Remote, reconstruct
+from gnn_tracking.serving.stages import STAGE_ORDER, STAGES
+from gnn_tracking.serving.twin import twin_process
 from tritonclient.utils import InferenceServerException
 
 import otelkit

@@ -358,7 +358,7 @@ def _executable(path: Path, text: str) -> None:
 @pytest.fixture
 def fake_repo(tmp_path: Path) -> Path:
     """A repository with the real deploy/ and a small model repository: five stages with
-    metrics_port_offset 1..5 (as gnn_tracking.repository writes them) and an ensemble."""
+    metrics_port_offset 1..5 (as gnn_tracking.serving.repository writes them) and an ensemble."""
     repo = tmp_path / "repo"
     example = repo / "examples" / "gnn_tracking"
     example.mkdir(parents=True)
@@ -634,7 +634,7 @@ def test_sbatch_needs_the_collector_as_host_and_port(
     assert message in result.stderr
 
 
-# -- the model repository (written by gnn_tracking.repository) ---------------------------------
+# -- the model repository (written by gnn_tracking.serving.repository) -------------------------
 
 
 def test_model_repository_holds_the_pipeline_with_gpu_variants() -> None:

@@ -34,7 +34,7 @@ EXAMPLES = str(EXAMPLES_DIR)
 if EXAMPLES not in sys.path:
     sys.path.insert(0, EXAMPLES)
 
-from gnn_tracking.kserve import ModelSpec, TensorSpec, create_app  # noqa: E402
+from gnn_tracking.serving.kserve import ModelSpec, TensorSpec, create_app  # noqa: E402
 
 Arrays = dict[str, NDArray[Any]]
 NUMERIC = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"]
@@ -455,7 +455,7 @@ def test_a_failing_model_answers_500_and_the_server_goes_on(
     client: httpclient.InferenceServerClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     x = np.ones((2, 3), np.float32)
-    with caplog.at_level(logging.ERROR, logger="gnn_tracking.kserve"):
+    with caplog.at_level(logging.ERROR, logger="gnn_tracking.serving.kserve"):
         assert failure(lambda: call(client, "fail", {"x": x})) == (
             "500",
             "model 'fail' failed: ValueError('kaboom')",

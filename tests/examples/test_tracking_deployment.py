@@ -3,7 +3,7 @@
 Every model of ``examples/gnn_tracking/model_repository`` loads and answers; the five service
 options agree on the track labels; an option-4 trace holds every stage span under the
 ensemble's steps, joined to the client's span; the FastAPI twin answers identically through
-``tritonclient.http``; the committed repository is what ``gnn_tracking.repository`` writes.
+``tritonclient.http``; the committed repository is what ``gnn_tracking.serving.repository`` writes.
 
 Traced calls go over HTTP: the bundled tritonserver 2.51 crashes (SIGSEGV in
 ``InferenceRequestDelete``) after a few hundred gRPC requests that carry a trace context, so
@@ -22,12 +22,12 @@ import pytest
 import torch
 import tritonclient.grpc
 import tritonclient.http
-from gnn_tracking import repository
-from gnn_tracking.client import drive, event_pool
-from gnn_tracking.models import Models, load_models
-from gnn_tracking.options import OPTIONS, ROOT_SPAN, Remote, reconstruct
-from gnn_tracking.stages import ENSEMBLE, STAGE_ORDER, STAGES
-from gnn_tracking.twin import create_twin
+from gnn_tracking.driving.client import drive, event_pool
+from gnn_tracking.driving.options import OPTIONS, ROOT_SPAN, Remote, reconstruct
+from gnn_tracking.physics.models import Models, load_models
+from gnn_tracking.serving import repository
+from gnn_tracking.serving.stages import ENSEMBLE, STAGE_ORDER, STAGES
+from gnn_tracking.serving.twin import create_twin
 from opentelemetry import trace
 
 import otelkit

@@ -14,10 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from gnn_tracking.events import HALF_LENGTH_MM, LAYER_RADII_MM, Event, generate_event, true_edges
-from gnn_tracking.graph import connected_components, radius_graph
-from gnn_tracking.models import CONFIG_FILE, WEIGHTS_FILE, Models, load_models
-from gnn_tracking.pipeline import (
+from gnn_tracking.physics.events import (
+    HALF_LENGTH_MM,
+    LAYER_RADII_MM,
+    Event,
+    generate_event,
+    true_edges,
+)
+from gnn_tracking.physics.graph import connected_components, radius_graph
+from gnn_tracking.physics.models import CONFIG_FILE, WEIGHTS_FILE, Models, load_models
+from gnn_tracking.physics.pipeline import (
     build_graph,
     embed,
     filter_edges,
@@ -25,8 +31,8 @@ from gnn_tracking.pipeline import (
     label_tracks,
     run_pipeline,
 )
-from gnn_tracking.quality import edge_metrics, evaluate, track_efficiency
-from gnn_tracking.train import TrainSettings, train
+from gnn_tracking.physics.quality import edge_metrics, evaluate, track_efficiency
+from gnn_tracking.physics.train import TrainSettings, train
 
 import otelkit
 from otelkit import semconv
@@ -279,7 +285,8 @@ def test_tiny_events_pass_through_every_stage(models: Models, n_hits: int) -> No
 
 def test_a_30k_hit_event_completes_with_a_bounded_graph(models: Models) -> None:
     # The networks learnt on ~50-particle events: at 3000 the tracks merge (see the report of
-    # ``python -m gnn_tracking.quality --n-particles 3000``); only size and speed are checked.
+    # ``python -m gnn_tracking.physics.quality --n-particles 3000``); only size and speed are
+    # checked.
     event = generate_event(3000, seed=11)
     result = run_pipeline(models, event.features)
     assert result.labels.shape == (event.num_hits,)
@@ -298,8 +305,8 @@ def _keys(edges: torch.Tensor, n: int) -> torch.Tensor:
 def test_training_runs_end_to_end_into_a_directory(tmp_path: Path) -> None:
     path = [str(EXAMPLES), *filter(None, [os.environ.get("PYTHONPATH")])]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    command = [sys.executable, "-m", "gnn_tracking.train", "--events", "4", "--n-particles", "10",
-               "--steps", "0.02", "--out", str(tmp_path)]  # fmt: skip
+    command = [sys.executable, "-m", "gnn_tracking.physics.train", "--events", "4",
+               "--n-particles", "10", "--steps", "0.02", "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "track efficiency" in done.stderr

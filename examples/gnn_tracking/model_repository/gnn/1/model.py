@@ -6,6 +6,6 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parents[4]  # holds the gnn_tracking package
 sys.path.insert(0, str(EXAMPLES))
 
-from gnn_tracking.triton_model import model_for  # noqa: E402
+from gnn_tracking.serving.triton_model import model_for  # noqa: E402
 
 TritonPythonModel = model_for("gnn")

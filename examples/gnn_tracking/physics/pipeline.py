@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 import otelkit
-from gnn_tracking.graph import connected_components, radius_graph
-from gnn_tracking.models import Models
+from gnn_tracking.physics.graph import connected_components, radius_graph
+from gnn_tracking.physics.models import Models
 
 __all__ = [
     "PipelineResult",

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 import otelkit
-from gnn_tracking.models import WEIGHTS_DIR, load_models
-from gnn_tracking.stages import ENSEMBLE_STAGE, STAGES, Stage
+from gnn_tracking.physics.models import WEIGHTS_DIR, load_models
+from gnn_tracking.serving.stages import ENSEMBLE_STAGE, STAGES, Stage
 from otelkit.server import triton_backend
 
 __all__ = ["model_for"]

@@ -1,7 +1,8 @@
 """The instrumented client: sends generated events from a thread pool and reports.
 
-    python -m gnn_tracking.client --option 4 --url 127.0.0.1:8001 --protocol grpc --threads 8
-    python -m gnn_tracking.client --option 0 --events 100          # no server at all
+    python -m gnn_tracking.driving.client --option 4 --url 127.0.0.1:8001 --protocol grpc \
+        --threads 8
+    python -m gnn_tracking.driving.client --option 0 --events 100          # no server at all
 
 Each thread takes the next event of a pre-generated pool and reconstructs it under the chosen
 service option, as CMS/ATLAS clients do with a thread per event (up to 1000 threads here, as in
@@ -25,9 +26,15 @@ from dataclasses import dataclass
 import torch
 
 import otelkit
-from gnn_tracking.events import generate_event
-from gnn_tracking.models import Models, load_models
-from gnn_tracking.options import OPTIONS, THREADS_ATTRIBUTE, Remote, ServiceOption, reconstruct
+from gnn_tracking.driving.options import (
+    OPTIONS,
+    THREADS_ATTRIBUTE,
+    Remote,
+    ServiceOption,
+    reconstruct,
+)
+from gnn_tracking.physics.events import generate_event
+from gnn_tracking.physics.models import Models, load_models
 
 __all__ = ["MAX_THREADS", "RunReport", "drive", "event_pool"]
 

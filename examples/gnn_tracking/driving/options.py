@@ -23,8 +23,15 @@ import torch
 from opentelemetry import trace
 
 import otelkit
-from gnn_tracking.models import Models
-from gnn_tracking.stages import ENSEMBLE_STAGE, FEATURES, STAGE_ORDER, STAGES, TRACK_LABELS, Stage
+from gnn_tracking.physics.models import Models
+from gnn_tracking.serving.stages import (
+    ENSEMBLE_STAGE,
+    FEATURES,
+    STAGE_ORDER,
+    STAGES,
+    TRACK_LABELS,
+    Stage,
+)
 
 __all__ = ["OPTIONS", "OPTION_ATTRIBUTE", "Remote", "ServiceOption", "reconstruct"]
 

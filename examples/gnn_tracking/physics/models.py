@@ -42,7 +42,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+# gnn_tracking/weights, beside the model repository and deploy files that name it
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
 WEIGHTS_FILE = "models.pt"  # config and state dicts: the one file load_models reads
 CONFIG_FILE = "config.json"  # the config and the training's quality report, to read
 HIT_DIM = 4  # r, cos phi, sin phi, z
@@ -269,13 +270,13 @@ def load_models(device: str | torch.device = "cpu", *, weights_dir: Path = WEIGH
     """The trained networks in eval mode without gradients, on ``device``.
 
     When ``weights_dir`` holds no ``models.pt`` they are trained first with
-    ``gnn_tracking.train``'s defaults (about a minute on two cores) and saved there.
+    ``gnn_tracking.physics.train``'s defaults (about a minute on two cores) and saved there.
 
     >>> models = load_models("cpu")
     """
     path = weights_dir / WEIGHTS_FILE
     if not path.exists():
-        from gnn_tracking.train import TrainSettings, train  # train imports this module
+        from gnn_tracking.physics.train import TrainSettings, train  # train imports this module
 
         logger.warning("gnn_tracking: no weights in %s, training them now (about a minute)", path)
         train(TrainSettings(out=weights_dir))
@@ -287,7 +288,7 @@ def load_models(device: str | torch.device = "cpu", *, weights_dir: Path = WEIGH
     except (OSError, RuntimeError, KeyError, ValueError, TypeError) as error:
         raise RuntimeError(
             f"{path} is not a complete set of gnn_tracking weights ({error}); "
-            f"retrain with: python -m gnn_tracking.train --out {weights_dir}"
+            f"retrain with: python -m gnn_tracking.physics.train --out {weights_dir}"
         ) from error
     return models.frozen()
 

@@ -1,8 +1,8 @@
 """Launch Triton on the pipeline's model repository, traced and with metrics on.
 
-    python -m gnn_tracking.serve                      # CPU, traces to an embedded receiver
-    python -m gnn_tracking.serve --gpu --http-port 8000 --grpc-port 8001 --metrics-port 8002
-    OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 python -m gnn_tracking.serve
+    python -m gnn_tracking.serving.serve                      # CPU, traces to an embedded receiver
+    python -m gnn_tracking.serving.serve --gpu --http-port 8000 --grpc-port 8001 --metrics-port 8002
+    OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 python -m gnn_tracking.serving.serve
 
 It runs the ``tritonserver`` bundled with nvidia-pytriton (``otelkit.tritonserver`` builds
 its backend directory and library path), with Triton's OpenTelemetry tracing sent to the
@@ -22,9 +22,9 @@ import sys
 import threading
 from pathlib import Path
 
-from gnn_tracking.models import load_models
-from gnn_tracking.repository import GPU_CONFIG, REPOSITORY
-from gnn_tracking.stages import STAGE_ORDER
+from gnn_tracking.physics.models import load_models
+from gnn_tracking.serving.repository import GPU_CONFIG, REPOSITORY
+from gnn_tracking.serving.stages import STAGE_ORDER
 from otelkit.errors import TritonStartError
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port

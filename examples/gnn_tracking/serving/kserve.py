@@ -42,7 +42,7 @@ from numpy.typing import NDArray
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gnn_tracking.kserve_tensors import (
+from gnn_tracking.serving.kserve_tensors import (
     DATATYPES,
     ModelSpec,
     ProtocolError,

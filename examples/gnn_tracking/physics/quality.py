@@ -13,7 +13,7 @@ Conventions (ExaTrkX's):
 
 Ratios with nothing to count (no truth edge, no kept edge, no particle) are NaN.
 
-From a shell: ``python -m gnn_tracking.quality --events 20 --n-particles 40 [--json]``.
+From a shell: ``python -m gnn_tracking.physics.quality --events 20 --n-particles 40 [--json]``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from gnn_tracking.events import generate_event, true_edges
-from gnn_tracking.graph import connected_components
-from gnn_tracking.models import WEIGHTS_DIR, Models, load_models
-from gnn_tracking.pipeline import run_pipeline
+from gnn_tracking.physics.events import generate_event, true_edges
+from gnn_tracking.physics.graph import connected_components
+from gnn_tracking.physics.models import WEIGHTS_DIR, Models, load_models
+from gnn_tracking.physics.pipeline import run_pipeline
 
 __all__ = ["edge_metrics", "evaluate", "format_report", "main", "track_efficiency"]
 
@@ -159,9 +159,9 @@ def _ratio(numerator: int, denominator: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gnn_tracking.quality``: the quality report of the cached weights."""
+    """``python -m gnn_tracking.physics.quality``: the quality report of the cached weights."""
     parser = argparse.ArgumentParser(
-        prog="python -m gnn_tracking.quality", description=main.__doc__
+        prog="python -m gnn_tracking.physics.quality", description=main.__doc__
     )
     parser.add_argument("--events", type=int, default=20)
     parser.add_argument("--n-particles", type=int, default=40)

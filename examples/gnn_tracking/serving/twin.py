@@ -1,6 +1,6 @@
 """The FastAPI twin: the same pipeline served by a Python model server over KServe v2 HTTP.
 
-    python -m gnn_tracking.twin --port 8010
+    python -m gnn_tracking.serving.twin --port 8010
 
 It serves the models Triton serves (each stage, and ``tracking`` for the whole pipeline)
 through the KServe v2 protocol, so the instrumented ``tritonclient.http`` code of the client
@@ -25,10 +25,10 @@ import torch
 from fastapi import FastAPI
 
 import otelkit
-from gnn_tracking.kserve import ModelSpec, create_app
-from gnn_tracking.models import Models, load_models
-from gnn_tracking.stages import ENSEMBLE_STAGE, STAGES
-from gnn_tracking.triton_model import TORCH_THREADS
+from gnn_tracking.physics.models import Models, load_models
+from gnn_tracking.serving.kserve import ModelSpec, create_app
+from gnn_tracking.serving.stages import ENSEMBLE_STAGE, STAGES
+from gnn_tracking.serving.triton_model import TORCH_THREADS
 from otelkit.tritonserver import free_port
 
 __all__ = ["create_twin", "twin_process"]
@@ -57,14 +57,14 @@ def twin_process(
     """
     port = free_port()
     env = dict(os.environ, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=traces_url)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), *sys.path])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *sys.path])
     env["OTEL_BSP_SCHEDULE_DELAY"] = "200"
     env["OTEL_TRACES_SAMPLER"] = "parentbased_always_off"  # follow the client's decision
     if metrics_port is not None:
         env.update(OTELKIT_PROMETHEUS_PORT=str(metrics_port), OTELKIT_PROMETHEUS_HOST="127.0.0.1")
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gnn_tracking.twin", "--port", str(port)],
+            [sys.executable, "-m", "gnn_tracking.serving.twin", "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     try:

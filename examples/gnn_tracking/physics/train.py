@@ -1,6 +1,6 @@
 """Train the three networks on synthetic events and save them into ``weights/``.
 
-``python -m gnn_tracking.train [--events N --n-particles P --seconds S --out DIR --seed K
+``python -m gnn_tracking.physics.train [--events N --n-particles P --seconds S --out DIR --seed K
 --steps F]``: by default 32 events of 200 particles, denser than the 40-particle reference events
 so that the networks also cope with busier ones; about 80 s on two cores.
 
@@ -34,10 +34,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gnn_tracking.events import Event, generate_event, true_edges
-from gnn_tracking.graph import connected_components, radius_graph
-from gnn_tracking.models import WEIGHTS_DIR, Models, PipelineConfig, save_models
-from gnn_tracking.quality import evaluate, format_report, track_counts
+from gnn_tracking.physics.events import Event, generate_event, true_edges
+from gnn_tracking.physics.graph import connected_components, radius_graph
+from gnn_tracking.physics.models import WEIGHTS_DIR, Models, PipelineConfig, save_models
+from gnn_tracking.physics.quality import evaluate, format_report, track_counts
 
 __all__ = ["TrainSettings", "main", "train"]
 
@@ -351,10 +351,10 @@ def _choose_gnn_cut(models: Models, events: Sequence[Event]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gnn_tracking.train``: train and save the weights, print the quality."""
+    """``python -m gnn_tracking.physics.train``: train and save the weights, print the quality."""
     defaults = TrainSettings()
     parser = argparse.ArgumentParser(
-        prog="python -m gnn_tracking.train",
+        prog="python -m gnn_tracking.physics.train",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from numpy.typing import NDArray
 
-from gnn_tracking import pipeline
-from gnn_tracking.kserve import TensorSpec  # a tensor as config.pbtxt and KServe v2 declare it
-from gnn_tracking.models import Models
+from gnn_tracking.physics import pipeline
+from gnn_tracking.physics.models import Models
+from gnn_tracking.serving.kserve import TensorSpec  # a tensor as config.pbtxt declares it
 
 __all__ = ["ENSEMBLE", "STAGES", "STAGE_ORDER", "Stage", "TensorSpec", "run_ensemble"]
 

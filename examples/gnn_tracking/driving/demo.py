@@ -1,6 +1,6 @@
 """``make demo``: the reference deployment end to end, on embedded defaults.
 
-    python -m gnn_tracking.demo [--seconds 5] [--threads 1 8] [--out demo-output]
+    python -m gnn_tracking.driving.demo [--seconds 5] [--threads 1 8] [--out demo-output]
 
 1. starts otelkit's embedded OTLP receiver (the local stand-in for a Collector);
 2. starts Triton on the pipeline's model repository, traced to the receiver, and the FastAPI
@@ -28,9 +28,8 @@ from pathlib import Path
 import torch
 
 import otelkit
-from gnn_tracking.client import RunReport, drive, event_pool
-from gnn_tracking.models import Models, load_models
-from gnn_tracking.options import (
+from gnn_tracking.driving.client import RunReport, drive, event_pool
+from gnn_tracking.driving.options import (
     OPTION_ATTRIBUTE,
     OPTIONS,
     ROOT_SPAN,
@@ -40,9 +39,10 @@ from gnn_tracking.options import (
     ServiceOption,
     reconstruct,
 )
-from gnn_tracking.serve import models_metrics_base, triton_server
-from gnn_tracking.stages import STAGE_ORDER
-from gnn_tracking.twin import twin_process
+from gnn_tracking.physics.models import Models, load_models
+from gnn_tracking.serving.serve import models_metrics_base, triton_server
+from gnn_tracking.serving.stages import STAGE_ORDER
+from gnn_tracking.serving.twin import twin_process
 from otelkit.analysis import build_traces, load_spans
 from otelkit.analysis.breakdown import breakdown, format_breakdowns
 from otelkit.receiver import Receiver

@@ -3,9 +3,9 @@
 What an otelkit trace file (the embedded default) and ``http/json`` carry is
 ``dumps(request_to_json(encode_spans(spans)))``: one ``ExportTraceServiceRequest`` in OTLP
 JSON, compact, keys in protobuf's field order, defaults left out. Building it as dicts and
-then serialising them cost about 25 us of CPU per client span, in the export thread, taken
-through the GIL from the threads the spans describe; ``spans_to_bytes`` writes the same bytes
-directly, each string escaped by the JSON encoder's own C function (``bench_encode.py``).
+then serialising them costs CPU in the export thread, taken through the GIL from the threads
+the spans describe; ``spans_to_bytes`` writes the same bytes directly, each string escaped by
+the JSON encoder's own C function (docs/performance.md, ``bench_encode``).
 
 It mirrors ``encode_spans`` as ``otlp_proto`` does: the same grouping (``sdk_fields.grouped``),
 the same fields, the same flags, and an attribute protobuf would refuse logged and left out
@@ -54,11 +54,10 @@ def spans_to_bytes(spans: Sequence[ReadableSpan]) -> bytes:
     """Encode OpenTelemetry SDK spans as one OTLP JSON request, serialised as ``dumps`` would.
 
     The bytes are exactly ``dumps(request_to_json(encode_spans(spans)))``, written straight from
-    the spans: the protobuf detour costs about ten times as much CPU, and building dicts to
-    serialise two to three times as much, which the exporter's thread takes (through the GIL)
-    from the threads the spans describe. Spans are grouped as ``encode_spans`` groups them: by
-    equal resource, then equal scope, in order of first appearance; of equal resources (or
-    scopes) the first is the one written. otelkit's JSON span exporters write these bytes.
+    the spans: neither the protobuf detour nor dicts to serialise, whose CPU the exporter's
+    thread would take (through the GIL) from the threads the spans describe. Spans are grouped
+    as ``encode_spans`` groups them: by equal resource, then equal scope, in order of first
+    appearance; of equal resources (or scopes) the first is the one written. otelkit's JSON span exporters write these bytes.
 
     >>> spans_to_bytes([])
     b'{}'

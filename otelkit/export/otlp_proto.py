@@ -1,10 +1,10 @@
 """SDK spans straight to OTLP protobuf bytes, without building protobuf objects.
 
 The OTLP exporters encode a batch with ``encode_spans(spans).SerializeToString()``, which
-builds a protobuf object per span, attribute and value through protobuf's Python API: about
-50 us of CPU per client span on a slow host, in the export thread, taken through the GIL from
-the threads the spans describe. ``encode_request`` writes the same ``ExportTraceServiceRequest``
-in protobuf's wire format directly, at a fraction of that (``benchmarks/bench_encode.py``).
+builds a protobuf object per span, attribute and value through protobuf's Python API. That
+CPU is spent in the export thread, but taken through the GIL from the threads the spans
+describe. ``encode_request`` writes the same ``ExportTraceServiceRequest`` in protobuf's wire
+format directly, at a fraction of the cost (docs/performance.md, ``bench_encode``).
 
 It mirrors ``encode_spans`` field by field: the same grouping (``sdk_fields.grouped``), the
 same fields set (a span's status and a resource are always present, a scope even when the span

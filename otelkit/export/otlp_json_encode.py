@@ -57,7 +57,8 @@ def spans_to_bytes(spans: Sequence[ReadableSpan]) -> bytes:
     the spans: neither the protobuf detour nor dicts to serialise, whose CPU the exporter's
     thread would take (through the GIL) from the threads the spans describe. Spans are grouped
     as ``encode_spans`` groups them: by equal resource, then equal scope, in order of first
-    appearance; of equal resources (or scopes) the first is the one written. otelkit's JSON span exporters write these bytes.
+    appearance; of equal resources (or scopes) the first is the one written. otelkit's JSON
+    span exporters write these bytes.
 
     >>> spans_to_bytes([])
     b'{}'

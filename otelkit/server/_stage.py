@@ -39,7 +39,7 @@ CURRENT_MODEL: contextvars.ContextVar[str] = contextvars.ContextVar("otelkit_mod
 BATCH_LINKS: contextvars.ContextVar[Sequence[Link]] = contextvars.ContextVar(
     "otelkit_batch_links", default=()
 )
-_RUN: contextvars.ContextVar[StageRun | None] = contextvars.ContextVar(
+_RUN: contextvars.ContextVar[StageRun | _NoRun | None] = contextvars.ContextVar(
     "otelkit_stage", default=None
 )
 _RECORDER = SpanRecorder("otelkit.server", server=True)
@@ -80,7 +80,7 @@ class StageRun:
         model = CURRENT_MODEL.get() if stage.model is None else stage.model
         self._series = series = stage.series(model)
         self._token: Any = None
-        self.outer: contextvars.Token[StageRun | None] | None = None
+        self.outer: contextvars.Token[StageRun | _NoRun | None] | None = None
         if span.sampled:
             attributes = span.attributes
             attributes[semconv.STAGE_NAME] = stage.name
@@ -134,6 +134,25 @@ class StageRun:
             internal_error("ending a stage span")
 
 
+class _NoRun:
+    """What ``with stage(...) as run`` gives when otelkit failed to start the run: the user's
+    ``run.set(...)`` still works (and does nothing), and the stage around it is left alone."""
+
+    __slots__ = ("outer",)
+
+    def __init__(self) -> None:
+        self.outer: contextvars.Token[StageRun | _NoRun | None] | None = None
+
+    def set(self, **attributes: Any) -> None:
+        return None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        return None
+
+    def close(self, error: BaseException | None) -> None:
+        return None
+
+
 class Stage:
     """What ``otelkit.stage(name, ...)`` returns: a decorator and a context manager."""
 
@@ -162,10 +181,9 @@ class Stage:
             return None
 
     # -- context manager -----------------------------------------------------------------------
-    def __enter__(self) -> StageRun | None:
-        run = self._open()
-        if run is not None:
-            run.outer = _RUN.set(run)
+    def __enter__(self) -> StageRun | _NoRun:
+        run: StageRun | _NoRun = self._open() or _NoRun()
+        run.outer = _RUN.set(run)
         return run
 
     def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
@@ -175,7 +193,7 @@ class Stage:
         _RUN.reset(run.outer)
         run.close(error)
 
-    async def __aenter__(self) -> StageRun | None:
+    async def __aenter__(self) -> StageRun | _NoRun:
         return self.__enter__()
 
     async def __aexit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:

@@ -1,0 +1,46 @@
+"""A stage whose telemetry fails to start never breaks the user's code: ``with stage() as run``
+still gives a run whose ``set`` works, and the stage around it ends as usual."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import otelkit
+from otelkit import errors
+from otelkit.analysis import build_traces, load_spans
+from otelkit.server import _stage
+
+
+@pytest.fixture
+def telemetry(tmp_path: Path) -> Iterator[otelkit.Telemetry]:
+    yield otelkit.configure(service_name="stage-failures", traces_dir=str(tmp_path))
+    otelkit.shutdown()
+
+
+def test_a_stage_that_cannot_start_leaves_the_user_and_the_outer_stage_alone(
+    telemetry: otelkit.Telemetry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(errors, "RAISE_INTERNAL_ERRORS", False)  # as in production
+    real = _stage.StageRun
+
+    def broken(stage: _stage.Stage) -> _stage.StageRun:
+        if stage.name == "inner":
+            raise RuntimeError("otelkit's own failure")
+        return real(stage)
+
+    monkeypatch.setattr(_stage, "StageRun", broken)
+    with otelkit.stage("outer") as outer:
+        outer.set(edges=3)
+        with otelkit.stage("inner") as inner:
+            inner.set(hits=7)  # the user's code goes on
+            inner.set_attribute("k", "v")
+        outer.set(after=True)  # the outer run is still the current one
+    otelkit.flush()
+    (trace,) = build_traces(load_spans(tmp_path)).values()
+    assert [(depth, span.name) for depth, span in trace.walk()] == [(0, "outer")]
+    (span,) = trace.roots
+    assert (span.attributes["edges"], span.attributes["after"]) == (3, True)
+    assert _stage._RUN.get() is None

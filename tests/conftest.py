@@ -17,7 +17,7 @@ import pytest
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS
-from tests.support import TrackingServer
+from tests.support import GRPC_JOINS, TrackingServer
 
 pytest_plugins = ["tests.ci_skips"]
 
@@ -77,3 +77,13 @@ def tracking_triton(
         receiver.traces_url, models_metrics_port=port, log_path=log, trace_rate=1_000_000
     ) as server:
         yield TrackingServer(server, port)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def grpc_resends_stay_rare() -> Iterator[None]:
+    """Only gRPC joins may resend a call (Triton 2.51 loses a few % of gRPC contexts), and the
+    session fails when more than 5 % of them needed to, beyond two: with a few dozen calls at a
+    2-3 % loss rate, two resends are chance, not a regression."""
+    yield
+    calls, resends = GRPC_JOINS["calls"], GRPC_JOINS["resends"]
+    assert resends <= max(2, 0.05 * calls), f"{resends} resends for {calls} gRPC joins"

@@ -84,7 +84,9 @@ def test_sync_client_traces_from_its_job_span_to_the_models_stages(
         printed.append(done.stdout)
         return printed_trace(done.stdout)[0]
 
-    trace_id, spans = joined_trace(call, receiver.out_dir, count=1 + SPANS_PER_CALL)
+    trace_id, spans = joined_trace(
+        call, receiver.out_dir, count=1 + SPANS_PER_CALL, protocol=protocol
+    )
     destination = f"OTLP/HTTP (protobuf) {receiver.traces_url}"
     assert printed[-1] == f"{FEATURES}\ntrace {trace_id} -> {destination}\n"
     assert tree(build_traces(spans)[trace_id]) == node(
@@ -123,7 +125,9 @@ def test_asyncio_client_concurrent_calls_share_the_jobs_trace(
         printed.append(done.stdout)
         return printed_trace(done.stdout)[0]
 
-    trace_id, spans = joined_trace(call, receiver.out_dir, count=1 + 3 * SPANS_PER_CALL)
+    trace_id, spans = joined_trace(
+        call, receiver.out_dir, count=1 + 3 * SPANS_PER_CALL, protocol="grpc"
+    )
     destination = f"OTLP/HTTP (protobuf) {receiver.traces_url}"
     assert printed[-1].splitlines() == [
         "event 0 FEATURES [[0.05, 0.2952, 0.01], [0.1, 0.7048, -0.025], [0.12, -0.5, 0.04]]",

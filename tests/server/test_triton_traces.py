@@ -49,7 +49,7 @@ def test_triton_spans_join_the_trace_whose_traceparent_we_sent(
         _call(protocol, triton, headers)
         return f"{context.trace_id:032x}"
 
-    trace_id, spans = joined_trace(call, receiver.out_dir, count=3)
+    trace_id, spans = joined_trace(call, receiver.out_dir, count=3, protocol=protocol)
     client_span_id, headers = sent[-1]
     assert headers["traceparent"][-3:] in ("-01", "-03")  # sampled (and random, Level 2)
     assert headers == {

@@ -92,3 +92,13 @@ def test_under_ci_only_gpu_tests_may_skip(
     result.assert_outcomes(**{outcome: 1})
     if outcome != "skipped":
         result.stdout.fnmatch_lines(["*under CI, where only GPU tests may skip*"])
+
+
+def test_the_grpc_resend_rule_fails_only_on_evidence_above_five_percent() -> None:
+    from tests.conftest import above_five_percent
+
+    assert not above_five_percent(0, 40)
+    assert not above_five_percent(3, 20)  # 13 % of a small sample: chance at a 5 % rate
+    assert above_five_percent(6, 20)  # 23 %: not chance
+    assert not above_five_percent(60, 1000)  # 5.7 % of many: within chance of 5 %
+    assert above_five_percent(80, 1000)  # 7.4 % of many: above

@@ -51,11 +51,11 @@ def instrument(target: T | None = None, *, send_context: bool = True) -> T | lis
     default: JSON-lines files).
 
     ``send_context=False`` (one tritonclient client): its calls keep their spans and metrics
-    but send the server no trace context, and the caller's headers go as they are: for a
-    server whose tracing must stay off your traces (Triton traces every request that carries
-    a context, and its 2.51 release may crash under that much tracing), or to see what the
-    context costs on the wire. Calling ``instrument`` again with another value changes it
-    from the client's next call.
+    but send the server no trace context, only the caller's own headers: for a server whose
+    spans must stay out of your traces (Triton traces every request that carries a context,
+    and its 2.51 release may crash under that much tracing), or to see what the context costs
+    on the wire. Calling ``instrument`` again with another value changes it from the client's
+    next call.
 
     >>> client = otelkit.instrument(tritonclient.grpc.InferenceServerClient("gpu-node:8001"))
     >>> app = otelkit.instrument(fastapi.FastAPI())

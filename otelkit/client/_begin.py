@@ -22,7 +22,7 @@ from otelkit._core.spans import NOT_SAMPLED
 from otelkit.client._call import CURRENT_CALL, RECORDER, Call, MeteredCall
 from otelkit.client._target import GRPC_TENSORS, TARGET, ClientTarget
 
-__all__ = ["TargetOf", "Traced", "begin", "enter", "headers_index", "with_context", "with_headers"]
+__all__ = ["TargetOf", "Traced", "begin", "enter", "headers_index", "with_headers"]
 
 _SUPPRESSED, _SUPPRESSED_PLAIN = SUPPRESSED_KEYS
 TargetOf = Callable[[Any], ClientTarget]  # a client's target, made on first use
@@ -78,32 +78,20 @@ def with_headers(
     traced: Traced, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments with ``headers`` (at ``index`` or by keyword) replaced by ``traced``'s:
-    a copy of the caller's with the trace context added (tritonclient writes into the dict it
-    is given, and the caller's stays untouched)."""
+    a copy of the caller's, with the trace context added unless its client sends none
+    (tritonclient writes into the dict it is given; the caller's stays untouched)."""
     if len(args) > index:
         return (*args[:index], traced.headers(args[index]), *args[index + 1 :]), kwargs
     kwargs["headers"] = traced.headers(kwargs.get("headers"))
     return args, kwargs
 
 
-def with_context(
-    call: MeteredCall, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments with a sampled call's trace context in their headers (``with_headers``),
-    unless its client sends none (``otelkit.instrument(client, send_context=False)``)."""
-    sampled = cast(Call, call)  # only a Call is sampled
-    if not sampled.per.target.send_context:
-        return args, kwargs
-    return with_headers(sampled, index, args, kwargs)
-
-
 def enter(
     call: MeteredCall, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any], contextvars.Token[Call | None]]:
-    """A sampled call about to run: ``with_context``'s arguments, and it becomes the current
-    call, for its transport's hooks. Returns the arguments and the token that resets the
-    current call."""
-    sampled = cast(Call, call)  # only a Call is sampled
-    if sampled.per.target.send_context:
-        args, kwargs = with_headers(sampled, index, args, kwargs)
+    """A sampled call about to run (only a ``Call`` is sampled): its headers in the arguments
+    (``with_headers``), and it becomes the current call, for its transport's hooks. Returns the
+    arguments and the token that resets the current call."""
+    sampled = cast(Call, call)
+    args, kwargs = with_headers(sampled, index, args, kwargs)
     return args, kwargs, CURRENT_CALL.set(sampled)

@@ -49,6 +49,7 @@ CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
 RECORDER = SpanRecorder("otelkit.client")
 _CLIENT = SpanKind.CLIENT  # a module global: an enum's member is a slower read
 _clock = time.perf_counter_ns
+_WAITING, _LIMIT = LATER.waiting, LATER.limit
 
 
 def with_trace_context(
@@ -90,22 +91,46 @@ class MeteredCall:
 
     __slots__ = ("end", "per", "request_bytes", "result", "start")
     sampled = False
+    ends_later = True
 
     def __init__(self, target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """``args`` and ``kwargs``: ``infer``'s (model_name, inputs, model_version, ...)."""
-        self.per, self.request_bytes = target.requested(args, kwargs)
-        self.per.calls.in_flight.begin()
+        """``args`` and ``kwargs``: ``infer``'s (model_name, inputs, model_version, ...).
+
+        Its model's record is looked up, and its request's tensor bytes counted from the inputs
+        the caller holds as the call starts (the caller may refill them once it returns: the
+        binary part only, tensors sent as JSON or through shared memory count zero)."""
+        count = len(args)
+        model = args[0] if count else kwargs["model_name"]
+        version = (args[2] if count > 2 else kwargs.get("model_version")) or ""
+        self.per = per = target.by_model.get(
+            (model, version) if version else model
+        ) or target.per_model(model, version)
+        name = per.tensors.input_attribute
+        request_bytes = 0
+        for tensor in args[1] if count > 1 else kwargs.get("inputs", ()):
+            raw = getattr(tensor, name, None)
+            if raw:
+                request_bytes += len(raw)
+        self.request_bytes = request_bytes
+        per.calls.in_flight.begin()
         self.start = _clock()
 
     def finish(self, error: BaseException | None = None, result: Any = None) -> None:
-        """The call is over: it returned ``result`` (its metrics are recorded off the caller's
-        path: ``LATER``), or it failed with ``error`` (recorded here). Never raises."""
+        """The call is over: it returned ``result``, or failed with ``error``. What is left of
+        its telemetry runs off the caller's path (``LATER``), but for a failure's, and a span's
+        of another SDK's tracer, which ends on the thread that made it. Never raises."""
         self.end = _clock()
         self.result = result
-        if error is None:
-            LATER.add(self._end)
-        else:
+        if error is None and self.ends_later:
+            if len(_WAITING) < _LIMIT:  # LATER.add without its frame: every call comes here
+                _WAITING.append(self._end)
+            else:
+                LATER.add(self._end)
+            return
+        try:
             self._end(error)
+        except Exception:
+            internal_error("ending a client span")
 
     def _end(self, error: BaseException | None = None) -> None:
         try:
@@ -177,8 +202,8 @@ class Call(MeteredCall):
     it, started when the call started.
     """
 
-    __slots__ = ("counted", "facts", "ready", "received_ns", "request", "sampled", "sent_ns",
-                 "span", "style", "wire")  # fmt: skip
+    __slots__ = ("counted", "ends_later", "facts", "ready", "received_ns", "request", "sampled",
+                 "sent_ns", "span", "style", "wire")  # fmt: skip
 
     def __init__(
         self,
@@ -197,33 +222,41 @@ class Call(MeteredCall):
         sampled call its request message (gRPC's rebuilt ``ModelInfer``); the call then keeps
         a small one (up to ``KEEP_WIRE_BYTES`` of tensors) until its telemetry ends and reads
         its facts from it, instead of from the caller's inputs now."""
-        self.per, self.request_bytes = per, request_bytes = target.requested(args, kwargs)
-        ready = RECORDER.take_root() if root is READY_IDS else None
-        if ready is None:
-            self.span: RecordingSpan | None = RECORDER.start(
-                per.span_name, _CLIENT, context, links, root
-            )
-            self.sampled = sampled = self.span.sampled
-        else:  # its span is made as the call ends (``_end``)
-            self.ready = ready
-            self.span = None
-            self.sampled = sampled = True
-        if sampled:
-            self.style = style
-            self.sent_ns = self.received_ns = 0
-            self.counted: tuple[int, int | None] | None = None
-            self.wire: bytes | None = None
-            self.request: Any = None
-            self.facts: _Facts | None = (
-                None
-                if handed_request and request_bytes <= KEEP_WIRE_BYTES
-                else _caller_facts(args, kwargs)
-            )
-        per.calls.in_flight.begin()  # once its span is made: a failure there leaves none
-        self.start = _clock()
+        MeteredCall.__init__(self, target, args, kwargs)  # in flight from here
+        try:
+            ready = RECORDER.take_root() if root is READY_IDS else None
+            if ready is None:
+                self.span: RecordingSpan | None = RECORDER.start(
+                    self.per.span_name, _CLIENT, context, links, root
+                )
+                self.sampled = sampled = self.span.sampled
+                self.ends_later = not sampled or self.span.__class__ is LeanSpan
+            else:  # its span is made as the call ends (``_end``)
+                self.ready = ready
+                self.span = None
+                self.sampled = sampled = self.ends_later = True
+            if sampled:
+                self.style = style
+                self.sent_ns = self.received_ns = 0
+                self.counted: tuple[int, int | None] | None = None
+                self.wire: bytes | None = None
+                self.request: Any = None
+                self.facts: _Facts | None = (
+                    None
+                    if handed_request and self.request_bytes <= KEEP_WIRE_BYTES
+                    else _caller_facts(args, kwargs)
+                )
+        except BaseException:
+            self.per.calls.in_flight.add(-1)  # it never began: the client's call runs bare
+            raise
+        self.start = _clock()  # once its span is made
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
-        """The caller's headers plus this call's trace context (see ``with_trace_context``)."""
+        """The caller's headers plus this call's trace context (see ``with_trace_context``);
+        a copy of the caller's alone when its client sends none (``otelkit.instrument(client,
+        send_context=False)``)."""
+        if not self.per.target.send_context:
+            return dict(caller) if caller else {}
         span = self.span
         if span is None:  # its ids, taken ready-made
             context, traceparent = self.ready[1]
@@ -247,21 +280,6 @@ class Call(MeteredCall):
                 self.wire = raw
             else:
                 self.counted = counted_on_wire(raw)  # None: the result's shapes will tell
-
-    def finish(self, error: BaseException | None = None, result: Any = None) -> None:
-        """The call is over: its telemetry ends off the caller's path (``LATER``), or here for
-        a failure or a span of another SDK's tracer (which ends on the thread that made it).
-        Never raises."""
-        try:
-            self.end = _clock()
-            self.result = result
-            span = self.span
-            if error is None and (span is None or not self.sampled or span.__class__ is LeanSpan):
-                LATER.add(self._end)
-                return
-            self._end(error)
-        except Exception:
-            internal_error("ending a client span")
 
     def _end(self, error: BaseException | None = None) -> None:
         """Record the metrics, and end the span of a sampled call."""

@@ -89,6 +89,10 @@ class StreamCalls:
             self._answering = None
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
+        """The headers that open the stream: the caller's plus the stream span's context (a
+        copy of the caller's alone when the client sends none)."""
+        if not self.send_context:
+            return dict(caller) if caller else {}
         return with_trace_context(caller, self.span.context)
 
     def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
@@ -259,7 +263,7 @@ def _stream_opener(
             stream = _open(target_of, self, style)
             if stream is None:
                 return original(self, first, *args, **kwargs)
-            if stream.sampled and stream.send_context:
+            if stream.sampled:
                 args, kwargs = with_headers(stream, index, args, kwargs)
             traced_first = adapt(stream, first)
             opened = _opening(self, stream, lambda: original(self, traced_first, *args, **kwargs))

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, cast
 
-from otelkit.client._begin import TargetOf, begin, enter, headers_index, with_context
+from otelkit.client._begin import TargetOf, begin, enter, headers_index, with_headers
 from otelkit.client._call import CURRENT_CALL, Call, MeteredCall
 
 __all__ = ["TracedAsyncRequest", "traced_grpc_async_infer", "traced_http_async_infer",
@@ -113,8 +113,8 @@ def traced_http_async_infer(target_of: TargetOf, original: Callable[..., Any]) -
         call = begin(target_of, self, args, kwargs, "async_infer")
         if call is None:
             return original(self, *args, **kwargs)
-        if call.sampled:
-            args, kwargs = with_context(call, index, args, kwargs)
+        if call.sampled:  # only a Call is
+            args, kwargs = with_headers(cast(Call, call), index, args, kwargs)
         try:
             handle = original(self, *args, **kwargs)
         except BaseException as error:

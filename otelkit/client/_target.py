@@ -26,8 +26,8 @@ class Tensors:
 
     Requests are counted from the inputs the caller holds, as the call starts (the attribute
     ``input_attribute`` of each: the binary part only; tensors sent as JSON or through shared
-    memory count zero: ``ClientTarget.requested``); responses from the result (``response``),
-    off the caller's path.
+    memory count zero: ``_call.MeteredCall``); responses from the result (``response``), off
+    the caller's path.
     """
 
     __slots__ = ("_output_bytes", "input_attribute")
@@ -134,24 +134,6 @@ class ClientTarget:
         if found is None:
             found = self.by_model[key] = PerModel(self, model, version)
         return found
-
-    def requested(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[PerModel, int]:
-        """What a call of ``infer(*args, **kwargs)`` asks for: its model's record, and its
-        request's tensor bytes, counted from the inputs the caller holds as the call starts
-        (the caller may refill them once it returns)."""
-        count = len(args)
-        model = args[0] if count else kwargs["model_name"]
-        version = (args[2] if count > 2 else kwargs.get("model_version")) or ""
-        per = self.by_model.get((model, version) if version else model) or self.per_model(
-            model, version
-        )
-        name = per.tensors.input_attribute
-        request_bytes = 0
-        for tensor in args[1] if count > 1 else kwargs.get("inputs", ()):
-            raw = getattr(tensor, name, None)
-            if raw:
-                request_bytes += len(raw)
-        return per, request_bytes
 
 
 _LABELS = (semconv.M_MODEL, semconv.M_MODEL_VERSION, semconv.M_SERVER, semconv.M_PROTOCOL)

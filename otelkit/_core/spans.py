@@ -17,7 +17,6 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
-from random import getrandbits
 from typing import Any, NamedTuple
 
 from opentelemetry import trace
@@ -43,7 +42,7 @@ from otelkit._core.worker import LATER
 from otelkit.propagation import format_traceparent
 
 __all__ = ["NOT_SAMPLED", "READY_IDS", "READY_ROOTS", "UNDECIDED", "LeanSpan", "ReadyRoots",
-           "RecordingSpan", "RootDecision", "SdkSpan", "SpanRecorder", "error_type",
+           "RecordingSpan", "RootDecision", "RootRule", "SdkSpan", "SpanRecorder", "error_type",
            "with_span"]  # fmt: skip
 
 _SAMPLED = TraceFlags.SAMPLED
@@ -54,12 +53,11 @@ _UNSET = Status(StatusCode.UNSET)  # immutable: one for every span that has not 
 
 
 class RootDecision:
-    """A root span's sampling decision, taken before the span is asked for
-    (``SpanRecorder.decide_root``): ``UNDECIDED`` (the span decides as it starts),
-    ``NOT_SAMPLED``, ``READY_IDS`` (sampled, its ids and header taken ready-made:
-    ``SpanRecorder.take_root``), or sampled with the trace id drawn to decide it
-    (``RootDecision.drawn``: a new one per sampled root; the others are the only ones of their
-    kind, compared with ``is``)."""
+    """A root span's sampling decision, taken before the span is asked for, by the rule of
+    ``SpanRecorder.roots``: ``UNDECIDED`` (the span decides as it starts), ``NOT_SAMPLED``,
+    ``READY_IDS`` (sampled, its ids and header taken ready-made: ``SpanRecorder.take_root``),
+    or sampled with the trace id drawn to decide it (``RootDecision.drawn``: a new one per
+    sampled root; the others are the only ones of their kind, compared with ``is``)."""
 
     __slots__ = ("name", "sampled", "trace_id")
 
@@ -80,6 +78,19 @@ class RootDecision:
 UNDECIDED = RootDecision("undecided", None)
 NOT_SAMPLED = RootDecision("not sampled", False)
 READY_IDS = RootDecision("ready ids", True)
+
+
+class RootRule(NamedTuple):
+    """How a root span (one with no span current) is decided before it is asked for, under
+    the configuration of ``generation`` (``SWITCH.generation``): ``every_root``, the decision
+    every root gets when it is fixed (``NOT_SAMPLED``; ``READY_IDS``; ``UNDECIDED`` where only
+    the span can decide), else ``None``: a trace id ratio decides, and a root is sampled when
+    the low 64 bits of its trace id, drawn first as the SDK draws them (128 random bits), fall
+    under ``bound`` (``TraceIdRatioBased``'s rule)."""
+
+    generation: int
+    every_root: RootDecision | None
+    bound: int
 
 
 def with_span(span_context: SpanContext, base: Context | None = None) -> Context:
@@ -154,23 +165,21 @@ def _fixed_root_decision(sampler: Sampler) -> bool | None:
     return None
 
 
-def _root_rule(pipeline: _Pipeline | None) -> tuple[RootDecision | None, int]:
-    """How a root span is decided before it is asked for: the decision every root gets, when
-    it is fixed (``NOT_SAMPLED``; ``READY_IDS`` where ``ReadyRoots`` draws the ids;
-    ``UNDECIDED`` for any sampler or id generator but those below), else ``None`` and the bound
-    under which a root's trace id, drawn first, makes it sampled (``TraceIdRatioBased``'s rule
-    on its low 64 bits, for the SDK's random ids)."""
+def _root_rule(pipeline: _Pipeline | None, generation: int) -> RootRule:
+    """The ``RootRule`` of ``pipeline`` (``None``: otelkit is not configured): a fixed
+    decision for the fixed samplers, a bound for a trace id ratio with the SDK's random ids,
+    and ``UNDECIDED`` for any other sampler or id generator."""
     if pipeline is None:
-        return UNDECIDED, 0
+        return RootRule(generation, UNDECIDED, 0)
     if pipeline.root_sampled is not None:  # fixed: every root dropped, or every one sampled
         if not pipeline.root_sampled:
-            return NOT_SAMPLED, 0
-        return (READY_IDS if pipeline.ready_roots else UNDECIDED), 0
+            return RootRule(generation, NOT_SAMPLED, 0)
+        return RootRule(generation, READY_IDS if pipeline.ready_roots else UNDECIDED, 0)
     sampler = pipeline.sampler
     root = sampler._root if isinstance(sampler, ParentBased) else sampler
     if type(root) is TraceIdRatioBased and pipeline.ready_roots:  # the SDK's random ids
-        return None, root.bound
-    return UNDECIDED, 0
+        return RootRule(generation, None, root.bound)
+    return RootRule(generation, UNDECIDED, 0)
 
 
 def _is_sampled(
@@ -326,16 +335,16 @@ RecordingSpan = LeanSpan | SdkSpan | _Unsampled
 class SpanRecorder:
     """Starts lean spans for one instrumentation scope, following ``configure()``.
 
-    A root span's sampling decision can be taken before ``start`` (``decide_root``) where the
-    sampler decides a root by its trace id alone, or not at all: ``always_off``, ``always_on``,
-    ``traceidratio`` and their ``parentbased_`` forms, with the SDK's random ids. A caller that
-    finds its span would not be sampled may then skip ``start`` altogether (the client's
-    calls not sampled); one whose root is sampled with ready ids (``READY_IDS``) may take them
-    (``take_root``) and have ``root_span`` make its span later, off the caller's path.
+    A root span's sampling decision can be taken before ``start`` (``roots``: the rule) where
+    the sampler decides a root by its trace id alone, or not at all: ``always_off``,
+    ``always_on``, ``traceidratio`` and their ``parentbased_`` forms, with the SDK's random
+    ids. A caller that finds its span would not be sampled may then skip ``start`` altogether
+    (the client's calls not sampled); one whose root is sampled with ready ids (``READY_IDS``)
+    may take them (``take_root``) and have ``root_span`` make its span later, off the
+    caller's path.
     """
 
-    __slots__ = ("_fixed_root", "_generation", "_root_bound", "_roots_generation", "_scope",
-                 "_server", "_tracer", "pipeline")  # fmt: skip
+    __slots__ = ("_generation", "_scope", "_server", "_tracer", "pipeline", "roots")
 
     def __init__(self, scope_name: str, version: str = "", *, server: bool = False) -> None:
         self._scope = InstrumentationScope(scope_name, version)
@@ -343,11 +352,9 @@ class SpanRecorder:
         self._generation = -1
         self.pipeline: _Pipeline | None = None  # as of ``_generation``
         self._tracer = SWITCH.tracers.get_tracer(scope_name, version)
-        # how roots are decided (``_root_rule``), as of the generation of the configuration
-        # read last: until a span is started under a new one, its roots are UNDECIDED
-        self._roots_generation = -1
-        self._fixed_root: RootDecision | None = UNDECIDED
-        self._root_bound = 0
+        # read with the configuration: until a span starts under a new one, a reader that
+        # compares its generation with SWITCH's leaves the decision to the span
+        self.roots = RootRule(-1, UNDECIDED, 0)
 
     def _current(self) -> _Pipeline | None:
         generation = SWITCH.generation
@@ -363,31 +370,11 @@ class SpanRecorder:
                     SWITCH.span_attributes,
                 )  # fmt: skip
             self._generation = generation
-            # the rule before its generation: a reader checks the generation first
-            self._fixed_root, self._root_bound = _root_rule(self.pipeline)
-            self._roots_generation = generation
+            self.roots = _root_rule(self.pipeline, generation)
         return self.pipeline
 
-    def decide_root(self, context: Context) -> RootDecision:
-        """The sampling decision of a root span that would start now, in ``context`` (the
-        current one), before the span is asked for; ``UNDECIDED`` when a span is current (it
-        decides for its children) or the sampler needs the span (see the class).
-
-        Under a trace id ratio, the trace id is drawn as the SDK's ``RandomIdGenerator`` draws
-        it (128 random bits), its low 64 bits first, since the ratio decides on those: a root
-        not sampled draws no more."""
-        if self._roots_generation != SWITCH.generation or context.get(_SPAN_KEY) is not None:
-            return UNDECIDED
-        fixed = self._fixed_root
-        if fixed is not None:
-            return fixed
-        low = getrandbits(64)  # the very bits getrandbits(128) would have put there
-        if low >= self._root_bound:
-            return NOT_SAMPLED
-        return RootDecision.drawn(getrandbits(64) << 64 | low)
-
     def take_root(self) -> tuple[_Pipeline, tuple[SpanContext, str]] | None:
-        """For a root that ``decide_root`` found ``READY_IDS``: the pipeline and the ready ids
+        """For a root decided ``READY_IDS`` (``roots``): the pipeline and the ready ids
         and header of its sampled span, whose ``LeanSpan`` ``root_span`` makes later; ``None``
         when no ids are ready (``start`` then draws them)."""
         pipeline, ready = self.pipeline, READY_ROOTS.take()
@@ -423,7 +410,7 @@ class SpanRecorder:
         """A span, child of the current span (or of ``context``), or ``UNSAMPLED``.
 
         Its ``attributes`` dict starts empty (but for a server recorder's GPU attributes):
-        fill it only when ``sampled``. ``root``: what ``decide_root`` found for it, when no
+        fill it only when ``sampled``. ``root``: its decision by the rule of ``roots``, when no
         ``context`` is given (``READY_IDS`` whose ids were not taken: they are drawn here).
         """
         if root is NOT_SAMPLED:
@@ -452,7 +439,7 @@ class SpanRecorder:
             if fixed is False:  # ALWAYS_OFF at the root: no ids to draw
                 return UNSAMPLED
             parent_context = None
-            if root.trace_id:  # drawn by decide_root, and sampled
+            if root.trace_id:  # drawn to decide it, and sampled
                 trace_id, flags = root.trace_id, _RANDOM
             else:
                 if fixed and pipeline.ready_roots:

@@ -28,6 +28,7 @@ from otelkit._core.carriers import write
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT
 from otelkit._core.spans import (
+    NOT_SAMPLED,
     READY_IDS,
     UNDECIDED,
     LeanSpan,
@@ -92,6 +93,7 @@ class MeteredCall:
     __slots__ = ("end", "per", "request_bytes", "result", "start")
     sampled = False
     ends_later = True
+    root = NOT_SAMPLED  # the decision that makes a call a MeteredCall (``_begin.begin``)
 
     def __init__(self, target: ClientTarget, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """``args`` and ``kwargs``: ``infer``'s (model_name, inputs, model_version, ...).
@@ -202,8 +204,8 @@ class Call(MeteredCall):
     it, started when the call started.
     """
 
-    __slots__ = ("counted", "ends_later", "facts", "ready", "received_ns", "request", "sampled",
-                 "sent_ns", "span", "style", "wire")  # fmt: skip
+    __slots__ = ("counted", "ends_later", "facts", "ready", "received_ns", "request", "root",
+                 "sampled", "sent_ns", "span", "style", "wire")  # fmt: skip
 
     def __init__(
         self,
@@ -217,12 +219,13 @@ class Call(MeteredCall):
         handed_request: bool = False,
     ) -> None:
         """``args`` and ``kwargs`` are ``infer``'s: model_name, inputs, model_version,
-        outputs, request_id. ``root``: the decision ``RECORDER.decide_root`` took for its span
-        (for a call with no ``context`` of its own). ``handed_request``: the transport hands a
-        sampled call its request message (gRPC's rebuilt ``ModelInfer``); the call then keeps
-        a small one (up to ``KEEP_WIRE_BYTES`` of tensors) until its telemetry ends and reads
-        its facts from it, instead of from the caller's inputs now."""
+        outputs, request_id. ``root``: its span's sampling decision, taken before it
+        (``_begin.begin``; for a call with no ``context`` of its own). ``handed_request``: the
+        transport hands a sampled call its request message (gRPC's rebuilt ``ModelInfer``);
+        the call then keeps a small one (up to ``KEEP_WIRE_BYTES`` of tensors) until its
+        telemetry ends and reads its facts from it, instead of from the caller's inputs now."""
         MeteredCall.__init__(self, target, args, kwargs)  # in flight from here
+        self.root = root
         try:
             ready = RECORDER.take_root() if root is READY_IDS else None
             if ready is None:

@@ -1,6 +1,7 @@
-"""A client call's root sampling decision taken before its span (``RECORDER.decide_root``): the
-same draw as the SDK's samplers, only where the sampler allows it, and a call found not sampled
-records its metrics and nothing else, against a real tritonserver."""
+"""A client call's root sampling decision taken before its span (``_begin.begin``, by the rule
+of ``SpanRecorder.roots``): the same draw as the SDK's samplers, only where the sampler allows
+it, and a call found not sampled records its metrics and nothing else, against a real
+tritonserver."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -26,7 +28,6 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 
 import otelkit
 from otelkit import semconv, telemetry
-from otelkit._core.context import current_context
 from otelkit._core.hotmetrics import HOT
 from otelkit._core.spans import (
     NOT_SAMPLED,
@@ -40,7 +41,8 @@ from otelkit._core.spans import (
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
 from otelkit.analysis import load_spans
-from otelkit.client._call import RECORDER, Call
+from otelkit.client._begin import begin
+from otelkit.client._call import RECORDER, Call, MeteredCall
 from otelkit.client._target import GRPC_TENSORS, ClientTarget
 from otelkit.tritonserver import TritonServer
 from tests.core.test_ready_roots import Sequential
@@ -64,32 +66,33 @@ def sampler(tmp_path: Path) -> Iterator[Any]:
     otelkit.shutdown()
 
 
+def begun() -> MeteredCall | Call:
+    """A call as a wrapper begins one (``_begin.begin``), in the current context."""
+    call = begin(lambda client: TARGET, SimpleNamespace(), ARGS, {}, "infer")
+    assert call is not None
+    return call
+
+
+def opened_call(context: Any = None) -> Any:
+    """A call begun as a wrapper begins one (with ``context``: as a stream begins a streamed
+    request's), ended at once (as a failed call): this is about its span, and no series should
+    stay in flight."""
+    call = begun() if context is None else Call(TARGET, ARGS, {}, "infer", context=context)
+    call.finish(ConnectionRefusedError("never made"))
+    return call
+
+
 def decided() -> RootDecision:
-    """What a call that starts now finds for its root, before its span is asked for."""
-    return RECORDER.decide_root(current_context())
+    """The decision that a call beginning now takes for its root, before its span is asked
+    for (a ``MeteredCall``'s is ``NOT_SAMPLED``)."""
+    return opened_call().root
 
 
 def drawn() -> RootDecision:
-    """``decided()`` for a call with no span current, after a first call, which reads the
-    configuration, as the first call after ``configure`` does."""
-    RECORDER.start("warm", SpanKind.CLIENT)
+    """``decided()`` after a first call, which reads the configuration, as the first call
+    after ``configure`` does."""
+    opened_call()
     return decided()
-
-
-def new_call(context: Any = None) -> Call:
-    """A ``Call`` as a wrapper starts one (``_begin.begin``), or as a stream starts one for a
-    streamed request, in ``context``."""
-    if context is not None:
-        return Call(TARGET, ARGS, {}, "infer", context=context)
-    return Call(TARGET, ARGS, {}, "infer", decided())
-
-
-def opened_call(context: Any = None) -> Call:
-    """``new_call``, ended at once (as a failed call): this is about its span, and no series
-    should stay in flight."""
-    call = new_call(context)
-    call.finish(ConnectionRefusedError("never made"))
-    return call
 
 
 @pytest.mark.parametrize("name", ["traceidratio", "parentbased_traceidratio"])
@@ -97,7 +100,8 @@ def test_ratio_roots_are_drawn_before_the_span_as_the_sdk_draws_them(
     name: str, sampler: Any
 ) -> None:
     sampler(name, 0.25)
-    draws = [drawn() for _ in range(8000)]
+    drawn()
+    draws = [decided() for _ in range(8000)]
     assert {draw for draw in draws if not draw.sampled} == {NOT_SAMPLED}
     sampled = [draw.trace_id for draw in draws if draw.sampled]
     # binomial(8000, 0.25): 2000 expected, sigma 39
@@ -122,12 +126,14 @@ def test_a_sampled_draw_is_the_trace_id_the_sdk_would_have_drawn(sampler: Any) -
     sampler("traceidratio", 1.0)
     drawn()
     ids = RandomIdGenerator()
+    ours, sdk = [], []
     with LATER._lock:  # no refill of ready roots draws meanwhile
-        state = random.getstate()
-        ours = [decided().trace_id for _ in range(100)]
-        random.setstate(state)
-        sdk = [ids.generate_trace_id() for _ in range(100)]
-    assert ours == sdk
+        for _ in range(100):
+            state = random.getstate()
+            ours.append(decided().trace_id)
+            random.setstate(state)
+            sdk.append(ids.generate_trace_id())
+    assert len(set(ours)) == 100 and ours == sdk
 
 
 @pytest.mark.parametrize(
@@ -140,7 +146,8 @@ def test_roots_are_drawn_ahead_only_for_samplers_that_decide_by_trace_id(
     name: str, expected: set[RootDecision], sampler: Any
 ) -> None:
     sampler(name, 0.0)
-    assert {drawn() for _ in range(50)} == expected
+    drawn()
+    assert {decided() for _ in range(50)} == expected
 
 
 def ready_roots() -> list[tuple[SpanContext, str]]:
@@ -158,7 +165,7 @@ def test_a_root_with_ready_ids_gets_its_span_as_it_ends(sampler: Any, tmp_path: 
     with LATER._lock:  # no refill meanwhile: the next call takes the first ready root
         context, traceparent = ready_roots()[0]
         started = time.time_ns()
-        call = new_call()
+        call = begun()
     assert call.span is None  # nothing built on the caller's path
     assert call.headers({"x-job": "7"}) == {"x-job": "7", "traceparent": traceparent}
     time.sleep(0.05)
@@ -166,7 +173,7 @@ def test_a_root_with_ready_ids_gets_its_span_as_it_ends(sampler: Any, tmp_path: 
     ended = time.time_ns()
     assert isinstance(call.span, LeanSpan)
     otelkit.shutdown()
-    (span,) = load_spans(tmp_path)
+    (span,) = [s for s in load_spans(tmp_path) if s.trace_id == f"{context.trace_id:032x}"]
     assert (span.trace_id, span.span_id) == (f"{context.trace_id:032x}", f"{context.span_id:016x}")
     assert span.parent_span_id is None and span.kind.name == "CLIENT"
     assert span.attributes[semconv.ERROR_TYPE] == "ConnectionRefusedError"

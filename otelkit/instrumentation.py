@@ -36,22 +36,37 @@ def _is_starlette_app(target: object) -> bool:
 
 
 @overload
-def instrument(target: None = None) -> list[str]: ...
+def instrument(target: None = None, *, send_context: bool = True) -> list[str]: ...
 @overload
-def instrument(target: T) -> T: ...
-def instrument(target: T | None = None) -> T | list[str]:
+def instrument(target: T, *, send_context: bool = True) -> T: ...
+def instrument(target: T | None = None, *, send_context: bool = True) -> T | list[str]:
     """Instrument ``target`` in place and return it; with no argument, every supported class.
 
     Supported: ``tritonclient.http`` and ``tritonclient.grpc`` ``InferenceServerClient`` (a
     CLIENT span per call, trace context sent to the server), and FastAPI or any Starlette app
     (a SERVER span per HTTP request, parented on its ``traceparent``, with ``otelkit.stage``
     spans of the handlers under it). Without an argument: every tritonclient client class.
-    A second call changes nothing. If neither otelkit nor an OpenTelemetry SDK is set up yet,
-    otelkit configures itself from the environment (embedded default: JSON-lines files).
+    A second call changes nothing (but ``send_context``). If neither otelkit nor an
+    OpenTelemetry SDK is set up yet, otelkit configures itself from the environment (embedded
+    default: JSON-lines files).
+
+    ``send_context=False`` (one tritonclient client): its calls keep their spans and metrics
+    but send the server no trace context, only the caller's own headers: for a server whose
+    spans must stay out of your traces (Triton traces every request that carries a context,
+    and its 2.51 release may crash under that much tracing), or to see what the context costs
+    on the wire. Calling ``instrument`` again with another value changes it from the client's
+    next call.
 
     >>> client = otelkit.instrument(tritonclient.grpc.InferenceServerClient("gpu-node:8001"))
     >>> app = otelkit.instrument(fastapi.FastAPI())
+    >>> quiet = otelkit.instrument(tritonclient.http.InferenceServerClient("cpu-node:8000"),
+    ...                            send_context=False)
     """
+    if not send_context and (target is None or _is_starlette_app(target)):
+        raise TypeError(
+            "otelkit.instrument: send_context=False applies to one tritonclient client: "
+            "otelkit.instrument(client, send_context=False)"
+        )
     if _is_starlette_app(target):
         from otelkit.server import fastapi
 
@@ -65,7 +80,7 @@ def instrument(target: T | None = None) -> T | list[str]:
     if target is None:
         return client.instrument_classes()
     if client.is_triton_client(target):
-        instrumented: T = client.instrument_client(target)
+        instrumented: T = client.instrument_client(target, send_context)
         return instrumented
     raise TypeError(
         f"otelkit.instrument: cannot instrument {type(target).__qualname__}; supported are "

@@ -1,9 +1,9 @@
-"""Per-call metrics kept in plain lists: histograms and sums, cheap enough for every call.
+"""Per-call metrics, cheap enough for every inference call: histograms and sums in plain lists.
 
-An OpenTelemetry SDK ``Histogram.record()`` costs several times what an inference call may add
-in all (docs/performance.md). So the client's per-call metrics live here instead: a caller
-gets a series once per label values and keeps it, and an observation is a ``bisect``, a lock
-and two list stores.
+An OpenTelemetry SDK ``Histogram.record()`` looks up its series by attributes and takes its
+locks on every record, more than an inference call can spare on all of its telemetry. So the
+client's per-call metrics live here instead: a caller gets a series once per label values and
+keeps it, and an observation is a ``bisect``, a lock and two list stores.
 
 >>> duration = HOT.histogram(semconv.CLIENT_DURATION, ("model", "model_version", "server"))
 >>> series = duration.series(("identity", "", "127.0.0.1:8001"))

@@ -1,10 +1,10 @@
 """Lean spans for otelkit's hot paths: the SDK's own ``ReadableSpan``, at a fraction of the cost.
 
-The SDK's ``Tracer.start_span`` costs about 20 us before any attribute on a slow 2-core host
-(locks, bounded containers, validation of every attribute). An inference call may spend only
-a few tens of microseconds on telemetry, so otelkit builds the span it exports directly: the
-same ids, sampler decision, trace flags, resource and scope as the SDK would give, handed to the
-same span processors. Attributes come from otelkit's own code and are valid by construction.
+The SDK's ``Tracer.start_span`` takes locks, builds bounded containers and validates every
+attribute, which costs more than an inference call can spare on telemetry. So otelkit builds
+the span it exports directly: the same ids, sampler decision, trace flags, resource and scope
+as the SDK would give, handed to the same span processors. Attributes come from otelkit's own
+code and are valid by construction.
 
 When otelkit is not configured (a user's own SDK, or ``opentelemetry-instrument``), spans go
 through the global tracer instead: slower, but into whatever pipeline the process has.
@@ -42,17 +42,56 @@ from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
 from otelkit.propagation import format_traceparent
 
-__all__ = ["READY_ROOT", "READY_ROOTS", "LeanSpan", "ReadyRoots", "RecordingSpan", "SdkSpan",
-           "SpanRecorder", "error_type", "with_own_parent_id", "with_span"]  # fmt: skip
+__all__ = ["NOT_SAMPLED", "READY_IDS", "READY_ROOTS", "UNDECIDED", "LeanSpan", "ReadyRoots",
+           "RecordingSpan", "RootDecision", "RootRule", "SdkSpan", "SpanRecorder", "error_type",
+           "with_own_parent_id", "with_span"]  # fmt: skip
 
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
 _INVALID = trace.INVALID_SPAN_CONTEXT
 _SAMPLED_FLAGS = {flags: TraceFlags(flags | _SAMPLED) for flags in (0, _RANDOM)}
 _UNSET = Status(StatusCode.UNSET)  # immutable: one for every span that has not failed
-# A root's decision drawn ahead (``SpanRecorder``) when every root is sampled and its ids come
-# ready-made (``ReadyRoots``): the caller takes them itself (``SpanRecorder.take_root``)
-READY_ROOT = -1
+
+
+class RootDecision:
+    """A root span's sampling decision, taken before the span is asked for, by the rule of
+    ``SpanRecorder.roots``: ``UNDECIDED`` (the span decides as it starts), ``NOT_SAMPLED``,
+    ``READY_IDS`` (sampled, its ids and header taken ready-made: ``SpanRecorder.take_root``),
+    or sampled with the trace id drawn to decide it (``RootDecision.drawn``: a new one per
+    sampled root; the others are the only ones of their kind, compared with ``is``)."""
+
+    __slots__ = ("name", "sampled", "trace_id")
+
+    def __init__(self, name: str, sampled: bool | None, trace_id: int = 0) -> None:
+        self.name = name
+        self.sampled = sampled  # None: undecided
+        self.trace_id = trace_id
+
+    @classmethod
+    def drawn(cls, trace_id: int) -> RootDecision:
+        """A root sampled by its trace id, drawn as the SDK draws one."""
+        return cls("sampled", True, trace_id)
+
+    def __repr__(self) -> str:
+        return f"<RootDecision {self.name}>"
+
+
+UNDECIDED = RootDecision("undecided", None)
+NOT_SAMPLED = RootDecision("not sampled", False)
+READY_IDS = RootDecision("ready ids", True)
+
+
+class RootRule(NamedTuple):
+    """How a root span (one with no span current) is decided before it is asked for, under
+    the configuration of ``generation`` (``SWITCH.generation``): ``every_root``, the decision
+    every root gets when it is fixed (``NOT_SAMPLED``; ``READY_IDS``; ``UNDECIDED`` where only
+    the span can decide), else ``None``: a trace id ratio decides, and a root is sampled when
+    the low 64 bits of its trace id, drawn first as the SDK draws them (128 random bits), fall
+    under ``bound`` (``TraceIdRatioBased``'s rule)."""
+
+    generation: int
+    every_root: RootDecision | None
+    bound: int
 
 
 def with_span(span_context: SpanContext, base: Context | None = None) -> Context:
@@ -89,9 +128,9 @@ def with_own_parent_id(parent: Context) -> Context:
 class ReadyRoots:
     """The ids and ``traceparent`` of sampled root spans, drawn ahead by ``LATER``'s worker.
 
-    Drawing two random ids, building their ``SpanContext`` and formatting the header cost about
-    7 us right after a network wait (1.5 in a warm loop), all of it before the request can
-    leave; a call that starts a trace takes them ready-made instead, and draws its own when
+    Drawing two random ids, building their ``SpanContext`` and formatting the header all
+    happen before the request can leave, right after a network wait, when little of it is in
+    the caches; a call that starts a trace takes them ready-made instead, and draws its own when
     none are ready. Only for the SDK's ``RandomIdGenerator``, whose ids hold nothing but
     randomness (a generator that encodes the time, such as X-Ray's, is asked at the call). A
     forked child forgets them: its parent holds the same ones.
@@ -148,20 +187,21 @@ def _fixed_root_decision(sampler: Sampler) -> bool | None:
     return None
 
 
-def _root_bound(pipeline: _Pipeline) -> int | None:
-    """What decides a root span, when its trace id alone does: the bound its low 64 bits must
-    fall under to be sampled (``TraceIdRatioBased``'s rule, for the SDK's random ids; 0 when
-    every root is dropped; ``READY_ROOT`` when every root is sampled and ``ReadyRoots`` draws
-    their ids). ``None`` for any other sampler or id generator."""
+def _root_rule(pipeline: _Pipeline | None, generation: int) -> RootRule:
+    """The ``RootRule`` of ``pipeline`` (``None``: otelkit is not configured): a fixed
+    decision for the fixed samplers, a bound for a trace id ratio with the SDK's random ids,
+    and ``UNDECIDED`` for any other sampler or id generator."""
+    if pipeline is None:
+        return RootRule(generation, UNDECIDED, 0)
     if pipeline.root_sampled is not None:  # fixed: every root dropped, or every one sampled
         if not pipeline.root_sampled:
-            return 0
-        return READY_ROOT if pipeline.ready_roots else None
+            return RootRule(generation, NOT_SAMPLED, 0)
+        return RootRule(generation, READY_IDS if pipeline.ready_roots else UNDECIDED, 0)
     sampler = pipeline.sampler
     root = sampler._root if isinstance(sampler, ParentBased) else sampler
     if type(root) is TraceIdRatioBased and pipeline.ready_roots:  # the SDK's random ids
-        return root.bound
-    return None
+        return RootRule(generation, None, root.bound)
+    return RootRule(generation, UNDECIDED, 0)
 
 
 def _is_sampled(
@@ -317,21 +357,16 @@ RecordingSpan = LeanSpan | SdkSpan | _Unsampled
 class SpanRecorder:
     """Starts lean spans for one instrumentation scope, following ``configure()``.
 
-    A root span's sampling decision can be drawn before ``start``, where the sampler decides
-    a root by its trace id alone, or not at all (``always_off``, ``always_on``,
-    ``traceidratio`` and their ``parentbased_`` forms, with the SDK's random ids):
-    ``roots_generation`` is then the ``SWITCH.generation`` this holds for (else -1), and
-    ``root_bound`` the bound under which a trace id's low 64 bits make a root sampled (0:
-    every root is dropped; ``READY_ROOT``: every root is sampled, with ids drawn ahead by
-    ``ReadyRoots``). While no span is current, 128 random bits are the SDK's draw of a root's
-    trace id; ``start(..., root=...)`` takes such a trace id, 0 for a root not sampled, or
-    ``READY_ROOT``. A caller that knows its span would not be sampled may skip ``start``
-    altogether (the client's ``open_call``); so may one under ``READY_ROOT``: ``take_root``
-    gives it the ids, and ``root_span`` makes the span later, off the caller's path.
+    A root span's sampling decision can be taken before ``start`` (``roots``: the rule) where
+    the sampler decides a root by its trace id alone, or not at all: ``always_off``,
+    ``always_on``, ``traceidratio`` and their ``parentbased_`` forms, with the SDK's random
+    ids. A caller that finds its span would not be sampled may then skip ``start`` altogether
+    (the client's calls not sampled); one whose root is sampled with ready ids (``READY_IDS``)
+    may take them (``take_root``) and have ``root_span`` make its span later, off the
+    caller's path.
     """
 
-    __slots__ = ("_generation", "_scope", "_server", "_tracer", "pipeline", "root_bound",
-                 "roots_generation")  # fmt: skip
+    __slots__ = ("_generation", "_scope", "_server", "_tracer", "pipeline", "roots")
 
     def __init__(self, scope_name: str, version: str = "", *, server: bool = False) -> None:
         self._scope = InstrumentationScope(scope_name, version)
@@ -339,8 +374,9 @@ class SpanRecorder:
         self._generation = -1
         self.pipeline: _Pipeline | None = None  # as of ``_generation``
         self._tracer = SWITCH.tracers.get_tracer(scope_name, version)
-        self.roots_generation = -1
-        self.root_bound = 0
+        # read with the configuration: until a span starts under a new one, a reader that
+        # compares its generation with SWITCH's leaves the decision to the span
+        self.roots = RootRule(-1, UNDECIDED, 0)
 
     def _current(self) -> _Pipeline | None:
         generation = SWITCH.generation
@@ -356,16 +392,13 @@ class SpanRecorder:
                     SWITCH.span_attributes,
                 )  # fmt: skip
             self._generation = generation
-            pipeline = self.pipeline
-            bound = None if pipeline is None else _root_bound(pipeline)
-            self.root_bound = bound or 0  # before roots_generation: a reader checks that first
-            self.roots_generation = generation if bound is not None else -1
+            self.roots = _root_rule(self.pipeline, generation)
         return self.pipeline
 
     def take_root(self) -> tuple[_Pipeline, tuple[SpanContext, str]] | None:
-        """For a caller that drew ``READY_ROOT`` (under the current ``roots_generation``): the
-        pipeline and the ready ids and header of its sampled root span, whose ``LeanSpan``
-        ``root_span`` makes later; ``None`` when no ids are ready (``start`` then draws them)."""
+        """For a root decided ``READY_IDS`` (``roots``): the pipeline and the ready ids
+        and header of its sampled span, whose ``LeanSpan`` ``root_span`` makes later; ``None``
+        when no ids are ready (``start`` then draws them)."""
         pipeline, ready = self.pipeline, READY_ROOTS.take()
         return None if pipeline is None or ready is None else (pipeline, ready)
 
@@ -394,18 +427,16 @@ class SpanRecorder:
         kind: SpanKind,
         context: Context | None = None,
         links: Sequence[Link] = (),
-        root: int | None = None,
+        root: RootDecision = UNDECIDED,
     ) -> RecordingSpan:
         """A span, child of the current span (or of ``context``), or ``UNSAMPLED``.
 
         Its ``attributes`` dict starts empty (but for a server recorder's GPU attributes):
-        fill it only when ``sampled``. ``root``: a root span's decision drawn ahead (see the
-        class), when no ``context`` is given: the trace id of one sampled, or 0.
+        fill it only when ``sampled``. ``root``: its decision by the rule of ``roots``, when no
+        ``context`` is given (``READY_IDS`` whose ids were not taken: they are drawn here).
         """
-        if root == 0:
+        if root is NOT_SAMPLED:
             return UNSAMPLED
-        if root == READY_ROOT:  # sampled, its ids not taken: draw them here
-            root = None
         pipeline = self.pipeline if self._generation == SWITCH.generation else self._current()
         current = (_current_context() if context is None else context).get(_SPAN_KEY)
         if current is None:  # no span: skip the isinstance check against an ABC
@@ -430,8 +461,8 @@ class SpanRecorder:
             if fixed is False:  # ALWAYS_OFF at the root: no ids to draw
                 return UNSAMPLED
             parent_context = None
-            if root:  # drawn ahead, and sampled
-                trace_id, flags = root, _RANDOM
+            if root.trace_id:  # drawn to decide it, and sampled
+                trace_id, flags = root.trace_id, _RANDOM
             else:
                 if fixed and pipeline.ready_roots:
                     ready = READY_ROOTS.take()

@@ -1,13 +1,13 @@
 """Work taken off the caller's path: what is left of a call once its result is in hand.
 
 Ending a sampled call (the span's phases and attributes, four metrics with an exemplar, the
-``ReadableSpan`` to the export queue) costs about 10 us right after a network wait, and none of
-it changes what the caller gets. So the call hands that work to ``LATER`` and returns; a
-background thread runs it within about 10 ms, in batches, mostly while the caller waits on the
-network again. Polling, not a wake-up per call: waking the thread as each call ended made it
-contend for the GIL with the caller's next request and cost more latency than it saved; and
-handing the GIL back after every item instead of every batch made the CPU cost per call
-three times larger (unsampled: +40 us against +13).
+``ReadableSpan`` to the export queue) is the largest part of its telemetry, right after a
+network wait, and none of it changes what the caller gets. So the call hands that work to
+``LATER`` (``add``) and returns; a background thread runs it within about 10 ms, in batches,
+mostly while the caller waits on the network again. Polling, not a wake-up per call: waking
+the thread as each call ended made it contend for the GIL with the caller's next request and
+cost more latency than it saved; and handing the GIL back after every item instead of every
+batch multiplied the CPU cost per call (docs/performance.md has the figures).
 
 Whoever needs the results now drains first, so nothing read is stale: the metric snapshot
 (``HOT.collect``) and, through ``DrainFirst``, the first span processor of otelkit's tracer
@@ -40,11 +40,8 @@ _CHUNK = 64  # items run per hold of the lock (and, mostly, of the GIL)
 
 
 class Later:
-    """A queue of zero-argument callables, run by a polling daemon thread or by ``drain``.
-
-    ``waiting`` (the queue) and ``limit`` are public for the hottest caller, a client call's
-    end, which does ``add``'s check and append inline (one Python frame less per call).
-    """
+    """A queue of zero-argument callables (``waiting``), run by a polling daemon thread or by
+    ``drain``; ``add`` is the one way in."""
 
     def __init__(self, interval_s: float = 0.01, limit: int = 4096) -> None:
         self._interval_s = interval_s

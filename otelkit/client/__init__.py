@@ -18,9 +18,9 @@ from typing import Any
 from otelkit import semconv
 from otelkit._core.extras import require
 from otelkit._core.worker import LATER
-from otelkit.client import _aio, _stream, _sync
-from otelkit.client._call import GRPC_TENSORS, HTTP_TENSORS, TARGET, ClientTarget, Tensors
+from otelkit.client import _aio, _stream, _sync, _transport
 from otelkit.client._interceptors import channel_target, infer_suppressed, session_traced
+from otelkit.client._target import GRPC_TENSORS, HTTP_TENSORS, TARGET, ClientTarget, Tensors
 
 __all__ = ["instrument_classes", "instrument_client", "is_triton_client", "uninstrument_classes",
            "uninstrument_client"]  # fmt: skip
@@ -49,20 +49,21 @@ def _aio_http_url(client: Any) -> str:
 
 
 def _attach_grpc_transport(client: Any) -> None:
-    _sync.attach_model_infer(client)
+    _transport.attach_model_infer(client)
     _stream.attach_stream_transport(client)
 
 
 def _detach_grpc_transport(client: Any) -> None:
-    _sync.detach_model_infer(client)
+    _transport.detach_model_infer(client)
     _stream.detach_stream_transport(client)
 
 
 def _attach_aio_http_transport(client: Any) -> None:
+    stamp = _transport.stamp_async
     if session_traced(client._stub):  # OpenTelemetry's aiohttp instrumentation, most likely
-        _sync.attach_http_transport(client, lambda post: infer_suppressed(_aio.stamp_async(post)))
+        _transport.attach_http_transport(client, lambda post: infer_suppressed(stamp(post)))
     else:
-        _sync.attach_http_transport(client, _aio.stamp_async)
+        _transport.attach_http_transport(client, stamp)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ _KINDS: dict[str, _Kind] = {
     "tritonclient.http": _Kind(
         "tritonclient.http", "http", _HTTP, _HTTP_INFER, _http_url, HTTP_TENSORS,
         {"infer": _sync.traced_infer, "async_infer": _sync.traced_http_async_infer},
-        _sync.attach_http_transport, _sync.detach_http_transport,
+        _transport.attach_http_transport, _transport.detach_http_transport,
     ),
     "tritonclient.grpc": _Kind(
         "tritonclient.grpc", "grpc", _GRPC, _GRPC_INFER, _grpc_url, GRPC_TENSORS,
@@ -97,7 +98,7 @@ _KINDS: dict[str, _Kind] = {
     "tritonclient.http.aio": _Kind(
         "tritonclient.http.aio", "http", _HTTP, _HTTP_INFER, _aio_http_url, HTTP_TENSORS,
         {"infer": _aio.traced_aio_infer},
-        _attach_aio_http_transport, _sync.detach_http_transport,
+        _attach_aio_http_transport, _transport.detach_http_transport,
     ),
     "tritonclient.grpc.aio": _Kind(
         "tritonclient.grpc.aio", "grpc", _GRPC, _GRPC_INFER, _grpc_url, GRPC_TENSORS,
@@ -141,15 +142,18 @@ def _target(kind: _Kind, client: Any) -> ClientTarget:
     return target
 
 
-def instrument_client(client: Any) -> Any:
-    """Instrument one tritonclient client in place and return it; a second call changes nothing."""
+def instrument_client(client: Any, send_context: bool = True) -> Any:
+    """Instrument one tritonclient client in place and return it; a second call changes
+    nothing but ``send_context`` (whether its sampled calls send their trace context to the
+    server), which holds from the client's next call."""
     kind = _kind_of(client)
     if kind is None:
         raise TypeError(f"otelkit: cannot instrument {type(client).__qualname__}")
     if client.__dict__.get(_WRAPPED):
+        _target(kind, client).send_context = send_context
         return client
     LATER.start()  # calls end on the worker
-    _target(kind, client)
+    _target(kind, client).send_context = send_context
     cls = type(client)
     for name, wrap in kind.wrappers.items():
         method = getattr(cls, name)

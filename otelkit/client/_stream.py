@@ -28,15 +28,11 @@ from otelkit import semconv
 from otelkit._core.context import is_suppressed
 from otelkit._core.guard import internal_error
 from otelkit._core.spans import error_type, with_span
-from otelkit.client._call import (
-    RECORDER,
-    Call,
-    ClientTarget,
-    open_call,
-    with_trace_context,
-)
+from otelkit.client._begin import TargetOf, headers_index, with_headers
+from otelkit.client._call import RECORDER, Call, with_trace_context
 from otelkit.client._interceptors import Suppressed, intercepted
-from otelkit.client._sync import _headers_index, _with_headers, swap_back, swap_in
+from otelkit.client._target import ClientTarget
+from otelkit.client._transport import swap_back, swap_in
 
 __all__ = ["StreamCalls", "attach_stream_transport", "detach_stream_transport",
            "traced_aio_stream_infer", "traced_async_stream_infer", "traced_start_stream",
@@ -56,6 +52,7 @@ class StreamCalls:
 
     def __init__(self, target: ClientTarget, style: str) -> None:
         self.style = style
+        self.send_context = target.send_context  # the stream's own, as it opens
         self.target = target.with_method(semconv.RPC_METHOD_GRPC_STREAM_INFER)
         self.span = span = RECORDER.start(semconv.RPC_METHOD_GRPC_STREAM_INFER, SpanKind.CLIENT)
         self.sampled = span.sampled
@@ -92,16 +89,24 @@ class StreamCalls:
             self._answering = None
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
+        """The headers that open the stream: the caller's plus the stream span's context (a
+        copy of the caller's alone when the client sends none)."""
+        if not self.send_context:
+            return dict(caller) if caller else {}
         return with_trace_context(caller, self.span.context)
 
     def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
-        """Start the call of one streamed request (``async_stream_infer``'s arguments)."""
+        """Start the call of one streamed request (``async_stream_infer``'s arguments), even
+        where the caller suppressed instrumentation: a traced stream's server traces all its
+        requests, and each must wait for its response so that responses find their
+        requests."""
         try:
             request_id = (args[4] if len(args) > 4 else kwargs.get("request_id")) or ""
             own_parent = trace.get_current_span().get_span_context().is_valid
             call = Call(
-                open_call(self.target, args, kwargs, streamed=True), args, kwargs, self.style,
-                None if own_parent else self._context, self._links if own_parent else (),
+                self.target, args, kwargs, self.style,
+                context=None if own_parent else self._context,
+                links=self._links if own_parent else (),
             )  # fmt: skip
             with self._lock:
                 self._pending.setdefault(request_id, deque()).append(call)
@@ -228,7 +233,7 @@ def _opening(client: Any, stream: StreamCalls, start: Callable[[], Any]) -> Any:
         client.__dict__.pop(_OPENING, None)
 
 
-def _open(target_of: Callable[[Any], ClientTarget], client: Any, style: str) -> StreamCalls | None:
+def _open(target_of: TargetOf, client: Any, style: str) -> StreamCalls | None:
     """The stream's calls; ``None`` (the stream runs bare) when the caller suppressed
     instrumentation or telemetry failed."""
     try:
@@ -242,7 +247,7 @@ def _stream_opener(
     style: str,
     adapt: Callable[[StreamCalls, Any], Any],
     started: Callable[[Any, StreamCalls, Any], Any],
-) -> Callable[[Callable[[Any], ClientTarget], Callable[..., Any]], Any]:
+) -> Callable[[TargetOf, Callable[..., Any]], Any]:
     """A wrapper for a method that opens a stream: ``start_stream`` or asyncio ``stream_infer``.
 
     The stream span opens first and its context goes in the stream's headers; ``adapt`` turns
@@ -250,8 +255,8 @@ def _stream_opener(
     ``started`` gets the client, the stream and what the method returned.
     """
 
-    def traced(target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]) -> Any:
-        index = _headers_index(original) - 1  # after the first argument
+    def traced(target_of: TargetOf, original: Callable[..., Any]) -> Any:
+        index = headers_index(original) - 1  # after the first argument
 
         @functools.wraps(original)
         def open_stream(self: Any, first: Any, *args: Any, **kwargs: Any) -> Any:
@@ -259,7 +264,7 @@ def _stream_opener(
             if stream is None:
                 return original(self, first, *args, **kwargs)
             if stream.sampled:
-                args, kwargs = _with_headers(stream, index, args, kwargs)
+                args, kwargs = with_headers(stream, index, args, kwargs)
             traced_first = adapt(stream, first)
             opened = _opening(self, stream, lambda: original(self, traced_first, *args, **kwargs))
             return started(self, stream, opened)
@@ -286,9 +291,7 @@ traced_start_stream = _stream_opener("stream", _traced_callback, _stream_started
 """``start_stream``: open the stream span; the callback ends the requests' spans."""
 
 
-def traced_async_stream_infer(
-    target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]
-) -> Any:
+def traced_async_stream_infer(target_of: TargetOf, original: Callable[..., Any]) -> Any:
     """``async_stream_infer``: one span per request, ended by the stream's callback."""
 
     @functools.wraps(original)
@@ -305,9 +308,7 @@ def traced_async_stream_infer(
     return async_stream_infer
 
 
-def traced_stop_stream(
-    target_of: Callable[[Any], ClientTarget], original: Callable[..., Any]
-) -> Any:
+def traced_stop_stream(target_of: TargetOf, original: Callable[..., Any]) -> Any:
     """``stop_stream`` (also behind ``close``): the stream span ends once the stream is down."""
 
     @functools.wraps(original)

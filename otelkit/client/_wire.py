@@ -1,10 +1,10 @@
 """A gRPC response's tensor bytes, counted from its wire format.
 
-otelkit rebuilds a gRPC client's ``ModelInfer`` with a deserialiser that stamps when a sampled
-call's response came back (``_sync.attach_model_infer``); it also hands the call the bytes on
-the wire, whose tensor bytes (the lengths of its ``raw_output_contents``) and outputs are
-counted here from the top-level field keys and lengths. Reading the same from the parsed
-message copies every tensor out (about 50 us for 600 kB); this costs under 2 us.
+otelkit rebuilds a gRPC client's ``ModelInfer`` with a deserialiser that tells a sampled call
+when its response came back (``_transport.attach_model_infer``); it also hands the call the
+bytes on the wire, whose tensor bytes (the lengths of its ``raw_output_contents``) and outputs
+are counted here from the top-level field keys and lengths: reading the same from the parsed
+message would copy every tensor out of it.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ __all__ = ["KEEP_WIRE_BYTES", "counted_on_wire", "wire_tensors"]
 _OUTPUTS_KEY = 0x2A  # field 5, length-delimited: ModelInferResponse.outputs
 _RAW_OUTPUT_KEY = 0x32  # field 6, length-delimited: ModelInferResponse.raw_output_contents
 # A sampled call keeps a response's bytes up to this size to count them off the caller's path
-# (about 2 us saved right after the network wait); a larger one is counted as it arrives, so
-# that calls waiting for the worker (at most ``Later``'s limit, 4,096) never hold more than
-# 64 MiB of wire bytes besides their parsed results (and as much of request messages, kept
-# up to the same size: ``_call.Call``).
+# (not right after the network wait); a larger one is counted as it arrives, so that calls
+# waiting for the worker (at most ``Later``'s limit, 4,096) never hold more than 64 MiB of
+# wire bytes besides their parsed results (and as much of request messages, kept up to the
+# same size: ``_call.Call``).
 KEEP_WIRE_BYTES = 16 * 1024
 
 

@@ -132,6 +132,42 @@ def test_infer_span_is_the_parent_of_tritons_spans(
     }
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_client_that_sends_no_context_keeps_its_spans_and_metrics(
+    protocol: str, triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
+) -> None:
+    """``otelkit.instrument(client, send_context=False)``: the call's span is as complete as
+    ever (phases, bytes, a child of the job), but no context reaches Triton, whose own spans
+    (it traces every request here) start a trace of their own; the caller's headers are still
+    never written. A second ``instrument`` with ``send_context=True`` sends it again."""
+    caller_headers = {"x-experiment": "cms"}
+    with client_for(protocol, triton) as client:
+        assert otelkit.instrument(client, send_context=False) is client
+        quiet_trace, job_id, result = traced(
+            lambda: client.infer("identity_fp32", inputs(protocol), headers=caller_headers)
+        )
+        assert np.array_equal(result.as_numpy("OUTPUT0"), DATA)
+        otelkit.instrument(client, send_context=True)
+        # Triton's spans of the first call have come by the time those of the second have
+        joined, spans = joined_trace(
+            lambda: traced(lambda: client.infer("identity_fp32", inputs(protocol)))[0],
+            receiver.out_dir, count=5,
+        )  # fmt: skip
+    assert caller_headers == {"x-experiment": "cms"}
+    assert shape(spans, joined) == expected_tree(protocol)
+    quiet = wait_for_trace(receiver.out_dir, quiet_trace, count=2)
+    assert shape(quiet, quiet_trace) == expected_tree(protocol)[:2]
+    span = client_span(quiet)
+    assert span.parent_span_id == job_id
+    assert {semconv.SERIALIZE_S, semconv.WIRE_S, semconv.DESERIALIZE_S} <= set(span.attributes)
+    assert span.attributes[semconv.RESPONSE_BYTES] == DATA.nbytes
+
+
+def test_send_context_applies_to_one_client_only() -> None:
+    with pytest.raises(TypeError, match=r"otelkit.instrument\(client, send_context=False\)"):
+        otelkit.instrument(send_context=False)
+
+
 def test_http_async_infer_span_ends_at_get_result(
     triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
 ) -> None:
@@ -298,8 +334,17 @@ def test_a_failure_inside_otelkit_never_reaches_the_call(
         "otelkit: telemetry failed while ending a call's span and metrics",
     ]
     assert telemetry.prometheus_url is not None
+    exposition = scrape(telemetry.prometheus_url)
     name = semconv.prometheus_name(semconv.TELEMETRY_INTERNAL_ERRORS)
-    assert samples(scrape(telemetry.prometheus_url), name) == {(): 2.0 * len(places)}
+    assert samples(exposition, name) == {(): 2.0 * len(places)}
+    in_flight = [
+        value
+        for labels, value in samples(
+            exposition, semconv.prometheus_name(semconv.CLIENT_IN_FLIGHT)
+        ).items()
+        if (semconv.M_PROTOCOL, protocol) in labels
+    ]
+    assert in_flight and set(in_flight) == {0}  # a call whose span failed to start never began
 
 
 def test_uninstrument_restores_the_client(

@@ -1,6 +1,7 @@
-"""A client call's root sampling decision drawn before its span (``open_call``): the same draw
-as the SDK's samplers, only where the sampler allows it, and a call found not sampled records
-its metrics and nothing else, against a real tritonserver."""
+"""A client call's root sampling decision taken before its span (``_begin.begin``, by the rule
+of ``SpanRecorder.roots``): the same draw as the SDK's samplers, only where the sampler allows
+it, and a call found not sampled records its metrics and nothing else, against a real
+tritonserver."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -27,11 +29,21 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 import otelkit
 from otelkit import semconv, telemetry
 from otelkit._core.hotmetrics import HOT
-from otelkit._core.spans import READY_ROOT, READY_ROOTS, UNSAMPLED, LeanSpan
+from otelkit._core.spans import (
+    NOT_SAMPLED,
+    READY_IDS,
+    READY_ROOTS,
+    UNDECIDED,
+    UNSAMPLED,
+    LeanSpan,
+    RootDecision,
+)
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
 from otelkit.analysis import load_spans
-from otelkit.client._call import GRPC_TENSORS, RECORDER, Call, ClientTarget, open_call
+from otelkit.client._begin import begin
+from otelkit.client._call import RECORDER, Call, MeteredCall
+from otelkit.client._target import GRPC_TENSORS, ClientTarget
 from otelkit.tritonserver import TritonServer
 from tests.core.test_ready_roots import Sequential
 
@@ -54,19 +66,33 @@ def sampler(tmp_path: Path) -> Iterator[Any]:
     otelkit.shutdown()
 
 
-def drawn() -> int | None:
-    """What ``open_call`` drew for a call with no span current (after a first call, which
-    reads the configuration, as the first call after ``configure`` does)."""
-    RECORDER.start("warm", SpanKind.CLIENT)
-    return open_call(TARGET, ARGS, {})[2]
+def begun() -> MeteredCall | Call:
+    """A call as a wrapper begins one (``_begin.begin``), in the current context."""
+    call = begin(lambda client: TARGET, SimpleNamespace(), ARGS, {}, "infer")
+    assert call is not None
+    return call
 
 
-def opened_call(context: Any = None) -> Call:
-    """A ``Call`` opened as a wrapper opens one, ended at once (as a failed call): this is
-    about its span, and no series should stay in flight."""
-    call = Call(open_call(TARGET, ARGS, {}), ARGS, {}, "infer", context)
+def opened_call(context: Any = None) -> Any:
+    """A call begun as a wrapper begins one (with ``context``: as a stream begins a streamed
+    request's), ended at once (as a failed call): this is about its span, and no series should
+    stay in flight."""
+    call = begun() if context is None else Call(TARGET, ARGS, {}, "infer", context=context)
     call.finish(ConnectionRefusedError("never made"))
     return call
+
+
+def decided() -> RootDecision:
+    """The decision that a call beginning now takes for its root, before its span is asked
+    for (a ``MeteredCall``'s is ``NOT_SAMPLED``)."""
+    return opened_call().root
+
+
+def drawn() -> RootDecision:
+    """``decided()`` after a first call, which reads the configuration, as the first call
+    after ``configure`` does."""
+    opened_call()
+    return decided()
 
 
 @pytest.mark.parametrize("name", ["traceidratio", "parentbased_traceidratio"])
@@ -74,9 +100,10 @@ def test_ratio_roots_are_drawn_before_the_span_as_the_sdk_draws_them(
     name: str, sampler: Any
 ) -> None:
     sampler(name, 0.25)
-    draws = [drawn() for _ in range(8000)]
-    assert None not in draws
-    sampled = [trace_id for trace_id in draws if trace_id]
+    drawn()
+    draws = [decided() for _ in range(8000)]
+    assert {draw for draw in draws if not draw.sampled} == {NOT_SAMPLED}
+    sampled = [draw.trace_id for draw in draws if draw.sampled]
     # binomial(8000, 0.25): 2000 expected, sigma 39
     assert 1800 < len(sampled) < 2200
     sdk = TraceIdRatioBased(0.25)
@@ -86,11 +113,11 @@ def test_ratio_roots_are_drawn_before_the_span_as_the_sdk_draws_them(
     )
     assert len(set(sampled)) == len(sampled)
     assert all(trace_id >> 64 for trace_id in sampled)  # 128 random bits, not 64
-    span = RECORDER.start("call", SpanKind.CLIENT, root=sampled[0])
+    span = RECORDER.start("call", SpanKind.CLIENT, root=RootDecision.drawn(sampled[0]))
     assert isinstance(span, LeanSpan)
     assert span.context.trace_id == sampled[0] and span.parent is None
     assert span.context.trace_flags == TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
-    assert RECORDER.start("call", SpanKind.CLIENT, root=0) is UNSAMPLED
+    assert RECORDER.start("call", SpanKind.CLIENT, root=NOT_SAMPLED) is UNSAMPLED
 
 
 def test_a_sampled_draw_is_the_trace_id_the_sdk_would_have_drawn(sampler: Any) -> None:
@@ -99,24 +126,28 @@ def test_a_sampled_draw_is_the_trace_id_the_sdk_would_have_drawn(sampler: Any) -
     sampler("traceidratio", 1.0)
     drawn()
     ids = RandomIdGenerator()
+    ours, sdk = [], []
     with LATER._lock:  # no refill of ready roots draws meanwhile
-        state = random.getstate()
-        ours = [open_call(TARGET, ARGS, {})[2] for _ in range(100)]
-        random.setstate(state)
-        sdk = [ids.generate_trace_id() for _ in range(100)]
-    assert ours == sdk
+        for _ in range(100):
+            state = random.getstate()
+            ours.append(decided().trace_id)
+            random.setstate(state)
+            sdk.append(ids.generate_trace_id())
+    assert len(set(ours)) == 100 and ours == sdk
 
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("always_off", {0}), ("parentbased_always_off", {0}), ("traceidratio", {0}),
-     ("always_on", {READY_ROOT}), ("parentbased_always_on", {READY_ROOT})],
+    [("always_off", {NOT_SAMPLED}), ("parentbased_always_off", {NOT_SAMPLED}),
+     ("traceidratio", {NOT_SAMPLED}), ("always_on", {READY_IDS}),
+     ("parentbased_always_on", {READY_IDS})],
 )  # fmt: skip
 def test_roots_are_drawn_ahead_only_for_samplers_that_decide_by_trace_id(
-    name: str, expected: set[int | None], sampler: Any
+    name: str, expected: set[RootDecision], sampler: Any
 ) -> None:
     sampler(name, 0.0)
-    assert {drawn() for _ in range(50)} == expected
+    drawn()
+    assert {decided() for _ in range(50)} == expected
 
 
 def ready_roots() -> list[tuple[SpanContext, str]]:
@@ -130,11 +161,11 @@ def test_a_root_with_ready_ids_gets_its_span_as_it_ends(sampler: Any, tmp_path: 
     """Every root sampled: a call takes ready ids and sends their header; its span, made only
     as the call ends, has those ids and starts when the call started."""
     sampler("always_on")
-    assert drawn() == READY_ROOT
+    assert drawn() is READY_IDS
     with LATER._lock:  # no refill meanwhile: the next call takes the first ready root
         context, traceparent = ready_roots()[0]
         started = time.time_ns()
-        call = Call(open_call(TARGET, ARGS, {}), ARGS, {}, "infer")
+        call = begun()
     assert call.span is None  # nothing built on the caller's path
     assert call.headers({"x-job": "7"}) == {"x-job": "7", "traceparent": traceparent}
     time.sleep(0.05)
@@ -142,7 +173,7 @@ def test_a_root_with_ready_ids_gets_its_span_as_it_ends(sampler: Any, tmp_path: 
     ended = time.time_ns()
     assert isinstance(call.span, LeanSpan)
     otelkit.shutdown()
-    (span,) = load_spans(tmp_path)
+    (span,) = [s for s in load_spans(tmp_path) if s.trace_id == f"{context.trace_id:032x}"]
     assert (span.trace_id, span.span_id) == (f"{context.trace_id:032x}", f"{context.span_id:016x}")
     assert span.parent_span_id is None and span.kind.name == "CLIENT"
     assert span.attributes[semconv.ERROR_TYPE] == "ConnectionRefusedError"
@@ -153,7 +184,7 @@ def test_a_root_with_ready_ids_gets_its_span_as_it_ends(sampler: Any, tmp_path: 
 
 def test_a_root_finds_no_ready_ids_and_draws_its_own(sampler: Any) -> None:
     sampler("always_on")
-    assert drawn() == READY_ROOT
+    assert drawn() is READY_IDS
     with LATER._lock:
         ready = ready_roots()
         READY_ROOTS._ready.clear()
@@ -167,7 +198,7 @@ def test_a_current_span_leaves_the_decision_to_the_span(sampler: Any) -> None:
     sampler("parentbased_always_off")
     parent = SpanContext(0xAB, 0xCD, True, TraceFlags(TraceFlags.SAMPLED))
     with trace.use_span(NonRecordingSpan(parent)):
-        assert open_call(TARGET, ARGS, {})[2] is None
+        assert decided() is UNDECIDED
         call = opened_call()
     assert call.sampled and call.span.context.trace_id == 0xAB  # the parent's decision
 
@@ -178,16 +209,16 @@ def test_a_drawn_root_is_not_used_for_a_call_given_its_own_context(sampler: Any)
     stream = trace.set_span_in_context(
         NonRecordingSpan(SpanContext(0xAB, 0xCD, False, TraceFlags(TraceFlags.SAMPLED)))
     )
-    assert drawn() == 0
+    assert drawn() is NOT_SAMPLED
     call = opened_call(stream)
     assert call.sampled and call.span.context.trace_id == 0xAB
 
 
 def test_a_new_configuration_is_followed_from_its_first_call(sampler: Any) -> None:
     sampler("always_off")
-    assert drawn() == 0
+    assert drawn() is NOT_SAMPLED
     sampler("always_on")
-    assert open_call(TARGET, ARGS, {})[2] is None  # not drawn under the old sampler
+    assert decided() is UNDECIDED  # not drawn under the old sampler
     assert opened_call().sampled
 
 
@@ -197,7 +228,7 @@ def test_an_id_generator_of_its_own_decides_at_the_span(
     state = sampler("parentbased_traceidratio", 1.0)
     monkeypatch.setattr(state.tracer_provider, "id_generator", Sequential())
     monkeypatch.setattr(SWITCH, "generation", SWITCH.generation + 1)
-    assert drawn() is None
+    assert drawn() is UNDECIDED
     call = opened_call()
     assert call.sampled and call.span.context.trace_id > 0x1000  # the generator's own
 

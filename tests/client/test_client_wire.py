@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import queue
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,8 @@ from otelkit._core.hotmetrics import HOT
 from otelkit._core.worker import LATER
 from otelkit.analysis import Span, load_spans
 from otelkit.client import _wire
-from otelkit.client._call import CURRENT_CALL, GRPC_TENSORS, end_unsampled
+from otelkit.client._call import CURRENT_CALL, MeteredCall
+from otelkit.client._target import GRPC_TENSORS
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
 from tests.client.test_client_sampling import client_points
@@ -200,10 +200,10 @@ def unsampled_calls(style: str, url: str, count: int, counted: list[Any]) -> See
 def test_unsampled_grpc_calls_count_their_tensor_bytes_off_the_callers_path(
     style: str, triton: TritonServer, tmp_path: Path
 ) -> None:
-    """A call known not to be sampled as it starts makes no ``Call`` (so its transport's hooks
-    find none): its metrics wait in ``LATER`` with its result, whose tensor bytes are counted
-    then, not before the call returns; no span. The asyncio client's ``infer`` takes the same
-    short path."""
+    """A call known not to be sampled as it starts is a ``MeteredCall``, never the current
+    call (so its transport's hooks find none): its metrics wait in ``LATER`` with its result,
+    whose tensor bytes are counted then, not before the call returns; no span. The asyncio
+    client's ``infer`` takes the same short path."""
     otelkit.configure(service_name="wire-unsampled", traces_dir=str(tmp_path), sampler="always_off")
     walk = GRPC_TENSORS._output_bytes
     counted: list[Any] = []
@@ -217,9 +217,9 @@ def test_unsampled_grpc_calls_count_their_tensor_bytes_off_the_callers_path(
         otelkit.shutdown()
     assert len(counted_by_then) == 1 and counted[1:] == results  # the first call's, then these
     assert CURRENT_CALL.get() is None
-    assert all(isinstance(item, functools.partial) for item in waiting)
-    assert {item.func for item in waiting} == {end_unsampled}
-    assert [item.args[4] for item in waiting] == results
+    assert {type(item.__self__) for item in waiting} == {MeteredCall}
+    assert {item.__func__ for item in waiting} == {MeteredCall._end}
+    assert [item.__self__.result for item in waiting] == results
     for spec in (semconv.CLIENT_REQUEST_BYTES, semconv.CLIENT_RESPONSE_BYTES):
         assert after[spec.name] - before.get(spec.name, 0) == 4 * DATA.nbytes
     assert after[semconv.CLIENT_IN_FLIGHT.name] == before.get(semconv.CLIENT_IN_FLIGHT.name, 0)
@@ -375,8 +375,8 @@ def answered(client: Any, protocol: str, model: str) -> tuple[Any, Any]:
 def test_async_infer_not_sampled_takes_the_short_path(
     protocol: str, error_type: str, triton: TritonServer, tmp_path: Path
 ) -> None:
-    """``async_infer`` of a call not sampled takes the short path too (no ``Call``: its metrics
-    wait in ``LATER`` with its result, handed over in gRPC's callback or at HTTP's
+    """``async_infer`` of a call not sampled takes the short path too (a ``MeteredCall``: its
+    metrics wait in ``LATER`` with its result, handed over in gRPC's callback or at HTTP's
     ``get_result``); the caller gets the result, or the client's error, and a failure is
     counted with its error type; nothing stays in flight, no span."""
     otelkit.configure(service_name="async-quiet", traces_dir=str(tmp_path), sampler="always_off")
@@ -398,7 +398,8 @@ def test_async_infer_not_sampled_takes_the_short_path(
     finally:
         otelkit.shutdown()
     assert error is None and np.array_equal(result.as_numpy("OUTPUT0"), DATA)
-    assert [item.func for item in waiting] == [end_unsampled] and waiting[0].args[4] is result
+    assert [type(item.__self__) for item in waiting] == [MeteredCall]
+    assert waiting[0].__self__.result is result
     assert isinstance(failure, InferenceServerException)
     counted_before = failures[error_type].value if error_type in failures else 0
     assert failures_after[error_type].value == counted_before + 1

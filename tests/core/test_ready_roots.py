@@ -19,6 +19,7 @@ import otelkit
 from otelkit import telemetry
 from otelkit._core.spans import READY_ROOTS, UNSAMPLED, SpanRecorder
 from otelkit._core.switch import SWITCH
+from otelkit._core.worker import LATER
 from otelkit.client._call import with_trace_context
 from otelkit.propagation import format_traceparent
 
@@ -54,9 +55,10 @@ def test_a_sampled_root_span_takes_ready_ids_and_their_header(configured: None) 
 
 
 def test_ids_are_drawn_at_the_call_when_none_are_ready(configured: None) -> None:
-    READY_ROOTS._ready.clear()
-    READY_ROOTS._wanted = False
-    span = RECORDER.start("call", SpanKind.CLIENT)
+    with LATER._lock:  # no refill of the worker's between these lines
+        READY_ROOTS._ready.clear()
+        READY_ROOTS._wanted = False
+        span = RECORDER.start("call", SpanKind.CLIENT)
     assert span.traceparent is None and span.context.is_valid
     assert READY_ROOTS._wanted  # asked for: the next cycle draws some
 

@@ -1,0 +1,155 @@
+"""The transport hooks: where a sampled call records when its request left and its response
+came back.
+
+Each instrumented client's transport is replaced per client: HTTP's ``_post`` (sync or
+asyncio) by a function that stamps around it (``stamp``, ``stamp_async``); gRPC's
+``ModelInfer`` by one rebuilt on the client's channel with a serialiser and a deserialiser that
+record the call's request message and its response's bytes (``attach_model_infer``). Every
+hook finds the call it serves as the current call (``CURRENT_CALL``), which only a sampled one
+is: for a call not sampled they find none and do nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from otelkit.client._call import CURRENT_CALL
+from otelkit.client._interceptors import Suppressed, intercepted
+
+__all__ = ["Transport", "attach_http_transport", "attach_model_infer", "detach_http_transport",
+           "detach_model_infer", "stamp", "stamp_async", "swap_back", "swap_in"]  # fmt: skip
+
+Transport = Callable[..., Any]
+_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_OWN = "_otelkit_own"  # + the name of a replaced transport attribute: the client's own one
+
+
+def stamp(original: Any) -> Transport:
+    """A transport callable (HTTP ``_post``) that stamps, for the sampled call in progress,
+    when the request left and when the response came back.
+
+    A plain function, not an object with ``__call__``: every call goes through it, sampled or
+    not. (gRPC clients stamp in their (de)serialiser instead: ``attach_model_infer``.)
+    """
+    current = CURRENT_CALL.get
+
+    def stamped(*args: Any, **kwargs: Any) -> Any:
+        call = current()
+        if call is None:
+            return original(*args, **kwargs)
+        call.sent()
+        result = original(*args, **kwargs)
+        call.received()
+        return result
+
+    return stamped
+
+
+def stamp_async(original: Any) -> Transport:
+    """``stamp`` for an awaited transport call, stamping the call of this task."""
+    current = CURRENT_CALL.get
+
+    async def stamped(*args: Any, **kwargs: Any) -> Any:
+        call = current()
+        if call is None:
+            return await original(*args, **kwargs)
+        call.sent()
+        result = await original(*args, **kwargs)
+        call.received()
+        return result
+
+    return stamped
+
+
+def _serializer(original: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    current = CURRENT_CALL.get
+
+    def serialize(request: Any) -> bytes:
+        raw = original(request)
+        call = current()
+        if call is not None:
+            call.sent(request)
+        return raw
+
+    return serialize
+
+
+def _deserializer(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """Parse with ``original``; first, for the current call (a sampled one), record that the
+    response came back, with its bytes on the wire. A call not sampled, or a future's (parsed
+    on gRPC's thread), is counted from its result."""
+    current = CURRENT_CALL.get
+
+    def deserialize(raw: bytes) -> Any:
+        call = current()
+        if call is not None:
+            call.received(raw)
+        return original(raw)
+
+    return deserialize
+
+
+def attach_model_infer(client: Any) -> None:
+    """Rebuild a gRPC client's ``ModelInfer`` (sync or asyncio) on its channel, with a
+    serialiser that tells the sampled call in progress its request left once it is bytes (and
+    hands it the request message), and a deserialiser that tells it its response came back
+    before parsing it (and hands it the bytes on the wire). Serialising and parsing are the
+    stub's own functions.
+
+    The sync serialiser runs in the caller's thread, the asyncio ones in the call's task
+    (which copied the caller's context), so ``CURRENT_CALL`` is the call they serve; a future's
+    response is parsed on gRPC's thread, and ``async_infer``'s callback stamps it instead.
+    On a channel with interceptors, its calls run with OpenTelemetry's instrumentation
+    suppressed (``_interceptors``).
+    """
+    stub = client._client_stub
+    serialize, parse = _model_infer_codec(stub.ModelInfer)
+    rebuilt = client._channel.unary_unary(
+        _MODEL_INFER, _serializer(serialize), _deserializer(parse), _registered_method=True
+    )
+    if intercepted(client._channel):
+        rebuilt = Suppressed(rebuilt)
+    swap_in(client, stub, "ModelInfer", rebuilt)
+
+
+def _model_infer_codec(own: Any) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    """The stub's own functions that serialise ``ModelInfer``'s request and parse its response:
+    the multicallable's, or, when an interceptor hides them, the ones tritonclient's stub was
+    built with."""
+    serialize = getattr(own, "_request_serializer", None)
+    parse = getattr(own, "_response_deserializer", None)
+    if serialize is None or parse is None:
+        from tritonclient.grpc import service_pb2
+
+        request, response = service_pb2.ModelInferRequest, service_pb2.ModelInferResponse
+        return request.SerializeToString, response.FromString
+    return serialize, parse
+
+
+def detach_model_infer(client: Any) -> None:
+    """Give a gRPC client its stub's own ``ModelInfer`` back."""
+    swap_back(client, client._client_stub, "ModelInfer")
+
+
+def attach_http_transport(client: Any, stamped: Callable[[Any], Transport] = stamp) -> None:
+    """Stamp an HTTP client's ``_post`` (``stamped``: how; ``stamp_async`` for asyncio)."""
+    swap_in(client, client, "_post", stamped(client._post))
+
+
+def detach_http_transport(client: Any) -> None:
+    swap_back(client, client, "_post")
+
+
+def swap_in(client: Any, holder: Any, name: str, replacement: Any) -> None:
+    """Set ``holder.name`` (``holder``: the client or its stub) to ``replacement``, keeping the
+    one it replaces in the client for ``swap_back``."""
+    client.__dict__[_OWN + name] = getattr(holder, name)
+    setattr(holder, name, replacement)
+
+
+def swap_back(client: Any, holder: Any, name: str) -> None:
+    """Undo ``swap_in``; nothing when it was not done."""
+    own = client.__dict__.pop(_OWN + name, None)
+    if own is not None:
+        setattr(holder, name, own)

@@ -222,7 +222,9 @@ def _instances(
              f"{words.span()} (ε = {epsilon:.2f})")  # fmt: skip
     if epsilon >= 1 - words.tolerance:
         return verdict("rising", None, f"{trend}: more instances pay")
-    grown = [g for g in rows if g.delta_ms > 0]
+    # grown: by more than the tolerance, of itself and of the whole request's time
+    floor = words.tolerance * (low.component_ms(TOTAL) or 0.0)
+    grown = [g for g in rows if g.ratio > 1 + words.tolerance and g.delta_ms > floor]
     if grown and is_stage(grown[0].component):
         top = grown[0]
         name = _stage_name(top.component)

@@ -31,8 +31,11 @@ _NUMPY_TYPES = {
 }  # fmt: skip
 
 
-def batch_problem(max_batch_size: int, batch_size: int) -> str | None:
-    """Why ``batch_size`` does not fit a model with ``max_batch_size``, or ``None`` if it does."""
+def batch_problem(max_batch_size: int | None, batch_size: int) -> str | None:
+    """Why ``batch_size`` does not fit a model with ``max_batch_size``, or ``None`` if it does
+    (``None``: a server that does not say, as KServe v2 servers other than Triton)."""
+    if max_batch_size is None:
+        return None
     if max_batch_size == 0 and batch_size != 1:
         return (
             f"the model has no batch dimension (max_batch_size 0): batch size 1 only, "
@@ -49,12 +52,16 @@ def batch_problem(max_batch_size: int, batch_size: int) -> str | None:
 def inputs_from_metadata(
     metadata: Mapping[str, Any],
     *,
-    max_batch_size: int,
+    max_batch_size: int | None,
     batch_size: int = 1,
     free_dim: int = 16,
     seed: int = 0,
 ) -> dict[str, NDArray[Any]]:
-    """Input arrays for a model, from its KServe v2 metadata (``inputs``: name, datatype, shape)."""
+    """Input arrays for a model, from its KServe v2 metadata (``inputs``: name, datatype, shape).
+
+    ``max_batch_size`` is Triton's (0: no batch dimension); ``None`` when the server does not
+    say: a first dimension of -1 is then taken as the batch's.
+    """
     import numpy as np
 
     problem = batch_problem(max_batch_size, batch_size)
@@ -69,8 +76,11 @@ def inputs_from_metadata(
                 f"input {spec['name']!r}: datatype {datatype} is not one a study makes"
             )
         shape = [int(d) for d in spec["shape"]]
-        if max_batch_size > 0 and shape:
+        batched = max_batch_size > 0 if max_batch_size is not None else shape[:1] == [-1]
+        if batched and shape:
             shape[0] = batch_size
+        elif batch_size != 1:
+            raise ValueError(f"input {spec['name']!r} has no batch dimension: batch size 1 only")
         shape = [free_dim if d < 0 else d for d in shape]
         arrays[str(spec["name"])] = _values(rng, datatype, tuple(shape))
     return arrays

@@ -61,6 +61,10 @@ class Study:
     ``Workload``). ``server`` is a ``Triton`` to launch, a ``Remote``, or ``"host:port"``;
     ``servers`` are labelled servers for a ``server`` sweep. ``unit`` names a request in the
     verdicts ("event"); ``tolerance`` is the knee's and the verdicts' flatness (0.1: ±10 %).
+
+    Client processes that drive the same points side by side (on one node or many: a Slurm job
+    array, Ray tasks) share a schedule: point ``k`` starts at ``start_at + k * slot_s`` (epoch
+    seconds) in each, and ``otelkit study merge`` makes one point of their parts.
     """
 
     def __init__(
@@ -81,12 +85,17 @@ class Study:
         tolerance: float = 0.1,
         progress: bool = True,
         timeout_s: float = 60.0,
+        start_at: float | None = None,
+        slot_s: float | None = None,
     ) -> None:
         if (model is None) == (request is None):
             raise StudyError("give model (a model to call) or request (what one request does)")
         self.load = load or Load()
         self.sweep, self.tracing, self.out = sweep, tracing, Path(out)
         self.unit, self.tolerance, self.progress = unit, tolerance, progress
+        if (start_at is None) != (slot_s is None) or (slot_s is not None and slot_s <= 0):
+            raise StudyError("start_at and slot_s go together, slot_s above 0")
+        self.start_at, self.slot_s = start_at, slot_s
         self.servers = {k: _server(v) for k, v in (servers or {}).items()}
         self.server = _server(server) if server is not None else None
         if self.server is None and not self.servers:
@@ -182,6 +191,7 @@ class Study:
         try:
             progress.note("preparing the server")
             endpoint = server.prepare(params, traces_url)
+            self._wait_for_slot(index)
             point = measure_point(
                 index, params, workload=self.workload, endpoint=endpoint, load=self.load,
                 run_id=run_id, traces_dir=traces_dir, ready_s=getattr(server, "ready_s", 0.0),
@@ -193,6 +203,15 @@ class Study:
         if dead is not None and point.status == "ok":
             point.status, point.error = "failed", f"the server died during the point: {dead}"
         return point
+
+    def _wait_for_slot(self, index: int) -> None:
+        if self.start_at is None or self.slot_s is None:
+            return
+        begin = self.start_at + index * self.slot_s
+        late = time.time() - begin
+        if late > 0.5:
+            raise StudyError(f"the point's slot began {late:.1f} s ago: give a longer slot")
+        time.sleep(max(0.0, begin - time.time()))
 
     def _header(self, run_id: str, points: list[dict[str, Any]]) -> dict[str, Any]:
         servers = {k: v.describe() for k, v in self.servers.items()}

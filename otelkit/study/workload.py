@@ -98,9 +98,7 @@ class ModelCalls(Workload):
         client = self._client()
         self._wait_ready(client, ready_s)
         batch_size = int(params.get("batch_size", self.batch_size))
-        config = self._json(client.get_model_config(self.model, **self._as_json()))
-        config = config.get("config", config)
-        max_batch_size = int(config.get("max_batch_size", 0))
+        max_batch_size = self._max_batch_size(client)
         problem = batch_problem(max_batch_size, batch_size)
         if problem:
             raise StudyError(f"model {self.model!r}: {problem}")
@@ -108,14 +106,26 @@ class ModelCalls(Workload):
             arrays = [self._inputs(index, batch_size) for index in range(self.pool)]
         else:
             metadata = self._json(client.get_model_metadata(self.model, **self._as_json()))
-            arrays = [
-                inputs_from_metadata(
-                    metadata, max_batch_size=max_batch_size, batch_size=batch_size,
-                    free_dim=self.free_dim, seed=index,
-                )
-                for index in range(self.pool)
-            ]  # fmt: skip
+            try:
+                arrays = [
+                    inputs_from_metadata(
+                        metadata, max_batch_size=max_batch_size, batch_size=batch_size,
+                        free_dim=self.free_dim, seed=index,
+                    )
+                    for index in range(self.pool)
+                ]  # fmt: skip
+            except ValueError as error:
+                raise StudyError(f"model {self.model!r}: {error}") from error
         self._requests = [to_infer_inputs(self._module, a) for a in arrays]
+
+    def _max_batch_size(self, client: Any) -> int | None:
+        """Triton's ``max_batch_size``; ``None`` from a server without the configuration API."""
+        try:
+            config = self._json(client.get_model_config(self.model, **self._as_json()))
+        except Exception:
+            return None
+        config = config.get("config", config)
+        return int(config.get("max_batch_size", 0))
 
     def _as_json(self) -> dict[str, bool]:
         return {"as_json": True} if self.protocol == "grpc" else {}

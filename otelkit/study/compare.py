@@ -23,18 +23,54 @@ from otelkit.study.results import StudyResults
 __all__ = ["Difference", "compare", "format_comparison", "interval"]
 
 
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 300):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= d * c
+        if abs(d * c - 1.0) < 1e-12:
+            break
+    return result
+
+
+def _t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom (``df`` need not be whole)."""
+    if t == 0:
+        return 0.5
+    x = df / (df + t * t)
+    a, b = df / 2, 0.5
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x))  # fmt: skip
+    if x < (a + 1) / (a + b + 2):
+        tail = front * _beta_fraction(a, b, x) / a
+    else:
+        tail = 1.0 - front * _beta_fraction(b, a, 1 - x) / b
+    return 1.0 - tail / 2 if t >= 0 else tail / 2
+
+
 def _t_quantile(p: float, df: float) -> float:
-    """Student's t quantile (Cornish-Fisher expansion from the normal's; within 0.3 % from 3
-    degrees of freedom)."""
-    z = statistics.NormalDist().inv_cdf(p)
-    if math.isinf(df):
-        return z
-    return (
-        z
-        + (z**3 + z) / (4 * df)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-    )
+    """Student's t quantile, by bisection on its distribution function."""
+    if math.isinf(df) or df > 1e6:
+        return statistics.NormalDist().inv_cdf(p)
+    low, high = -1e3, 1e3
+    for _ in range(200):
+        middle = (low + high) / 2
+        if _t_cdf(middle, df) < p:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
 
 
 def interval(

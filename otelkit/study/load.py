@@ -208,8 +208,9 @@ class _Window:
     def next_event(self) -> float:
         """Seconds until the window opens or closes, or until the next progress report."""
         now = time.perf_counter()
-        marks = [self._last_progress + _PROGRESS_EVERY_S]
-        marks.append(self.start if not self.opened else self.end)
+        marks = [self.start if not self.opened else self.end]
+        if self._progress is not None:
+            marks.append(self._last_progress + _PROGRESS_EVERY_S)
         return max(0.0, min(marks) - now)
 
 

@@ -180,15 +180,26 @@ class _Window:
         self._on_start, self._on_end, self._progress = on_start, on_end, progress
         self.opened = self.closed = False
         self.cpu0 = self.cpu1 = 0.0
-        self.closed_at = math.inf
+        self.opened_at, self.closed_at = self.start, math.inf
         self._last_progress = 0.0
+
+    def _open(self) -> None:
+        self.opened = True
+        self.cpu0 = time.process_time()
+        self.opened_at = self._hook(self._on_start)
+
+    @staticmethod
+    def _hook(hook: Callable[[], None]) -> float:
+        """Run a hook (a scrape of the server's counters); the middle of it is when the server
+        read its counters, so the client counts its completions from or up to that moment."""
+        before = time.perf_counter()
+        hook()
+        return (before + time.perf_counter()) / 2
 
     def tick(self, done: Callable[[], int]) -> None:
         now = time.perf_counter()
         if not self.opened and now >= self.start:
-            self.opened = True
-            self._on_start()
-            self.cpu0 = time.process_time()
+            self._open()
         if self.opened and not self.closed and now >= self.end:
             self.close()
         if self._progress is not None and now - self._last_progress >= _PROGRESS_EVERY_S:
@@ -197,13 +208,10 @@ class _Window:
 
     def close(self) -> None:
         if not self.opened:  # stopped before the warm-up was over
-            self.opened = True
-            self._on_start()
-            self.cpu0 = time.process_time()
+            self._open()
         self.closed = True
-        self.closed_at = min(self.end, time.perf_counter())
         self.cpu1 = time.process_time()
-        self._on_end()
+        self.closed_at = self._hook(self._on_end)
 
     def next_event(self) -> float:
         """Seconds until the window opens or closes, or until the next progress report."""
@@ -372,19 +380,21 @@ def _open(
 
 
 def _collect(records: list[_Record], window: _Window, load: Load) -> LoadRun:
-    start = window.start
+    # Requests started from ``start`` on are measured (their latencies, the trace phase);
+    # completions are counted between the two scrapes of the server's counters.
+    start, opened = window.start, window.opened_at
     ends_at = window.closed_at
     if load.requests is not None:  # the window closes when the last measured request does
         last = [e for r in records for b, e in zip(r.begins, r.ends, strict=True) if b >= start]
-        ends_at = max(last, default=start)
-    run = LoadRun(window_s=max(ends_at - start, 1e-9), cpu_s=window.cpu1 - window.cpu0)
+        ends_at = max(last, default=opened)
+    run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu1 - window.cpu0)
     for record in records:
         for begin, end in zip(record.begins, record.ends, strict=True):
-            if start <= end <= ends_at:
+            if opened <= end <= ends_at:
                 run.completed += 1
             if begin >= start:
                 run.latencies_s.append(end - begin)
-                run.ends_s.append(end - start)
+                run.ends_s.append(end - opened)
         for begin, kind, message in record.failures:
             run.error_samples.setdefault(kind, message)
             if begin >= start:

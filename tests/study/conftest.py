@@ -144,9 +144,10 @@ def fixed_study(tmp_path_factory: pytest.TempPathFactory) -> StudyResults:
     return study.run()
 
 
-def remote(server: Any) -> Remote:
+def remote(server: Any, protocol: str = "http") -> Remote:
     """The session's Triton (tests/conftest.py) as a server the study does not launch."""
-    return Remote(server.http_url, metrics_url=server.metrics_url)
+    url = server.http_url if protocol == "http" else server.grpc_url
+    return Remote(url, metrics_url=server.metrics_url)
 
 
 __all__ = ["STUDY_MODELS", "ContendedServer", "figures", "make_point", "remote"]

@@ -127,6 +127,7 @@ class LoadRun:
     error_samples: dict[str, str] = field(default_factory=dict)  # one message per kind
     cpu_s: float = 0.0  # this process's CPU time over the window
     warmup_failed: int = 0  # failed requests of the warm-up (a server down from the start)
+    opened_epoch: float = 0.0  # when the window opened, in seconds since the epoch
     stopped: Literal["interrupted", "errors"] | None = None
 
     @property
@@ -181,12 +182,14 @@ class _Window:
         self.opened = self.closed = False
         self.cpu0 = self.cpu1 = 0.0
         self.opened_at, self.closed_at = self.start, math.inf
+        self.opened_epoch = 0.0
         self._last_progress = 0.0
 
     def _open(self) -> None:
         self.opened = True
         self.cpu0 = time.process_time()
         self.opened_at = self._hook(self._on_start)
+        self.opened_epoch = time.time() - (time.perf_counter() - self.opened_at)
 
     @staticmethod
     def _hook(hook: Callable[[], None]) -> float:
@@ -387,7 +390,8 @@ def _collect(records: list[_Record], window: _Window, load: Load) -> LoadRun:
     if load.requests is not None:  # the window closes when the last measured request does
         last = [e for r in records for b, e in zip(r.begins, r.ends, strict=True) if b >= start]
         ends_at = max(last, default=opened)
-    run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu1 - window.cpu0)
+    run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu1 - window.cpu0,
+                  opened_epoch=window.opened_epoch)  # fmt: skip
     for record in records:
         for begin, end in zip(record.begins, record.ends, strict=True):
             if opened <= end <= ends_at:

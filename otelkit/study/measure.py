@@ -44,14 +44,18 @@ def measure_point(
     ready_s: float = 0.0,
     progress: Callable[[float, int], None] | None = None,
     traces_timeout_s: float = 10.0,
+    before_load: Callable[[], None] = lambda: None,
 ) -> Point:
     """One point at ``params``; a point whose requests all failed comes back ``failed``.
 
     ``traces_dir``: where the study's traces arrive, ``None`` when it does not trace.
     Raises ``StudyError`` (without the point's name) when the server or model is not there.
+    ``before_load`` runs once the requests are ready, just before the load starts (a wait for
+    the point's slot in a shared schedule).
     """
     traced = traces_dir is not None
     workload.open(params, endpoint, traced=traced, ready_s=ready_s)
+    before_load()
     sampled = itertools.count()
     call = _traced_call(workload, run_id, index, sampled) if traced else _bare_call(workload)
     snapshots: dict[str, Snapshot] = {}

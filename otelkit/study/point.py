@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from otelkit.errors import StudyError
 from otelkit.study.histogram import LatencyHistogram
 from otelkit.study.load import LoadRun
 from otelkit.study.traces import PointTraces
@@ -65,6 +66,7 @@ class Point:
     traces: PointTraces | None = None
     sampled: int = 0  # measured requests whose trace was sampled
     parts: int = 1  # client processes that drove the point
+    started_at: float = 0.0  # when the measured window opened, seconds since the epoch
 
     @property
     def label(self) -> str:
@@ -109,7 +111,7 @@ class Point:
         point = cls(
             index, dict(params), requests=run.completed, seconds=run.window_s,
             batch_size=batch_size, histogram=histogram, errors=dict(run.errors),
-            error_samples=dict(run.error_samples), cpu_s=run.cpu_s,
+            error_samples=dict(run.error_samples), cpu_s=run.cpu_s, started_at=run.opened_epoch,
         )  # fmt: skip
         point.windows = _windows(run, windows)
         return point
@@ -142,6 +144,7 @@ class Point:
             "traces": self.traces.to_dict() if self.traces is not None else None,
             "sampled": self.sampled,
             "parts": self.parts,
+            "started_at": self.started_at,
             "windows": [[w.throughput, w.p50_ms, w.p99_ms] for w in self.windows],
             "histogram": self.histogram.to_dict(),
         }
@@ -167,6 +170,7 @@ class Point:
             traces=PointTraces.from_dict(traces) if traces else None,
             sampled=int(data.get("sampled", 0)),
             parts=int(data.get("parts", 1)),
+            started_at=float(data.get("started_at", 0.0)),
         )
 
 
@@ -187,16 +191,24 @@ def _windows(run: LoadRun, count: int) -> list[Window]:
     return windows
 
 
-def merge_parts(parts: Sequence[Point]) -> Point:
+def merge_parts(parts: Sequence[Point], max_skew_s: float = 1.0) -> Point:
     """One point from the parts that client processes measured over the same window.
 
     Requests and throughputs add up; the percentiles come from the merged histograms; the
-    window is the longest part's (they ran side by side). A window's percentiles are the
-    parts' means, weighted by their requests.
+    window is the longest part's: they ran side by side, their windows opening within
+    ``max_skew_s`` of each other. A window's percentiles are the parts' means, weighted by
+    their requests.
     """
     if not parts:
         raise ValueError("no parts to merge")
     first = parts[0]
+    starts = [p.started_at for p in parts if p.started_at and p.status == "ok"]
+    if starts and max(starts) - min(starts) > max_skew_s:
+        raise StudyError(
+            f"the parts did not run side by side: their windows opened "
+            f"{max(starts) - min(starts):.1f} s apart (give them the same start and slot)",
+            point=first.label,
+        )
     histogram = LatencyHistogram()
     errors: dict[str, int] = {}
     samples: dict[str, str] = {}
@@ -212,7 +224,7 @@ def merge_parts(parts: Sequence[Point]) -> Point:
         first.index, dict(first.params), requests=requests, seconds=seconds,
         batch_size=first.batch_size, histogram=histogram, errors=errors, error_samples=samples,
         cpu_s=sum(p.cpu_s for p in parts), sampled=sum(p.sampled for p in parts),
-        parts=sum(p.parts for p in parts),
+        parts=sum(p.parts for p in parts), started_at=min(starts, default=0.0),
     )  # fmt: skip
     failed = [p for p in parts if p.status != "ok"]
     if failed:

@@ -191,17 +191,18 @@ class Study:
         try:
             progress.note("preparing the server")
             endpoint = server.prepare(params, traces_url)
-            self._wait_for_slot(index)
             point = measure_point(
                 index, params, workload=self.workload, endpoint=endpoint, load=self.load,
                 run_id=run_id, traces_dir=traces_dir, ready_s=getattr(server, "ready_s", 0.0),
-                progress=progress.tick,
+                progress=progress.tick, before_load=lambda: self._wait_for_slot(index),
             )  # fmt: skip
         except StudyError as error:
             return Point(index, dict(params), status="failed", error=error.reason)
         dead = server.failure()
-        if dead is not None and point.status == "ok":
-            point.status, point.error = "failed", f"the server died during the point: {dead}"
+        if dead is not None:
+            why = f"; {point.error}" if point.error else ""
+            point.status = "failed"
+            point.error = f"the server died during the point: {dead.splitlines()[0]}{why}"
         return point
 
     def _wait_for_slot(self, index: int) -> None:

@@ -236,6 +236,15 @@ def _instances(
         return verdict("client", grown[0].component, (
             f"{grown[0].component}: {grown[0].low_ms:.1f} → {grown[0].high_ms:.1f} ms per "
             f"{unit}: {trend}, limited on the client's side"))  # fmt: skip
+    queue = high.component_ms(SERVER_QUEUE) or 0.0
+    if queue > words.tolerance * (high.component_ms(TOTAL) or 0.0):
+        # requests still wait for an instance: the instances are busy, and slower together
+        growing = [g for g in rows if g.delta_ms > 0 and g.component != SERVER_QUEUE]
+        limit = growing[0].component if growing else None
+        return verdict("contended", limit, (
+            f"{trend} while requests still queue {queue:.1f} ms for an instance: the "
+            "instances are busy and slow each other down (a shared CPU, GPU or memory "
+            "bandwidth)"))  # fmt: skip
     concurrency = high.params.get("concurrency")
     load = f" ({concurrency} in flight)" if concurrency else ""
     return verdict("underloaded", None, (

@@ -139,6 +139,7 @@ def fixed_study(tmp_path_factory: pytest.TempPathFactory) -> StudyResults:
         sweep={"instances": [1, 2], "concurrency": [1, 4]},
         tracing=Tracing(per_second=20),
         out=out,
+        tolerance=0.2,  # ±20 %: this machine's 2 cores are shared with Triton and the client
         progress=False,
     )
     return study.run()

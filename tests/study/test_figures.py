@@ -215,6 +215,21 @@ def test_along_instances_the_verdict_follows_epsilon() -> None:
     ]
     found = attribute(shared, "instances")
     assert (found.kind, found.limit) == ("contended", "m")
+    busy = [
+        make_point({"instances": 1}, 95.0, {"server m": 10.0, SERVER_QUEUE: 30.0}),
+        make_point(
+            {"instances": 2},
+            150.0,
+            {"server m": 10.5, SERVER_OTHER: 1.5, SERVER_QUEUE: 12.0},
+            index=1,
+        ),
+    ]
+    found = attribute(busy, "instances")
+    assert (found.kind, found.limit) == ("contended", SERVER_OTHER)
+    assert found.sentence.endswith(
+        "(ε = 0.79) while requests still queue 12.0 ms for an instance: the instances are busy "
+        "and slow each other down (a shared CPU, GPU or memory bandwidth)"
+    )
 
 
 def test_without_traces_tritons_counters_decide() -> None:

@@ -87,9 +87,10 @@ class StudyError(OtelkitError):
     """
 
     def __init__(self, message: str, *, point: str | None = None):
-        super().__init__(
-            f"otelkit study: point {point}: {message}" if point else f"otelkit study: {message}"
-        )
+        where = "" if point is None else f"point {point}: "
+        if point is not None and point.startswith("the "):  # a study without a sweep
+            where = f"{point}: "
+        super().__init__(f"otelkit study: {where}{message}")
         self.point = point
         self.reason = message
         self.results: Any = None  # the study's results up to the failure, when it ran

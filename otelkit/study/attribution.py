@@ -119,7 +119,7 @@ class _Words:
     def flat(self, spread: float, others: str) -> str:
         if spread <= self.tolerance:
             return f"while {others} stay within ±{self.tolerance * 100:.0f} %"
-        return f"while {others} change by at most {spread * 100:.0f} %"
+        return f"while {others} grow less (at most ×{1 + spread:.1f})"
 
 
 def _capacity(point: Point, low: Point) -> tuple[str, str, float] | None:
@@ -200,8 +200,11 @@ def attribute(points: list[Point], axis: str, curve: str = "", *, unit: str = "r
             "contended"))  # fmt: skip
     if top.component in _CLIENT_SIDE:
         cores = f"; the client used {high.cpu_cores:.1f} CPU cores" if high.cpu_s else ""
-        flat = words.flat(_spread(stages + [g for g in rows if g.component == SERVER_QUEUE]),
-                          "the stages and the server queue")  # fmt: skip
+        queue = [g for g in rows if g.component == SERVER_QUEUE]
+        named = " and ".join(
+            n for n, g in (("the stages", stages), ("the server queue", queue)) if g
+        )
+        flat = words.flat(_spread(stages + queue), named or "the servers")
         return verdict("client", top.component, (
             f"{top.component}: {span} (×{top.ratio:.1f}) {flat}: {throughput}, limited on the "
             f"client's side{cores}"))  # fmt: skip

@@ -19,8 +19,8 @@ from otelkit.study import Load, Point, Remote, Study, StudyResults, Tracing, Tri
 from otelkit.study.histogram import LatencyHistogram
 from otelkit.study.traces import ComponentStat, PointTraces
 from otelkit.study.triton_metrics import ModelFigures
-from otelkit.tritonserver import free_port
-from tests.paths import ROOT, TESTS
+from otelkit.tritonserver import TritonServer, free_port
+from tests.paths import MODELS, ROOT, TESTS
 
 STUDY_MODELS = TESTS / "study" / "models"
 
@@ -128,6 +128,15 @@ def contended_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Conte
 
 
 @pytest.fixture(scope="session")
+def untraced_triton() -> Iterator[TritonServer]:
+    """A Triton on tests/models that traces nothing: the studies here load it with thousands of
+    requests a second, which would crash the session's traced Triton (tritonserver 2.51's
+    tracer, docs/known-issues.md) under every other test."""
+    with TritonServer(MODELS) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def fixed_study(tmp_path_factory: pytest.TempPathFactory) -> StudyResults:
     """``fixed_fp32`` (a 10 ms stage, no batching) on a Triton the study launches, at 1 and 2
     instances × 1 and 4 requests in flight, traced: saturation and the instance sweep."""
@@ -145,8 +154,8 @@ def fixed_study(tmp_path_factory: pytest.TempPathFactory) -> StudyResults:
     return study.run()
 
 
-def remote(server: Any, protocol: str = "http") -> Remote:
-    """The session's Triton (tests/conftest.py) as a server the study does not launch."""
+def remote(server: TritonServer, protocol: str = "http") -> Remote:
+    """A running Triton as a server the study does not launch."""
     url = server.http_url if protocol == "http" else server.grpc_url
     return Remote(url, metrics_url=server.metrics_url)
 

@@ -68,25 +68,25 @@ def test_an_unreachable_server(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 
 
 def test_a_model_that_does_not_exist(
-    triton: TritonServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    untraced_triton: TritonServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, err, _ = study(capsys, tmp_path, "--url", triton.http_url, "--model", "nope")
+    code, err, _ = study(capsys, tmp_path, "--url", untraced_triton.http_url, "--model", "nope")
     assert code == 1
     assert (
-        f"point the point: the server at {triton.http_url} (http) has no model 'nope' ready "
-        "(its models: identity_fp32, sleep_fp32, staged_fp32)"
+        f"otelkit study: the point: the server at {untraced_triton.http_url} (http) has no "
+        "model 'nope' ready (its models: identity_fp32, sleep_fp32, staged_fp32)"
     ) in err
 
 
 def test_a_sweep_value_that_makes_no_sense(
-    triton: TritonServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    untraced_triton: TritonServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     # found before anything runs: a usage error
     code, err, out = study(
         capsys,
         tmp_path,
         "--url",
-        triton.http_url,
+        untraced_triton.http_url,
         "--model",
         "identity_fp32",
         "--sweep",
@@ -100,13 +100,13 @@ def test_a_sweep_value_that_makes_no_sense(
         capsys,
         tmp_path,
         "--url",
-        triton.http_url,
+        untraced_triton.http_url,
         "--model",
         "identity_fp32",
         "--sweep",
         "batch_size=2,64",
         "--metrics-url",
-        triton.metrics_url,
+        untraced_triton.metrics_url,
     )
     assert code == 1
     assert (

@@ -176,7 +176,7 @@ def test_growth_on_the_clients_side_says_the_client_limits() -> None:
     assert (verdict.kind, verdict.limit) == ("client", NETWORK)
     assert verdict.sentence.startswith(
         "network + offload: 0.5 → 6.0 ms per request from 100 to 800 requests/s (×12.0) while "
-        "the stages and the server queue stay within ±10 %"
+        "the stages stay within ±10 %"
     )
 
 

@@ -17,12 +17,12 @@ pytestmark = pytest.mark.triton
 
 
 def test_a_closed_loop_point_on_triton_agrees_with_little_and_the_models_sleep(
-    triton: TritonServer, tmp_path: Path
+    untraced_triton: TritonServer, tmp_path: Path
 ) -> None:
     # sleep_fp32 sleeps 0.5 s an execution and batches what waits in its queue
     results = Study(
         model="sleep_fp32",
-        server=remote(triton),
+        server=remote(untraced_triton),
         load=Load(seconds=3.0, warmup_s=0.6),
         sweep={"concurrency": [2]},
         out=tmp_path / "sleep.jsonl",
@@ -31,7 +31,10 @@ def test_a_closed_loop_point_on_triton_agrees_with_little_and_the_models_sleep(
     point = results.points[0]
     sleep = point.triton["sleep_fp32"]
     assert point.status == "ok" and point.failed == 0
-    assert point.throughput * point.histogram.mean_s == pytest.approx(2, rel=0.15)  # Little
+    # Little's law, on a few requests of 0.5 to 1 s: each thread's first and last request of
+    # the window count in one figure and not the other
+    assert point.throughput * point.histogram.mean_s == pytest.approx(2, rel=0.3)
+    assert 0.5 <= point.histogram.mean_s <= 1.1
     assert sleep.compute_infer_ms == pytest.approx(500, rel=0.05)
     # one instance, busy the whole window: executions x 0.5 s fill it
     assert sleep.executions * sleep.compute_ms / 1e3 == pytest.approx(point.seconds, rel=0.2)
@@ -40,10 +43,12 @@ def test_a_closed_loop_point_on_triton_agrees_with_little_and_the_models_sleep(
     assert point.latency_ms(0.5) == pytest.approx(sleep.request_ms, rel=0.2)
 
 
-def test_identity_points_agree_with_tritons_counters(triton: TritonServer, tmp_path: Path) -> None:
+def test_identity_points_agree_with_tritons_counters(
+    untraced_triton: TritonServer, tmp_path: Path
+) -> None:
     results = Study(
         model="identity_fp32",
-        server=remote(triton, "grpc"),
+        server=remote(untraced_triton, "grpc"),
         protocol="grpc",
         load=Load(seconds=1.5, warmup_s=0.3),
         sweep={"concurrency": [1, 2]},
@@ -90,7 +95,8 @@ def test_a_stage_slowed_by_load_is_named_contended(
     assert verdict.sentence.startswith("build_graph: ")
     assert "per event from 1 to 4 threads" in verdict.sentence
     assert re.search(
-        r"while the other stages (stay within ±10|change by at most \d+) %", verdict.sentence
+        r"while the other stages (stay within ±10 %|grow less \(at most ×\d\.\d\))",
+        verdict.sentence,
     )
     assert verdict.sentence.endswith("because build_graph is contended")
     assert high.throughput < 1000 / 8.0  # the lock's capacity: one 8 ms graph at a time

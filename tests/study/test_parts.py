@@ -19,7 +19,7 @@ pytestmark = pytest.mark.triton
 
 
 def test_two_client_processes_make_one_point_from_all_their_requests(
-    triton: TritonServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    untraced_triton: TritonServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     start = time.time() + 8.0  # both processes are up by then, and start together
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]))
@@ -33,9 +33,9 @@ def test_two_client_processes_make_one_point_from_all_their_requests(
                 "study",
                 "run",
                 "--url",
-                triton.http_url,
+                untraced_triton.http_url,
                 "--metrics-url",
-                triton.metrics_url,
+                untraced_triton.metrics_url,
                 "--model",
                 "identity_fp32",
                 "--sweep",

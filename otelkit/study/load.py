@@ -31,9 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-__all__ = ["MAX_CONCURRENCY", "Load", "LoadRun", "drive", "error_kind"]
+__all__ = ["MAX_CONCURRENCY", "MAX_TASKS", "Load", "LoadRun", "drive", "error_kind"]
 
-MAX_CONCURRENCY = 1000
+MAX_CONCURRENCY = 1000  # threads
+MAX_TASKS = 100_000  # asyncio tasks
 _PROGRESS_EVERY_S = 0.5
 
 #: What the driver calls for each request: ``call(index, measured)``; it raises on failure.
@@ -44,6 +45,8 @@ Call = Callable[[int, bool], None]
 class Load:
     """One point's load: closed loop at ``concurrency`` or, with ``rate``, an open loop.
 
+    With ``asyncio``, the closed loop's requests are asyncio tasks on one thread (many requests
+    in flight from few threads; the request needs an asyncio form: ``otelkit.study.tasks``).
     ``seconds`` or ``requests`` sets how much is measured after ``warmup_s``; an open loop
     runs each request on a pool of at most ``max_in_flight`` threads. A point stops early
     after ``max_errors`` failed requests (a dead server). The measured window is cut into
@@ -59,6 +62,7 @@ class Load:
     max_errors: int = 1000
     windows: int = 10
     seed: int = 0
+    asyncio: bool = False
 
     def __post_init__(self) -> None:
         if self.seconds is None and self.requests is None:
@@ -72,11 +76,14 @@ class Load:
     def problems(self) -> list[str]:
         """What makes no sense in this load, one sentence each (empty when it is sound)."""
         found: list[str] = []
-        if self.rate is None and not _whole_in(self.concurrency, 1, MAX_CONCURRENCY):
+        most = MAX_TASKS if self.asyncio else MAX_CONCURRENCY
+        if self.rate is None and not _whole_in(self.concurrency, 1, most):
             found.append(
-                f"concurrency is the number of requests in flight, 1 to {MAX_CONCURRENCY}, "
+                f"concurrency is the number of requests in flight, 1 to {most}, "
                 f"not {self.concurrency!r}"
             )
+        if self.asyncio and self.rate is not None:
+            found.append("an open loop (rate) runs on threads: asyncio goes with a concurrency")
         if self.rate is not None and not (_number(self.rate) and 0 < self.rate < math.inf):
             found.append(f"rate is requests per second, above 0, not {self.rate!r}")
         if self.seconds is not None and self.requests is not None:
@@ -150,7 +157,7 @@ def error_kind(error: BaseException) -> str:
     return f"{name} {code}" if code not in (None, "") else name
 
 
-class _Record:
+class RequestLog:
     """One thread's requests; only that thread writes it, so no lock is taken per request."""
 
     __slots__ = ("begins", "ends", "errors", "failures")
@@ -164,7 +171,7 @@ class _Record:
         self.failures.append((begin, error_kind(error), str(error)[:300]))
 
 
-class _Window:
+class WindowClock:
     """The measured window and its hooks, run on the driving thread."""
 
     def __init__(
@@ -243,8 +250,8 @@ def drive(
     if problems:
         raise ValueError("; ".join(problems))
     stop = threading.Event()
-    window = _Window(load, on_window_start, on_window_end, progress)
-    records: list[_Record] = []
+    window = WindowClock(load, on_window_start, on_window_end, progress)
+    records: list[RequestLog] = []
     try:
         if load.mode == "closed":
             _closed(call, load, window, stop, records)
@@ -253,23 +260,23 @@ def drive(
     except KeyboardInterrupt:
         stop.set()
         raise
-    run = _collect(records, window, load)
+    run = collect_run(records, window, load)
     if stop.is_set() and run.stopped is None:
         run.stopped = "errors"
     return run
 
 
-def _count_failures(records: list[_Record]) -> int:
+def _count_failures(records: list[RequestLog]) -> int:
     return sum(len(r.failures) for r in records)
 
 
 def _closed(
-    call: Call, load: Load, window: _Window, stop: threading.Event, records: list[_Record]
+    call: Call, load: Load, window: WindowClock, stop: threading.Event, records: list[RequestLog]
 ) -> None:
     measured_tickets = itertools.count()
     tickets = itertools.count()
 
-    def worker(record: _Record) -> None:
+    def worker(record: RequestLog) -> None:
         while not stop.is_set():
             begin = time.perf_counter()
             if begin >= window.end or window.closed:
@@ -289,7 +296,7 @@ def _closed(
             record.begins.append(begin)
             record.ends.append(time.perf_counter())
 
-    records.extend(_Record() for _ in range(load.concurrency))
+    records.extend(RequestLog() for _ in range(load.concurrency))
     threads = [
         threading.Thread(target=worker, args=(r,), name=f"otelkit-study-{n}", daemon=True)
         for n, r in enumerate(records)
@@ -299,12 +306,15 @@ def _closed(
     _wait(threads, window, stop, records)
 
 
-def _done(records: list[_Record]) -> Callable[[], int]:
+def _done(records: list[RequestLog]) -> Callable[[], int]:
     return lambda: sum(len(r.ends) for r in records)
 
 
 def _wait(
-    threads: list[threading.Thread], window: _Window, stop: threading.Event, records: list[_Record]
+    threads: list[threading.Thread],
+    window: WindowClock,
+    stop: threading.Event,
+    records: list[RequestLog],
 ) -> None:
     done = _done(records)
     try:
@@ -325,7 +335,7 @@ def _wait(
 
 
 def _open(
-    call: Call, load: Load, window: _Window, stop: threading.Event, records: list[_Record]
+    call: Call, load: Load, window: WindowClock, stop: threading.Event, records: list[RequestLog]
 ) -> None:
     assert load.rate is not None
     rng = random.Random(load.seed)
@@ -335,7 +345,7 @@ def _open(
     def run_one(index: int, scheduled: float, measured: bool) -> None:
         record = getattr(local, "record", None)
         if record is None:
-            record = local.record = _Record()
+            record = local.record = RequestLog()
             with lock:
                 records.append(record)
         if stop.is_set():
@@ -382,7 +392,7 @@ def _open(
         window.close()
 
 
-def _collect(records: list[_Record], window: _Window, load: Load) -> LoadRun:
+def collect_run(records: list[RequestLog], window: WindowClock, load: Load) -> LoadRun:
     # Requests started from ``start`` on are measured (their latencies, the trace phase);
     # completions are counted between the two scrapes of the server's counters.
     start, opened = window.start, window.opened_at

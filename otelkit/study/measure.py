@@ -12,7 +12,7 @@ import itertools
 import json
 import logging
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,10 @@ from otelkit import semconv
 from otelkit.study.load import Load, LoadRun, drive
 from otelkit.study.point import Point
 from otelkit.study.servers import Endpoint
+from otelkit.study.tasks import drive_tasks
 from otelkit.study.traces import collect
 from otelkit.study.triton_metrics import Snapshot, difference, scrape
-from otelkit.study.workload import Workload
+from otelkit.study.workload import ModelCalls, Workload
 from otelkit.telemetry import flush
 
 __all__ = ["measure_point"]
@@ -72,9 +73,20 @@ def measure_point(
 
         return take
 
+    point_load = load.at(params)
     try:
-        run = drive(call, load.at(params), on_window_start=scraper("before"),
-                    on_window_end=scraper("after"), progress=progress)  # fmt: skip
+        if point_load.asyncio:
+            if isinstance(workload, ModelCalls):
+                workload.connections = point_load.concurrency
+            acall = (
+                _traced_acall(workload, run_id, index, sampled) if traced else _bare_acall(workload)
+            )
+            run = drive_tasks(acall, point_load, on_window_start=scraper("before"),
+                              on_window_end=scraper("after"), progress=progress,
+                              finish=workload.aclose)  # fmt: skip
+        else:
+            run = drive(call, point_load, on_window_start=scraper("before"),
+                        on_window_end=scraper("after"), progress=progress)  # fmt: skip
     finally:
         workload.close()
     batch_size = int(params.get("batch_size", getattr(workload, "batch_size", 1)))
@@ -95,13 +107,21 @@ def measure_point(
     return point
 
 
+Attributes = dict[str, str | int]
+
+
+def _root_attributes(run_id: str, index: int) -> tuple[Attributes, Attributes]:
+    """The attributes of a request's root span in the warm-up, and in the measured window."""
+    warmup: Attributes = {semconv.STUDY_RUN: run_id, semconv.STUDY_POINT: index,
+                          semconv.STUDY_PHASE: semconv.STUDY_PHASE_WARMUP}  # fmt: skip
+    return warmup, {**warmup, semconv.STUDY_PHASE: semconv.STUDY_PHASE_MEASURE}
+
+
 def _traced_call(
     workload: Workload, run_id: str, index: int, sampled: itertools.count[int]
 ) -> Callable[[int, bool], None]:
     tracer = trace.get_tracer("otelkit.study")
-    warmup: dict[str, str | int] = {semconv.STUDY_RUN: run_id, semconv.STUDY_POINT: index,
-              semconv.STUDY_PHASE: semconv.STUDY_PHASE_WARMUP}  # fmt: skip
-    measure = {**warmup, semconv.STUDY_PHASE: semconv.STUDY_PHASE_MEASURE}
+    warmup, measure = _root_attributes(run_id, index)
 
     def call(request: int, measured: bool) -> None:
         attributes = measure if measured else warmup
@@ -109,6 +129,29 @@ def _traced_call(
             if measured and span.is_recording():
                 next(sampled)
             workload(request)
+
+    return call
+
+
+def _traced_acall(
+    workload: Workload, run_id: str, index: int, sampled: itertools.count[int]
+) -> Callable[[int, bool], Awaitable[None]]:
+    tracer = trace.get_tracer("otelkit.study")
+    warmup, measure = _root_attributes(run_id, index)
+
+    async def call(request: int, measured: bool) -> None:
+        attributes = measure if measured else warmup
+        with tracer.start_as_current_span(semconv.STUDY_SPAN, attributes=attributes) as span:
+            if measured and span.is_recording():
+                next(sampled)
+            await workload.acall(request)
+
+    return call
+
+
+def _bare_acall(workload: Workload) -> Callable[[int, bool], Awaitable[None]]:
+    async def call(request: int, measured: bool) -> None:
+        await workload.acall(request)
 
     return call
 

@@ -18,6 +18,7 @@ option, say. Whatever it calls, its spans join the request's root span.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,13 @@ class Workload:
 
     def __call__(self, index: int) -> None:
         raise NotImplementedError
+
+    async def acall(self, index: int) -> None:
+        """Request ``index`` as an asyncio coroutine, for ``Load(asyncio=True)``."""
+        raise StudyError(f"{type(self).__name__} has no asyncio form: use threads")
+
+    async def aclose(self) -> None:
+        """Release what ``acall`` made on the event loop (closed before the loop is)."""
 
     def close(self) -> None:
         """Release what ``open`` made."""
@@ -86,6 +94,8 @@ class ModelCalls(Workload):
         self._lock = threading.Lock()
         self._requests: Sequence[Sequence[Any]] = ()
         self._call_options: dict[str, Any] = {}
+        self._aclient: Any = None
+        self.connections = 100  # the asyncio HTTP client's; the study sets the point's
 
     def open(
         self, params: Mapping[str, Any], endpoint: Endpoint, *, traced: bool, ready_s: float
@@ -186,6 +196,27 @@ class ModelCalls(Workload):
         inputs = self._requests[index % len(self._requests)]
         self._client().infer(self.model, inputs, **self._call_options)
 
+    async def acall(self, index: int) -> None:
+        """Request ``index`` through tritonclient's asyncio client, one per event loop."""
+        client = self._aclient
+        if client is None:
+            name = "tritonclient.http.aio" if self.protocol == "http" else "tritonclient.grpc.aio"
+            module: Any = require(name, extra="triton", feature="otelkit study on asyncio")
+            if self.protocol == "http":  # one connection per request in flight, at most
+                client = module.InferenceServerClient(self._url, conn_limit=self.connections)
+            else:
+                client = module.InferenceServerClient(self._url)
+            client = instrument_client(client) if self._traced else client
+            self._aclient = client
+        inputs = self._requests[index % len(self._requests)]
+        await client.infer(self.model, inputs, **self._call_options)
+
+    async def aclose(self) -> None:
+        client, self._aclient = self._aclient, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()
+
     def close(self) -> None:
         with self._lock:
             clients, self._clients = self._clients, []
@@ -234,6 +265,14 @@ class FunctionCalls(Workload):
     def __call__(self, index: int) -> None:
         assert self._request is not None
         self._request(index)
+
+    async def acall(self, index: int) -> None:
+        """Awaits the request when the factory returned a coroutine function."""
+        assert self._request is not None
+        result = self._request(index)
+        if not inspect.isawaitable(result):
+            raise StudyError("the request factory returned no coroutine function: use threads")
+        await result
 
     def close(self) -> None:
         request, self._request = self._request, None

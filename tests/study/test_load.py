@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -18,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 from otelkit.study import Load, Remote, Study, read_results
 from otelkit.study.load import drive, error_kind
 from otelkit.study.servers import Endpoint
+from otelkit.study.tasks import drive_tasks
 
 
 def sleeper(seconds: float, seen: list[tuple[float, bool]] | None = None) -> Any:
@@ -131,3 +133,26 @@ def test_a_study_of_a_users_requests_sweeps_its_own_parameter_and_keeps_points_o
     # throughput falls as each request takes longer: 2 in flight / (2 or 4 ms)
     assert back.points[0].throughput == pytest.approx(1000, rel=0.3)
     assert back.points[1].throughput == pytest.approx(500, rel=0.3)
+
+
+def test_asyncio_tasks_keep_many_requests_in_flight_from_one_thread() -> None:
+    async def request(index: int, measured: bool) -> None:
+        await asyncio.sleep(0.02)
+
+    threads = threading.active_count()
+    seen_threads: set[int] = set()
+
+    def progress(elapsed: float, done: int) -> None:
+        seen_threads.add(threading.active_count())
+
+    run = drive_tasks(
+        request, Load(concurrency=200, seconds=1.0, warmup_s=0.2, asyncio=True), progress=progress
+    )
+    mean = statistics.fmean(run.latencies_s)
+    assert run.completed / run.window_s * mean == pytest.approx(200, rel=0.1)  # Little
+    assert mean < 0.03
+    assert max(seen_threads) <= threads + 2  # the loop's thread and one helper for the hooks
+    assert Load(rate=5.0, asyncio=True).problems() == [
+        "an open loop (rate) runs on threads: asyncio goes with a concurrency"
+    ]
+    assert Load(concurrency=5000, asyncio=True).problems() == []

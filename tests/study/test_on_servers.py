@@ -139,3 +139,39 @@ def test_a_second_instance_doubles_throughput_and_epsilon_says_so(
     assert along["concurrency=4"].kind == "rising"
     assert along["concurrency=4"].sentence.endswith("more instances pay")
     assert along["concurrency=1"].kind == "underloaded"
+
+
+def test_asyncio_points_agree_with_little_and_tritons_counters(
+    untraced_triton: TritonServer, tmp_path: Path
+) -> None:
+    results = Study(
+        model="identity_fp32",
+        server=remote(untraced_triton, "grpc"),
+        protocol="grpc",
+        load=Load(seconds=1.5, warmup_s=0.3, asyncio=True),
+        sweep={"concurrency": [32]},
+        out=tmp_path / "tasks.jsonl",
+        progress=False,
+    ).run()
+    (point,) = results.points
+    assert point.throughput * point.histogram.mean_s == pytest.approx(32, rel=0.1)
+    assert point.triton["identity_fp32"].requests == pytest.approx(point.requests, abs=64)
+    assert point.triton["identity_fp32"].pending <= 32
+
+
+def test_asyncio_requests_are_traced_like_threaded_ones(
+    contended_server: ContendedServer, tmp_path: Path
+) -> None:
+    results = Study(
+        model="graph",
+        server=Remote(contended_server.url),
+        load=Load(seconds=1.5, warmup_s=0.3, asyncio=True),
+        sweep={"concurrency": [2]},
+        tracing=Tracing(per_second=20, port=contended_server.receiver_port),
+        out=tmp_path / "traced-tasks.jsonl",
+        progress=False,
+    ).run()
+    traces = results.points[0].traces
+    assert traces is not None and traces.traces >= 15 and traces.incomplete == 0
+    assert traces.calls_per_request == 1.0
+    assert traces.components["server build_graph"].mean_ms >= 8.0

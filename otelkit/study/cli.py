@@ -85,6 +85,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=1, help="requests in flight")
     parser.add_argument("--rate", type=float, help="open loop: Poisson arrivals a second")
+    parser.add_argument("--asyncio", action="store_true", help="closed loop on asyncio tasks")
     parser.add_argument("--seconds", type=float, help="measured seconds a point (default 5)")
     parser.add_argument("--requests", type=int, help="or measured requests a point")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds left out first")
@@ -110,7 +111,7 @@ def _study(args: argparse.Namespace) -> Study:
     else:
         server = Remote(args.url, metrics_url=args.metrics_url, reconfigure=args.reconfigure)
     load = Load(concurrency=args.concurrency, rate=args.rate, seconds=args.seconds,
-                requests=args.requests, warmup_s=args.warmup)  # fmt: skip
+                requests=args.requests, warmup_s=args.warmup, asyncio=args.asyncio)  # fmt: skip
     tracing = None if args.no_traces else Tracing(args.traces_per_s, port=args.receiver_port)
     request = None
     if args.request:

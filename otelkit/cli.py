@@ -7,6 +7,7 @@ and ``run(args) -> int``; this module only dispatches.
     otelkit breakdown ./otelkit-traces --group-by KEY     # where the time of each trace goes
     otelkit gpu-exporter --port 9400                     # NVML GPU metrics for Prometheus
     otelkit gpu record --out gpus.json                   # real NVML readings, for replay
+    otelkit study run --triton REPO --model M --sweep concurrency=1,2,4  # what caps throughput
     otelkit config                                       # the settings configure() would use
 """
 
@@ -30,6 +31,7 @@ _COMMANDS = {
     "gpu": ("otelkit.gpu.cli", "show the GPUs as otelkit samples them, or record them"),
     "gpu-exporter": ("otelkit.gpu.exporter", "serve NVML GPU metrics to Prometheus"),
     "dashboards": ("otelkit.dashboards.cli", "write the Grafana dashboards' JSON"),
+    "study": ("otelkit.study.cli", "sweep a deployment, measure each point, name what caps it"),
 }
 
 

@@ -3,15 +3,23 @@
 ``ConfigError`` is a ``ValueError``: a bad option or environment variable fails fast at
 ``configure()``. ``MissingExtraError`` is an ``ImportError`` that names the ``pip install``
 line for the optional integration that is missing. ``TritonStartError`` says why the
-``tritonserver`` launcher could not get a server ready.
+``tritonserver`` launcher could not get a server ready. ``StudyError`` says which point of a
+study could not be measured, and why.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["ConfigError", "MissingExtraError", "OtelkitError", "StartFailure", "TritonStartError"]
+__all__ = [
+    "ConfigError",
+    "MissingExtraError",
+    "OtelkitError",
+    "StartFailure",
+    "StudyError",
+    "TritonStartError",
+]
 
 #: Tests set ``OTELKIT_RAISE_INTERNAL_ERRORS=1``: otelkit's own failures, which a user's program
 #: only sees counted and logged, are raised instead (``guard.internal_error``, ``Later``).
@@ -68,3 +76,21 @@ class TritonStartError(OtelkitError):
         self.log_tail = log_tail
         self.model = model
         self.port = port
+
+
+class StudyError(OtelkitError):
+    """A study could not measure a point, or was asked for one that makes no sense.
+
+    ``point`` names the point (its parameters, e.g. ``instances=2 concurrency=4``), or is
+    ``None`` for a problem of the whole study; the points measured before it are kept in the
+    results file.
+    """
+
+    def __init__(self, message: str, *, point: str | None = None):
+        where = "" if point is None else f"point {point}: "
+        if point is not None and point.startswith("the "):  # a study without a sweep
+            where = f"{point}: "
+        super().__init__(f"otelkit study: {where}{message}")
+        self.point = point
+        self.reason = message
+        self.results: Any = None  # the study's results up to the failure, when it ran

@@ -145,6 +145,16 @@ URL_SCHEME = "url.scheme"
 CLIENT_ADDRESS = "client.address"
 NETWORK_PROTOCOL_VERSION = "network.protocol.version"
 
+# -- otelkit study: the root span of each request a study sends, and what it carries -----------
+STUDY_SPAN = f"{PREFIX}.study.request"
+STUDY_RUN = f"{PREFIX}.study.run"  # one id per study run: several runs may share a trace file
+STUDY_POINT = f"{PREFIX}.study.point"  # the point's index in its sweep
+STUDY_PHASE = f"{PREFIX}.study.phase"  # warmup or measure: only measured requests are analysed
+STUDY_PHASE_WARMUP = "warmup"
+STUDY_PHASE_MEASURE = "measure"
+# Triton's attribute on its model span (the stage spans of a Python-backend model hang under it)
+TRITON_SPAN_MODEL_NAME = "triton.model_name"
+
 # metric attributes: short, Prometheus-friendly label names
 M_MODEL = "model"
 M_STAGE = "stage"

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("telemetry",),  # configure(): providers and pipelines built from the settings
     ("client", "server"),  # instrumentation of tritonclient; stages and model servers
     ("analysis", "receiver", "tritonserver", "dashboards"),  # tools that read or run things
+    ("study",),  # sweeps a deployment: drives clients, runs servers, reads traces and metrics
     ("instrumentation", "auto", "cli", "__init__"),  # the public entry points
 )
 SHARED_PRIVATE = "_core"

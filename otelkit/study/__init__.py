@@ -1,0 +1,48 @@
+"""``otelkit study``: sweep a deployment, measure every point, and name what caps throughput.
+
+>>> from otelkit.study import Load, Study, Tracing, Triton
+>>> results = Study(
+...     model="sleep_fp32",                                  # or request=factory(params, endpoint)
+...     server=Triton("tests/models"),                       # or Remote("host:8000"), "host:8000"
+...     load=Load(seconds=5, warmup_s=1),                    # closed loop; Load(rate=...) open
+...     sweep={"instances": [1, 2], "concurrency": [1, 2, 4]},
+...     tracing=Tracing(per_second=20),                      # the sampled share; None: no traces
+...     out="study.jsonl",
+... ).run()  # doctest: +SKIP
+>>> print(results.summary())  # doctest: +SKIP
+>>> results.figure("efficiency"), results.verdicts  # doctest: +SKIP
+>>> differences, _ = compare(read_results("before.jsonl"), results)  # doctest: +SKIP
+
+Every point records client throughput, latency percentiles, errors by kind and CPU; Triton's
+queue and compute per request and execution, batch size and saturation; and the trace
+breakdown of its sampled requests. Across points: ε, strong scaling, T = N/ℓ, offload per step,
+knees, and one verdict per curve. The command: ``otelkit study run|show|compare|merge``.
+"""
+
+from __future__ import annotations
+
+from otelkit.study.compare import compare, format_comparison
+from otelkit.study.load import Load
+from otelkit.study.point import Point, merge_parts
+from otelkit.study.results import StudyResults, read_results
+from otelkit.study.runner import Study, Tracing, run
+from otelkit.study.servers import Remote, Triton
+from otelkit.study.workload import FunctionCalls, ModelCalls, Workload
+
+__all__ = [
+    "FunctionCalls",
+    "Load",
+    "ModelCalls",
+    "Point",
+    "Remote",
+    "Study",
+    "StudyResults",
+    "Tracing",
+    "Triton",
+    "Workload",
+    "compare",
+    "format_comparison",
+    "merge_parts",
+    "read_results",
+    "run",
+]

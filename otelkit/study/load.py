@@ -1,0 +1,418 @@
+"""How a point loads the server: a closed loop at a concurrency, or an open loop at a rate.
+
+A closed loop keeps ``concurrency`` requests in flight, one thread each, as CMS and ATLAS
+clients do with a thread per event (up to 1,000 threads, as NERSC's client had). An open loop
+sends requests at Poisson arrival times, ``rate`` a second on average, whether or not earlier
+ones are answered; a request's latency then runs from its *scheduled* arrival, so a client that
+falls behind shows as latency instead of hiding it (coordinated omission). Either runs for
+``seconds`` or until ``requests`` requests are measured, after ``warmup_s`` seconds whose
+requests are left out.
+
+A request counts in the point's throughput when it *completes* within the measured window,
+and in its latencies when it *starts* within it.
+
+>>> Load(concurrency=8, seconds=10).mode
+'closed'
+>>> Load(rate=200.0, requests=5_000).problems()
+[]
+>>> Load(concurrency=0).problems()
+['concurrency is the number of requests in flight, 1 to 1000, not 0']
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+__all__ = ["MAX_CONCURRENCY", "MAX_TASKS", "Load", "LoadRun", "drive", "error_kind"]
+
+MAX_CONCURRENCY = 1000  # threads
+MAX_TASKS = 100_000  # asyncio tasks
+_PROGRESS_EVERY_S = 0.5
+
+#: What the driver calls for each request: ``call(index, measured)``; it raises on failure.
+Call = Callable[[int, bool], None]
+
+
+@dataclass(frozen=True)
+class Load:
+    """One point's load: closed loop at ``concurrency`` or, with ``rate``, an open loop.
+
+    With ``asyncio``, the closed loop's requests are asyncio tasks on one thread (many requests
+    in flight from few threads; the request needs an asyncio form: ``otelkit.study.tasks``).
+    ``seconds`` or ``requests`` sets how much is measured after ``warmup_s``; an open loop
+    runs each request on a pool of at most ``max_in_flight`` threads. A point stops early
+    after ``max_errors`` failed requests (a dead server). The measured window is cut into
+    ``windows`` equal parts, whose spread gives the intervals of ``otelkit study compare``.
+    """
+
+    concurrency: int = 1
+    rate: float | None = None
+    seconds: float | None = None  # 5 s when neither seconds nor requests is given
+    requests: int | None = None
+    warmup_s: float = 1.0
+    max_in_flight: int = MAX_CONCURRENCY
+    max_errors: int = 1000
+    windows: int = 10
+    seed: int = 0
+    asyncio: bool = False
+
+    def __post_init__(self) -> None:
+        if self.seconds is None and self.requests is None:
+            object.__setattr__(self, "seconds", 5.0)
+
+    @property
+    def mode(self) -> Literal["closed", "open"]:
+        """``open`` with a rate, ``closed`` otherwise."""
+        return "open" if self.rate is not None else "closed"
+
+    def problems(self) -> list[str]:
+        """What makes no sense in this load, one sentence each (empty when it is sound)."""
+        found: list[str] = []
+        most = MAX_TASKS if self.asyncio else MAX_CONCURRENCY
+        if self.rate is None and not _whole_in(self.concurrency, 1, most):
+            found.append(
+                f"concurrency is the number of requests in flight, 1 to {most}, "
+                f"not {self.concurrency!r}"
+            )
+        if self.asyncio and self.rate is not None:
+            found.append("an open loop (rate) runs on threads: asyncio goes with a concurrency")
+        if self.rate is not None and not (_number(self.rate) and 0 < self.rate < math.inf):
+            found.append(f"rate is requests per second, above 0, not {self.rate!r}")
+        if self.seconds is not None and self.requests is not None:
+            found.append("give seconds or requests, not both")
+        if self.seconds is not None and not (_number(self.seconds) and self.seconds > 0):
+            found.append(f"seconds is the measured duration, above 0, not {self.seconds!r}")
+        if self.requests is not None and not _whole_in(self.requests, 1, 10**12):
+            found.append(
+                f"requests is a count of measured requests, 1 or more, not {self.requests!r}"
+            )
+        if not (_number(self.warmup_s) and self.warmup_s >= 0):
+            found.append(f"warmup_s is seconds, 0 or more, not {self.warmup_s!r}")
+        if not _whole_in(self.max_in_flight, 1, MAX_CONCURRENCY):
+            found.append(
+                f"max_in_flight is 1 to {MAX_CONCURRENCY} threads, not {self.max_in_flight!r}"
+            )
+        if not _whole_in(self.windows, 2, 1000):
+            found.append(f"windows is 2 to 1000 parts of the measured time, not {self.windows!r}")
+        return found
+
+    def at(self, params: dict[str, Any]) -> Load:
+        """This load at a point's ``concurrency`` (a closed loop) or ``rate`` (an open loop)."""
+        changes: dict[str, Any] = {}
+        if "concurrency" in params:
+            changes.update(concurrency=params["concurrency"], rate=None)
+        if "rate" in params:
+            changes["rate"] = params["rate"]
+        return replace(self, **changes) if changes else self
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _whole_in(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+@dataclass
+class LoadRun:
+    """What the driver saw in the measured window; times in seconds from the window's start."""
+
+    window_s: float = 0.0
+    completed: int = 0  # successful requests that completed within the window
+    latencies_s: list[float] = field(default_factory=list)  # successful requests started in it
+    ends_s: list[float] = field(default_factory=list)  # when each of those completed
+    errors: dict[str, int] = field(default_factory=dict)  # failed requests started in it, by kind
+    error_samples: dict[str, str] = field(default_factory=dict)  # one message per kind
+    cpu_s: float = 0.0  # this process's CPU time over the window
+    warmup_failed: int = 0  # failed requests of the warm-up (a server down from the start)
+    opened_epoch: float = 0.0  # when the window opened, in seconds since the epoch
+    stopped: Literal["interrupted", "errors"] | None = None
+
+    @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+
+def error_kind(error: BaseException) -> str:
+    """A failed request's kind: the exception's class, with tritonclient's status when it has one.
+
+    >>> error_kind(TimeoutError("no answer"))
+    'TimeoutError'
+    """
+    name = type(error).__name__
+    status = getattr(error, "status", None)
+    try:
+        code = status() if callable(status) else status
+    except Exception:
+        code = None
+    return f"{name} {code}" if code not in (None, "") else name
+
+
+class RequestLog:
+    """One thread's requests; only that thread writes it, so no lock is taken per request."""
+
+    __slots__ = ("begins", "ends", "errors", "failures")
+
+    def __init__(self) -> None:
+        self.begins: list[float] = []
+        self.ends: list[float] = []
+        self.failures: list[tuple[float, str, str]] = []
+
+    def fail(self, begin: float, error: BaseException) -> None:
+        self.failures.append((begin, error_kind(error), str(error)[:300]))
+
+
+class WindowClock:
+    """The measured window and its hooks, run on the driving thread."""
+
+    def __init__(
+        self,
+        load: Load,
+        on_start: Callable[[], None],
+        on_end: Callable[[], None],
+        progress: Callable[[float, int], None] | None,
+    ) -> None:
+        self.load = load
+        self.started_at = time.perf_counter()
+        self.start = self.started_at + load.warmup_s
+        self.end = self.start + load.seconds if load.seconds is not None else math.inf
+        self._on_start, self._on_end, self._progress = on_start, on_end, progress
+        self.opened = self.closed = False
+        self.cpu0 = self.cpu1 = 0.0
+        self.opened_at, self.closed_at = self.start, math.inf
+        self.opened_epoch = 0.0
+        self._last_progress = 0.0
+
+    def _open(self) -> None:
+        self.opened = True
+        self.cpu0 = time.process_time()
+        self.opened_at = self._hook(self._on_start)
+        self.opened_epoch = time.time() - (time.perf_counter() - self.opened_at)
+
+    @staticmethod
+    def _hook(hook: Callable[[], None]) -> float:
+        """Run a hook (a scrape of the server's counters); the middle of it is when the server
+        read its counters, so the client counts its completions from or up to that moment."""
+        before = time.perf_counter()
+        hook()
+        return (before + time.perf_counter()) / 2
+
+    def tick(self, done: Callable[[], int]) -> None:
+        now = time.perf_counter()
+        if not self.opened and now >= self.start:
+            self._open()
+        if self.opened and not self.closed and now >= self.end:
+            self.close()
+        if self._progress is not None and now - self._last_progress >= _PROGRESS_EVERY_S:
+            self._last_progress = now
+            self._progress(now - self.started_at, done())
+
+    def close(self) -> None:
+        if not self.opened:  # stopped before the warm-up was over
+            self._open()
+        self.closed = True
+        self.cpu1 = time.process_time()
+        self.closed_at = self._hook(self._on_end)
+
+    def next_event(self) -> float:
+        """Seconds until the window opens or closes, or until the next progress report."""
+        now = time.perf_counter()
+        marks = [self.start if not self.opened else self.end]
+        if self._progress is not None:
+            marks.append(self._last_progress + _PROGRESS_EVERY_S)
+        return max(0.0, min(marks) - now)
+
+
+def drive(
+    call: Call,
+    load: Load,
+    *,
+    on_window_start: Callable[[], None] = lambda: None,
+    on_window_end: Callable[[], None] = lambda: None,
+    progress: Callable[[float, int], None] | None = None,
+) -> LoadRun:
+    """Run ``load`` with ``call(index, measured)`` per request; returns the measured window.
+
+    ``on_window_start`` and ``on_window_end`` run on the calling thread when the window opens
+    and closes (a scrape of the server's counters, say); ``progress(elapsed_s, done)`` runs
+    twice a second. Ctrl-C stops every thread once its request returns, then re-raises.
+    """
+    problems = load.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    stop = threading.Event()
+    window = WindowClock(load, on_window_start, on_window_end, progress)
+    records: list[RequestLog] = []
+    try:
+        if load.mode == "closed":
+            _closed(call, load, window, stop, records)
+        else:
+            _open(call, load, window, stop, records)
+    except KeyboardInterrupt:
+        stop.set()
+        raise
+    run = collect_run(records, window, load)
+    if stop.is_set() and run.stopped is None:
+        run.stopped = "errors"
+    return run
+
+
+def _count_failures(records: list[RequestLog]) -> int:
+    return sum(len(r.failures) for r in records)
+
+
+def _closed(
+    call: Call, load: Load, window: WindowClock, stop: threading.Event, records: list[RequestLog]
+) -> None:
+    measured_tickets = itertools.count()
+    tickets = itertools.count()
+
+    def worker(record: RequestLog) -> None:
+        while not stop.is_set():
+            begin = time.perf_counter()
+            if begin >= window.end or window.closed:
+                return
+            measured = begin >= window.start
+            if measured and load.requests is not None and next(measured_tickets) >= load.requests:
+                return
+            try:
+                call(next(tickets), measured)
+            except Exception as error:
+                record.fail(begin, error)
+                if len(record.failures) * load.concurrency >= load.max_errors and (
+                    _count_failures(records) >= load.max_errors
+                ):
+                    stop.set()
+                continue
+            record.begins.append(begin)
+            record.ends.append(time.perf_counter())
+
+    records.extend(RequestLog() for _ in range(load.concurrency))
+    threads = [
+        threading.Thread(target=worker, args=(r,), name=f"otelkit-study-{n}", daemon=True)
+        for n, r in enumerate(records)
+    ]
+    for thread in threads:
+        thread.start()
+    _wait(threads, window, stop, records)
+
+
+def _done(records: list[RequestLog]) -> Callable[[], int]:
+    return lambda: sum(len(r.ends) for r in records)
+
+
+def _wait(
+    threads: list[threading.Thread],
+    window: WindowClock,
+    stop: threading.Event,
+    records: list[RequestLog],
+) -> None:
+    done = _done(records)
+    try:
+        while any(t.is_alive() for t in threads):
+            window.tick(done)
+            if stop.wait(min(window.next_event(), 0.1)):
+                break
+        for thread in threads:  # each returns once its request does
+            while thread.is_alive():
+                thread.join(0.1)
+    except KeyboardInterrupt:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        raise
+    if not window.closed:
+        window.close()  # every thread is done: a count was reached, or errors stopped it
+
+
+def _open(
+    call: Call, load: Load, window: WindowClock, stop: threading.Event, records: list[RequestLog]
+) -> None:
+    assert load.rate is not None
+    rng = random.Random(load.seed)
+    local = threading.local()
+    lock = threading.Lock()
+
+    def run_one(index: int, scheduled: float, measured: bool) -> None:
+        record = getattr(local, "record", None)
+        if record is None:
+            record = local.record = RequestLog()
+            with lock:
+                records.append(record)
+        if stop.is_set():
+            return
+        try:
+            call(index, measured)
+        except Exception as error:
+            record.fail(scheduled, error)
+            if _count_failures(records) >= load.max_errors:
+                stop.set()
+            return
+        record.begins.append(scheduled)
+        record.ends.append(time.perf_counter())
+
+    pool = ThreadPoolExecutor(load.max_in_flight, thread_name_prefix="otelkit-study")
+    done = _done(records)
+    arrival = time.perf_counter()
+    measured_count = 0
+    try:
+        for index in itertools.count():
+            arrival += rng.expovariate(load.rate)
+            if arrival >= window.end or stop.is_set():
+                break
+            measured = arrival >= window.start
+            if measured and load.requests is not None:
+                if measured_count >= load.requests:
+                    break
+                measured_count += 1
+            while (delay := arrival - time.perf_counter()) > 0:
+                window.tick(done)
+                if stop.wait(min(delay, window.next_event(), 0.05)):
+                    break
+            window.tick(done)
+            pool.submit(run_one, index, arrival, measured)
+        while not window.closed and not stop.is_set() and load.requests is None:
+            window.tick(done)
+            stop.wait(min(window.next_event(), 0.05))
+    except KeyboardInterrupt:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    if not window.closed:
+        window.close()
+
+
+def collect_run(records: list[RequestLog], window: WindowClock, load: Load) -> LoadRun:
+    # Requests started from ``start`` on are measured (their latencies, the trace phase);
+    # completions are counted between the two scrapes of the server's counters.
+    start, opened = window.start, window.opened_at
+    ends_at = window.closed_at
+    if load.requests is not None:  # the window closes when the last measured request does
+        last = [e for r in records for b, e in zip(r.begins, r.ends, strict=True) if b >= start]
+        ends_at = max(last, default=opened)
+    run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu1 - window.cpu0,
+                  opened_epoch=window.opened_epoch)  # fmt: skip
+    for record in records:
+        for begin, end in zip(record.begins, record.ends, strict=True):
+            if opened <= end <= ends_at:
+                run.completed += 1
+            if begin >= start:
+                run.latencies_s.append(end - begin)
+                run.ends_s.append(end - opened)
+        for begin, kind, message in record.failures:
+            run.error_samples.setdefault(kind, message)
+            if begin >= start:
+                run.errors[kind] = run.errors.get(kind, 0) + 1
+            else:
+                run.warmup_failed += 1
+    return run

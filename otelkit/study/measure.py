@@ -1,0 +1,197 @@
+"""Measure one point: drive the load, scrape the server around it, read its traces back.
+
+Every request runs under a root span (when the study traces) that says which run, point and
+phase it belongs to; the rate-limiting sampler decides which are sampled, and only those send
+a trace context to the server. Triton's counters are scraped when the measured window opens
+and when it closes, so they cover the same requests as the client's throughput.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+
+from otelkit import semconv
+from otelkit.study.load import Load, LoadRun, drive
+from otelkit.study.point import Point
+from otelkit.study.servers import Endpoint
+from otelkit.study.tasks import drive_tasks
+from otelkit.study.traces import collect
+from otelkit.study.triton_metrics import Snapshot, difference, scrape
+from otelkit.study.workload import ModelCalls, Workload
+from otelkit.telemetry import flush
+
+__all__ = ["measure_point"]
+
+_log = logging.getLogger("otelkit.study")
+
+
+def measure_point(
+    index: int,
+    params: dict[str, Any],
+    *,
+    workload: Workload,
+    endpoint: Endpoint,
+    load: Load,
+    run_id: str,
+    traces_dir: Path | None,
+    ready_s: float = 0.0,
+    progress: Callable[[float, int], None] | None = None,
+    traces_timeout_s: float = 10.0,
+    before_load: Callable[[], None] = lambda: None,
+) -> Point:
+    """One point at ``params``; a point whose requests all failed comes back ``failed``.
+
+    ``traces_dir``: where the study's traces arrive, ``None`` when it does not trace.
+    Raises ``StudyError`` (without the point's name) when the server or model is not there.
+    ``before_load`` runs once the requests are ready, just before the load starts (a wait for
+    the point's slot in a shared schedule).
+    """
+    traced = traces_dir is not None
+    workload.open(params, endpoint, traced=traced, ready_s=ready_s)
+    before_load()
+    sampled = itertools.count()
+    call = _traced_call(workload, run_id, index, sampled) if traced else _bare_call(workload)
+    snapshots: dict[str, Snapshot] = {}
+    problems: list[str] = []
+
+    def scraper(moment: str) -> Callable[[], None]:
+        def take() -> None:
+            if endpoint.metrics_url is None:
+                return
+            try:
+                snapshots[moment] = scrape(endpoint.metrics_url)
+            except Exception as error:  # the figures are missing, the point is not lost
+                problems.append(f"metrics at {endpoint.metrics_url}: {error}")
+
+        return take
+
+    point_load = load.at(params)
+    try:
+        if point_load.asyncio:
+            if isinstance(workload, ModelCalls):
+                workload.connections = point_load.concurrency
+            acall = (
+                _traced_acall(workload, run_id, index, sampled) if traced else _bare_acall(workload)
+            )
+            run = drive_tasks(acall, point_load, on_window_start=scraper("before"),
+                              on_window_end=scraper("after"), progress=progress,
+                              finish=workload.aclose)  # fmt: skip
+        else:
+            run = drive(call, point_load, on_window_start=scraper("before"),
+                        on_window_end=scraper("after"), progress=progress)  # fmt: skip
+    finally:
+        workload.close()
+    batch_size = int(params.get("batch_size", getattr(workload, "batch_size", 1)))
+    point = Point.from_run(index, params, run, load.windows, batch_size)
+    point.sampled = next(sampled)
+    if "before" in snapshots and "after" in snapshots:
+        point.triton = difference(snapshots["before"], snapshots["after"])
+        point.gpus = snapshots["after"].gpus
+        point.triton = {m: _with_instances(f, endpoint, m) for m, f in point.triton.items()}
+    for problem in problems[:1]:
+        _log.warning("otelkit study: point %s: %s", point.label, problem)
+    if traced and point.sampled:
+        flush(timeout_s=5.0)
+        assert traces_dir is not None
+        point.traces = collect(traces_dir, run_id, index, sampled=point.sampled,
+                               timeout_s=traces_timeout_s)  # fmt: skip
+    _judge(point, run)
+    return point
+
+
+Attributes = dict[str, str | int]
+
+
+def _root_attributes(run_id: str, index: int) -> tuple[Attributes, Attributes]:
+    """The attributes of a request's root span in the warm-up, and in the measured window."""
+    warmup: Attributes = {semconv.STUDY_RUN: run_id, semconv.STUDY_POINT: index,
+                          semconv.STUDY_PHASE: semconv.STUDY_PHASE_WARMUP}  # fmt: skip
+    return warmup, {**warmup, semconv.STUDY_PHASE: semconv.STUDY_PHASE_MEASURE}
+
+
+def _traced_call(
+    workload: Workload, run_id: str, index: int, sampled: itertools.count[int]
+) -> Callable[[int, bool], None]:
+    tracer = trace.get_tracer("otelkit.study")
+    warmup, measure = _root_attributes(run_id, index)
+
+    def call(request: int, measured: bool) -> None:
+        attributes = measure if measured else warmup
+        with tracer.start_as_current_span(semconv.STUDY_SPAN, attributes=attributes) as span:
+            if measured and span.is_recording():
+                next(sampled)
+            workload(request)
+
+    return call
+
+
+def _traced_acall(
+    workload: Workload, run_id: str, index: int, sampled: itertools.count[int]
+) -> Callable[[int, bool], Awaitable[None]]:
+    tracer = trace.get_tracer("otelkit.study")
+    warmup, measure = _root_attributes(run_id, index)
+
+    async def call(request: int, measured: bool) -> None:
+        attributes = measure if measured else warmup
+        with tracer.start_as_current_span(semconv.STUDY_SPAN, attributes=attributes) as span:
+            if measured and span.is_recording():
+                next(sampled)
+            await workload.acall(request)
+
+    return call
+
+
+def _bare_acall(workload: Workload) -> Callable[[int, bool], Awaitable[None]]:
+    async def call(request: int, measured: bool) -> None:
+        await workload.acall(request)
+
+    return call
+
+
+def _bare_call(workload: Workload) -> Callable[[int, bool], None]:
+    def call(request: int, measured: bool) -> None:
+        workload(request)
+
+    return call
+
+
+def _with_instances(figures: Any, endpoint: Endpoint, model: str) -> Any:
+    """Triton's figures with the model's instance count, read from its configuration."""
+    if endpoint.http_url is None:
+        return figures
+    url = f"http://{endpoint.http_url}/v2/models/{model}/config"
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as response:
+            config = json.loads(response.read())
+        count = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
+    except Exception:
+        return figures
+    from dataclasses import replace
+
+    return replace(figures, instances=count or None)
+
+
+def _judge(point: Point, run: LoadRun) -> None:
+    """Mark the point failed when no request succeeded or errors stopped it."""
+    if run.completed > 0 and run.stopped is None:
+        return
+    kinds: dict[str, int] = dict(run.errors)
+    if run.warmup_failed and not kinds:
+        kinds = {k: 0 for k in run.error_samples}
+    worst = max(kinds, key=lambda k: kinds[k], default=None)
+    failed = run.failed + run.warmup_failed
+    if worst is None:
+        point.status, point.error = "failed", "no request completed within the measured window"
+        return
+    why = f"{worst} ({run.error_samples.get(worst, '')})"
+    stopped = "stopped after" if run.stopped == "errors" else "every request failed:"
+    point.status = "failed"
+    point.error = f"{stopped} {failed} failed requests, most {why}"

@@ -1,0 +1,241 @@
+"""One measured point of a study, as the results file records it.
+
+A point holds what the client saw (throughput, latency percentiles from every measured request,
+errors by kind, the client's CPU), Triton's figures per model over the same window, the GPUs'
+gauges when Triton has GPUs, and the trace breakdown of the sampled share of its requests. The
+measured window is also cut into equal parts (batch means): the spread of the parts' figures
+gives ``otelkit study compare`` its intervals.
+
+A point driven by several client processes is the merge of their parts: throughputs add up and
+latency percentiles come from the sum of the parts' histograms, that is from all requests.
+
+>>> a = Point(0, {"concurrency": 4}, requests=400, seconds=4.0, histogram=LatencyHistogram())
+>>> a.throughput, a.label
+(100.0, 'concurrency=4')
+>>> merge_parts([a, a]).throughput
+200.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from otelkit.errors import StudyError
+from otelkit.study.histogram import LatencyHistogram
+from otelkit.study.load import LoadRun
+from otelkit.study.traces import PointTraces
+from otelkit.study.triton_metrics import ModelFigures
+
+__all__ = ["Point", "Window", "merge_parts", "point_label"]
+
+
+def point_label(params: Mapping[str, Any]) -> str:
+    """``instances=2 concurrency=4``: how messages and tables name a point."""
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "the point"
+
+
+@dataclass(frozen=True)
+class Window:
+    """One equal part of the measured window: its throughput and latency percentiles."""
+
+    throughput: float
+    p50_ms: float
+    p99_ms: float
+
+
+@dataclass
+class Point:
+    """One point: its sweep ``params`` and every figure measured at it."""
+
+    index: int
+    params: dict[str, Any]
+    status: str = "ok"  # ok, failed
+    error: str = ""
+    requests: int = 0  # successful requests completed within the window
+    seconds: float = 0.0  # the window's length
+    batch_size: int = 1
+    histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
+    errors: dict[str, int] = field(default_factory=dict)
+    error_samples: dict[str, str] = field(default_factory=dict)
+    windows: list[Window] = field(default_factory=list)
+    cpu_s: float = 0.0  # client processes' CPU time over the window
+    triton: dict[str, ModelFigures] = field(default_factory=dict)
+    gpus: dict[str, dict[str, float]] = field(default_factory=dict)
+    traces: PointTraces | None = None
+    sampled: int = 0  # measured requests whose trace was sampled
+    parts: int = 1  # client processes that drove the point
+    started_at: float = 0.0  # when the measured window opened, seconds since the epoch
+
+    @property
+    def label(self) -> str:
+        return point_label(self.params)
+
+    @property
+    def throughput(self) -> float:
+        """Successful requests per second."""
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def items_per_s(self) -> float:
+        """Inferences per second: throughput times the batch size (T = N/ℓ at one in flight)."""
+        return self.throughput * self.batch_size
+
+    def latency_ms(self, q: float) -> float:
+        """The ``q`` quantile of the measured requests' latency, in ms."""
+        return self.histogram.quantile(q) * 1e3
+
+    @property
+    def cpu_cores(self) -> float:
+        """Client CPU time over wall time: cores the client kept busy."""
+        return self.cpu_s / self.seconds if self.seconds else 0.0
+
+    @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+    def component_ms(self, name: str) -> float | None:
+        """Mean ms per request of a breakdown component, ``None`` without traces."""
+        if self.traces is None or name not in self.traces.components:
+            return None
+        return self.traces.components[name].mean_ms
+
+    @classmethod
+    def from_run(
+        cls, index: int, params: Mapping[str, Any], run: LoadRun, windows: int, batch_size: int
+    ) -> Point:
+        """The client's side of a point, from the driver's measured window."""
+        histogram = LatencyHistogram()
+        histogram.add_many(run.latencies_s)
+        point = cls(
+            index, dict(params), requests=run.completed, seconds=run.window_s,
+            batch_size=batch_size, histogram=histogram, errors=dict(run.errors),
+            error_samples=dict(run.error_samples), cpu_s=run.cpu_s, started_at=run.opened_epoch,
+        )  # fmt: skip
+        point.windows = _windows(run, windows)
+        return point
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "record": "point",
+            "index": self.index,
+            "params": self.params,
+            "label": self.label,
+            "status": self.status,
+            "error": self.error,
+            "requests": self.requests,
+            "seconds": self.seconds,
+            "throughput": self.throughput,
+            "batch_size": self.batch_size,
+            "items_per_s": self.items_per_s,
+            "latency_ms": {
+                "p50": self.latency_ms(0.5),
+                "p90": self.latency_ms(0.9),
+                "p99": self.latency_ms(0.99),
+                "max": self.histogram.max_s * 1e3,
+                "mean": self.histogram.mean_s * 1e3,
+            },
+            "errors": self.errors,
+            "error_samples": self.error_samples,
+            "client_cpu": {"cpu_s": self.cpu_s, "cores": self.cpu_cores},
+            "triton": {m: f.to_dict() for m, f in self.triton.items()},
+            "gpus": self.gpus,
+            "traces": self.traces.to_dict() if self.traces is not None else None,
+            "sampled": self.sampled,
+            "parts": self.parts,
+            "started_at": self.started_at,
+            "windows": [[w.throughput, w.p50_ms, w.p99_ms] for w in self.windows],
+            "histogram": self.histogram.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Point:
+        traces = data.get("traces")
+        return cls(
+            index=int(data["index"]),
+            params=dict(data["params"]),
+            status=str(data.get("status", "ok")),
+            error=str(data.get("error", "")),
+            requests=int(data.get("requests", 0)),
+            seconds=float(data.get("seconds", 0.0)),
+            batch_size=int(data.get("batch_size", 1)),
+            histogram=LatencyHistogram.from_dict(data["histogram"]),
+            errors={k: int(v) for k, v in data.get("errors", {}).items()},
+            error_samples=dict(data.get("error_samples", {})),
+            windows=[Window(*map(float, w)) for w in data.get("windows", [])],
+            cpu_s=float(data.get("client_cpu", {}).get("cpu_s", 0.0)),
+            triton={m: ModelFigures.from_dict(f) for m, f in data.get("triton", {}).items()},
+            gpus=dict(data.get("gpus", {})),
+            traces=PointTraces.from_dict(traces) if traces else None,
+            sampled=int(data.get("sampled", 0)),
+            parts=int(data.get("parts", 1)),
+            started_at=float(data.get("started_at", 0.0)),
+        )
+
+
+def _windows(run: LoadRun, count: int) -> list[Window]:
+    width = run.window_s / count
+    ends: list[list[float]] = [[] for _ in range(count)]
+    for end, latency in zip(run.ends_s, run.latencies_s, strict=True):
+        slot = min(count - 1, max(0, int(end / width))) if width > 0 else 0
+        ends[slot].append(latency)
+    windows = []
+    for latencies in ends:
+        histogram = LatencyHistogram()
+        histogram.add_many(latencies)
+        windows.append(
+            Window(len(latencies) / width if width else 0.0, histogram.quantile(0.5) * 1e3,
+                   histogram.quantile(0.99) * 1e3)
+        )  # fmt: skip
+    return windows
+
+
+def merge_parts(parts: Sequence[Point], max_skew_s: float = 1.0) -> Point:
+    """One point from the parts that client processes measured over the same window.
+
+    Requests and throughputs add up; the percentiles come from the merged histograms; the
+    window is the longest part's: they ran side by side, their windows opening within
+    ``max_skew_s`` of each other. A window's percentiles are the parts' means, weighted by
+    their requests.
+    """
+    if not parts:
+        raise ValueError("no parts to merge")
+    first = parts[0]
+    starts = [p.started_at for p in parts if p.started_at and p.status == "ok"]
+    if starts and max(starts) - min(starts) > max_skew_s:
+        raise StudyError(
+            f"the parts did not run side by side: their windows opened "
+            f"{max(starts) - min(starts):.1f} s apart (give them the same start and slot)",
+            point=first.label,
+        )
+    histogram = LatencyHistogram()
+    errors: dict[str, int] = {}
+    samples: dict[str, str] = {}
+    for part in parts:
+        histogram = histogram.merged(part.histogram)
+        for kind, n in part.errors.items():
+            errors[kind] = errors.get(kind, 0) + n
+        for kind, message in part.error_samples.items():
+            samples.setdefault(kind, message)
+    seconds = max(p.seconds for p in parts)
+    requests = round(sum(p.throughput for p in parts) * seconds)
+    merged = Point(
+        first.index, dict(first.params), requests=requests, seconds=seconds,
+        batch_size=first.batch_size, histogram=histogram, errors=errors, error_samples=samples,
+        cpu_s=sum(p.cpu_s for p in parts), sampled=sum(p.sampled for p in parts),
+        parts=sum(p.parts for p in parts), started_at=min(starts, default=0.0),
+    )  # fmt: skip
+    failed = [p for p in parts if p.status != "ok"]
+    if failed:
+        merged.status, merged.error = "failed", failed[0].error
+    if all(len(p.windows) == len(first.windows) for p in parts):
+        for slot in range(len(first.windows)):
+            rows = [p.windows[slot] for p in parts]
+            total = sum(r.throughput for r in rows)
+            weights = [r.throughput / total if total else 1 / len(rows) for r in rows]
+            merged.windows.append(
+                Window(total, sum(w * r.p50_ms for w, r in zip(weights, rows, strict=True)),
+                       sum(w * r.p99_ms for w, r in zip(weights, rows, strict=True)))
+            )  # fmt: skip
+    return merged

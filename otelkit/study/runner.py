@@ -1,0 +1,275 @@
+"""``Study``: sweep a deployment, measure every point, derive the figures, name what caps it.
+
+>>> study = Study(
+...     model="sleep_fp32",
+...     server=Triton("tests/models"),
+...     load=Load(seconds=5, warmup_s=1),
+...     sweep={"instances": [1, 2], "concurrency": [1, 2, 4]},
+...     tracing=Tracing(per_second=20),
+...     out="study.jsonl",
+... )  # doctest: +SKIP
+>>> print(study.run().summary())  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from otelkit.errors import StudyError
+from otelkit.receiver import Receiver
+from otelkit.study.load import Load
+from otelkit.study.measure import measure_point
+from otelkit.study.point import Point, point_label
+from otelkit.study.progress import Progress
+from otelkit.study.results import ResultsWriter, StudyResults
+from otelkit.study.servers import Remote, Server, Triton
+from otelkit.study.sweep import SweepSpec, check, expand
+from otelkit.study.workload import FunctionCalls, Inputs, ModelCalls, RequestFactory, Workload
+from otelkit.telemetry import configure, shutdown
+
+__all__ = ["Study", "Tracing", "run"]
+
+_log = logging.getLogger("otelkit.study")
+
+
+@dataclass(frozen=True)
+class Tracing:
+    """How a study traces: ``per_second`` sampled requests a second (otelkit's rate-limiting
+    sampler, which keeps Triton 2.51 below its traced-load crash), sent to an embedded receiver
+    on ``port`` (0: any) whose files the study reads back — or to ``endpoint`` (a Collector's
+    OTLP/HTTP traces URL), read back from ``directory`` (its file exporter's output)."""
+
+    per_second: float = 20.0
+    port: int = 0
+    endpoint: str | None = None
+    directory: str | None = None
+    service_name: str = "otelkit-study"
+
+
+class Study:
+    """A sweep of a deployment, measured point by point into a results file.
+
+    Give ``model`` (requests made from its metadata, or from ``inputs(index, batch_size)``) or
+    ``request`` (a factory ``request(params, endpoint)`` returning ``call(index)``, or a
+    ``Workload``). ``server`` is a ``Triton`` to launch, a ``Remote``, or ``"host:port"``;
+    ``servers`` are labelled servers for a ``server`` sweep. ``unit`` names a request in the
+    verdicts ("event"); ``tolerance`` is the knee's and the verdicts' flatness (0.1: ±10 %).
+
+    Client processes that drive the same points side by side (on one node or many: a Slurm job
+    array, Ray tasks) share a schedule: point ``k`` starts at ``start_at + k * slot_s`` (epoch
+    seconds) in each, and ``otelkit study merge`` makes one point of their parts.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        request: RequestFactory | Workload | None = None,
+        server: Server | str | None = None,
+        servers: Mapping[str, Server | str] | None = None,
+        protocol: str = "http",
+        inputs: Inputs | None = None,
+        batch_size: int = 1,
+        load: Load | None = None,
+        sweep: SweepSpec | None = None,
+        tracing: Tracing | None = None,
+        out: str | Path = "study.jsonl",
+        unit: str = "request",
+        tolerance: float = 0.1,
+        progress: bool = True,
+        timeout_s: float = 60.0,
+        start_at: float | None = None,
+        slot_s: float | None = None,
+    ) -> None:
+        if (model is None) == (request is None):
+            raise StudyError("give model (a model to call) or request (what one request does)")
+        self.load = load or Load()
+        self.sweep, self.tracing, self.out = sweep, tracing, Path(out)
+        self.unit, self.tolerance, self.progress = unit, tolerance, progress
+        if (start_at is None) != (slot_s is None) or (slot_s is not None and slot_s <= 0):
+            raise StudyError("start_at and slot_s go together, slot_s above 0")
+        self.start_at, self.slot_s = start_at, slot_s
+        self.servers = {k: _server(v) for k, v in (servers or {}).items()}
+        self.server = _server(server) if server is not None else None
+        if self.server is None and not self.servers:
+            raise StudyError("give server (a Triton to launch, a Remote or 'host:port')")
+        self.workload: Workload
+        if model is not None:
+            self.workload = ModelCalls(model, protocol=protocol, inputs=inputs,
+                                       batch_size=batch_size, timeout_s=timeout_s)  # fmt: skip
+            for each in [self.server, *self.servers.values()]:
+                if isinstance(each, Triton):
+                    each.with_models([model])
+        elif isinstance(request, Workload):
+            self.workload = request
+        else:
+            assert request is not None
+            self.workload = FunctionCalls(request)
+
+    def points(self) -> list[dict[str, Any]]:
+        """The sweep's points, each checked: a bad value raises ``StudyError`` naming it."""
+        points = expand(self.sweep)
+        takers: dict[str, str] = {}
+        for axis in self.workload.axes if self.workload.axes is not None else ("*",):
+            takers[axis] = "request"
+        for server in [self.server, *self.servers.values()]:
+            for axis in server.axes if server is not None else ():
+                takers[axis] = "server"
+        check(points, self.load, takers=takers, servers=self.servers)
+        if any("server" not in p for p in points) and self.server is None:
+            raise StudyError("points without a server parameter need server=")
+        return points
+
+    def run(self) -> StudyResults:
+        """Measure every point, writing each to ``out`` as it is done; derive and judge.
+
+        Ctrl-C stops the sweep: the points done are kept and the results say ``interrupted``.
+        A point that fails (server unreachable, model missing, every request failed, server
+        died) ends the sweep with ``StudyError`` naming it, after the file is written; the
+        error's ``results`` hold the points done.
+        """
+        points = self.points()
+        files = self.out.parent / f"{self.out.stem}-files"
+        run_id = uuid.uuid4().hex[:16]
+        receiver: Receiver | None = None
+        traces_url = traces_dir = None
+        if self.tracing is not None:
+            receiver, traces_url, traces_dir = _start_tracing(self.tracing, files)
+        for each in [self.server, *self.servers.values()]:
+            if isinstance(each, Triton) and each.log_dir is None:
+                each.log_dir = files
+        header = self._header(run_id, points)
+        results = StudyResults(header, [], path=self.out)
+        progress = Progress(len(points), enabled=self.progress)
+        failure: StudyError | None = None
+        writer = ResultsWriter(self.out, header)
+        try:
+            for index, params in enumerate(points):
+                point = self._point(index, params, run_id, traces_url, traces_dir, progress)
+                results.points.append(point)
+                writer.point(point)
+                progress.done(index, point.label, _done_text(point, self.unit))
+                if point.status != "ok":
+                    failure = StudyError(point.error, point=point.label)
+                    break
+        except KeyboardInterrupt:
+            results.status, results.message = "interrupted", "stopped by Ctrl-C"
+        finally:
+            for each in [self.server, *self.servers.values()]:
+                if each is not None:
+                    each.close()
+            if self.tracing is not None:
+                shutdown()
+            if receiver is not None:
+                receiver.stop()
+        if failure is not None:
+            results.status, results.message = "failed", str(failure)
+        results.derive(self.tolerance, self.unit)
+        writer.finish(results)
+        if failure is not None:
+            failure.results = results
+            raise failure
+        return results
+
+    def _point(
+        self, index: int, params: dict[str, Any], run_id: str, traces_url: str | None,
+        traces_dir: Path | None, progress: Progress,
+    ) -> Point:  # fmt: skip
+        label = point_label(params)
+        server = self.servers[params["server"]] if "server" in params else self.server
+        assert server is not None
+        load = self.load.at(params)
+        planned = load.warmup_s + (load.seconds or 0.0)
+        progress.start(index, label, planned)
+        try:
+            progress.note("preparing the server")
+            endpoint = server.prepare(params, traces_url)
+            point = measure_point(
+                index, params, workload=self.workload, endpoint=endpoint, load=self.load,
+                run_id=run_id, traces_dir=traces_dir, ready_s=getattr(server, "ready_s", 0.0),
+                progress=progress.tick, before_load=lambda: self._wait_for_slot(index),
+            )  # fmt: skip
+        except StudyError as error:
+            return Point(index, dict(params), status="failed", error=error.reason)
+        dead = server.failure()
+        if dead is not None:
+            why = f"; {point.error}" if point.error else ""
+            point.status = "failed"
+            point.error = f"the server died during the point: {dead.splitlines()[0]}{why}"
+        return point
+
+    def _wait_for_slot(self, index: int) -> None:
+        if self.start_at is None or self.slot_s is None:
+            return
+        begin = self.start_at + index * self.slot_s
+        late = time.time() - begin
+        if late > 0.5:
+            raise StudyError(f"the point's slot began {late:.1f} s ago: give a longer slot")
+        time.sleep(max(0.0, begin - time.time()))
+
+    def _header(self, run_id: str, points: list[dict[str, Any]]) -> dict[str, Any]:
+        servers = {k: v.describe() for k, v in self.servers.items()}
+        return {
+            "run_id": run_id,
+            "otelkit_version": _version(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "model": self.workload.model,
+            "protocol": getattr(self.workload, "protocol", None),
+            "load": asdict(self.load),
+            "sweep": points,
+            "server": self.server.describe() if self.server is not None else None,
+            "servers": servers,
+            "tracing": asdict(self.tracing) if self.tracing is not None else None,
+            "unit": self.unit,
+            "tolerance": self.tolerance,
+        }
+
+
+def run(**options: Any) -> StudyResults:
+    """``Study(**options).run()``."""
+    return Study(**options).run()
+
+
+def _server(server: Server | str) -> Server:
+    return Remote(server) if isinstance(server, str) else server
+
+
+def _start_tracing(tracing: Tracing, files: Path) -> tuple[Receiver | None, str, Path]:
+    receiver = None
+    if tracing.endpoint is None:
+        receiver = Receiver(files / "traces", port=tracing.port, max_concurrent=8).start()
+        traces_url, traces_dir = receiver.traces_url, receiver.out_dir
+    else:
+        if tracing.directory is None:
+            raise StudyError("Tracing(endpoint=...) needs directory=: where its traces are read")
+        traces_url, traces_dir = tracing.endpoint, Path(tracing.directory)
+    configure(
+        service_name=tracing.service_name, traces_endpoint=traces_url,
+        sampler="parentbased_ratelimiting", sampler_arg=tracing.per_second,
+        bsp_schedule_delay_ms=200.0, metrics_exporter="none",
+    )  # fmt: skip
+    return receiver, traces_url, traces_dir
+
+
+def _done_text(point: Point, unit: str) -> str:
+    if point.status != "ok":
+        return f"failed: {point.error}"
+    errors = f", {point.failed} errors" if point.failed else ""
+    return (
+        f"{point.throughput:.1f} {unit}s/s, p50 {point.latency_ms(0.5):.2f} ms, "
+        f"p99 {point.latency_ms(0.99):.2f} ms{errors}"
+    )
+
+
+def _version() -> str:
+    try:
+        return metadata.version("otelkit")
+    except metadata.PackageNotFoundError:
+        return "unknown"

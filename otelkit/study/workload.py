@@ -1,0 +1,281 @@
+"""What one request of a study does: call a model with tritonclient, or run a user's function.
+
+``ModelCalls`` calls one model of a KServe v2 server over HTTP or gRPC with a pool of inputs
+made before the load starts (from the model's metadata, or from the user's ``inputs(index,
+batch_size)``), so the load measures inference, not input making. tritonclient's HTTP client
+is not thread-safe: each thread gets its own; gRPC threads share one channel. With tracing on,
+the clients are instrumented by otelkit (a CLIENT span and a ``traceparent`` per sampled call).
+
+``FunctionCalls`` wraps a user's request factory, ``factory(params, endpoint)`` returning
+``request(index)``: the reference deployment's ``reconstruct`` of one event under a service
+option, say. Whatever it calls, its spans join the request's root span.
+
+>>> calls = ModelCalls("identity_fp32", protocol="http", batch_size=4)
+>>> calls.axes
+('batch_size',)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from otelkit._core.extras import require
+from otelkit.client import instrument_client
+from otelkit.errors import StudyError
+from otelkit.study.inputs import batch_problem, inputs_from_metadata, to_infer_inputs
+from otelkit.study.servers import Endpoint
+
+__all__ = ["FunctionCalls", "ModelCalls", "Workload"]
+
+Inputs = Callable[[int, int], Mapping[str, Any]]
+RequestFactory = Callable[[Mapping[str, Any], Endpoint], Callable[[int], Any]]
+
+
+class Workload:
+    """One request of a study: ``open`` before a point's load, ``__call__`` per request,
+    ``close`` after. ``axes`` are the sweep parameters it takes (``None``: any)."""
+
+    axes: tuple[str, ...] | None = ()
+    model: str | None = None
+
+    def open(
+        self, params: Mapping[str, Any], endpoint: Endpoint, *, traced: bool, ready_s: float
+    ) -> None:
+        raise NotImplementedError
+
+    def __call__(self, index: int) -> None:
+        raise NotImplementedError
+
+    async def acall(self, index: int) -> None:
+        """Request ``index`` as an asyncio coroutine, for ``Load(asyncio=True)``."""
+        raise StudyError(f"{type(self).__name__} has no asyncio form: use threads")
+
+    async def aclose(self) -> None:
+        """Release what ``acall`` made on the event loop (closed before the loop is)."""
+
+    def close(self) -> None:
+        """Release what ``open`` made."""
+
+
+class ModelCalls(Workload):
+    """Calls ``model`` with ``pool`` distinct inputs, ``batch_size`` a request (or the point's).
+
+    ``timeout_s`` bounds each call; ``free_dim`` sets the variable dimensions of made inputs.
+    """
+
+    axes = ("batch_size",)
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        protocol: str = "http",
+        inputs: Inputs | None = None,
+        batch_size: int = 1,
+        pool: int = 16,
+        free_dim: int = 16,
+        timeout_s: float = 60.0,
+    ) -> None:
+        if protocol not in ("http", "grpc"):
+            raise StudyError(f"protocol is http or grpc, not {protocol!r}")
+        self.model, self.protocol, self._inputs = model, protocol, inputs
+        self.batch_size, self.pool, self.free_dim = batch_size, pool, free_dim
+        self.timeout_s = timeout_s
+        self._module: Any = None
+        self._url = ""
+        self._traced = False
+        self._local = threading.local()
+        self._clients: list[Any] = []
+        self._lock = threading.Lock()
+        self._requests: Sequence[Sequence[Any]] = ()
+        self._call_options: dict[str, Any] = {}
+        self._aclient: Any = None
+        self.connections = 100  # the asyncio HTTP client's; the study sets the point's
+
+    def open(
+        self, params: Mapping[str, Any], endpoint: Endpoint, *, traced: bool, ready_s: float
+    ) -> None:
+        self.close()
+        name = "tritonclient.http" if self.protocol == "http" else "tritonclient.grpc"
+        self._module = require(name, extra="triton", feature="otelkit study")
+        self._url, self._traced = endpoint.url(self.protocol), traced
+        self._call_options = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        client = self._client()
+        self._wait_ready(client, ready_s)
+        batch_size = int(params.get("batch_size", self.batch_size))
+        max_batch_size = self._max_batch_size(client)
+        problem = batch_problem(max_batch_size, batch_size)
+        if problem:
+            raise StudyError(f"model {self.model!r}: {problem}")
+        if self._inputs is not None:
+            arrays = [self._inputs(index, batch_size) for index in range(self.pool)]
+        else:
+            metadata = self._json(client.get_model_metadata(self.model, **self._as_json()))
+            try:
+                arrays = [
+                    inputs_from_metadata(
+                        metadata, max_batch_size=max_batch_size, batch_size=batch_size,
+                        free_dim=self.free_dim, seed=index,
+                    )
+                    for index in range(self.pool)
+                ]  # fmt: skip
+            except ValueError as error:
+                raise StudyError(f"model {self.model!r}: {error}") from error
+        self._requests = [to_infer_inputs(self._module, a) for a in arrays]
+
+    def _max_batch_size(self, client: Any) -> int | None:
+        """Triton's ``max_batch_size``; ``None`` from a server without the configuration API."""
+        try:
+            config = self._json(client.get_model_config(self.model, **self._as_json()))
+        except Exception:
+            return None
+        config = config.get("config", config)
+        return int(config.get("max_batch_size", 0))
+
+    def _as_json(self) -> dict[str, bool]:
+        return {"as_json": True} if self.protocol == "grpc" else {}
+
+    @staticmethod
+    def _json(value: Any) -> dict[str, Any]:
+        return value if isinstance(value, dict) else {}
+
+    def _wait_ready(self, client: Any, ready_s: float) -> None:
+        deadline = time.monotonic() + ready_s
+        while True:
+            try:
+                live = bool(client.is_server_live())
+                problem = None if live else "says it is not live"
+            except Exception as error:
+                problem = f"does not answer ({type(error).__name__}: {error})"
+            if problem is None:
+                try:
+                    if client.is_model_ready(self.model):
+                        return
+                except Exception:
+                    pass
+                problem = f"has no model {self.model!r} ready{self._models_known(client)}"
+            if time.monotonic() >= deadline:
+                raise StudyError(f"the server at {self._url} ({self.protocol}) {problem}")
+            time.sleep(0.2)
+
+    def _models_known(self, client: Any) -> str:
+        try:
+            index = client.get_model_repository_index(**self._as_json())
+        except Exception:
+            return ""
+        models = index.get("models", []) if isinstance(index, dict) else index
+        names = sorted({str(m.get("name")) for m in models if isinstance(m, dict)})
+        return f" (its models: {', '.join(names)})" if names else ""
+
+    def _client(self) -> Any:
+        client = getattr(self._local, "client", None)
+        if client is not None:
+            return client
+        if self.protocol == "grpc" and self._clients:
+            client = self._clients[0]  # gRPC threads share one channel
+        else:
+            if self.protocol == "http":
+                client = self._module.InferenceServerClient(
+                    self._url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
+                )
+            else:
+                client = self._module.InferenceServerClient(self._url)
+            if self._traced:
+                client = instrument_client(client)
+            with self._lock:
+                self._clients.append(client)
+        self._local.client = client
+        return client
+
+    def __call__(self, index: int) -> None:
+        inputs = self._requests[index % len(self._requests)]
+        self._client().infer(self.model, inputs, **self._call_options)
+
+    async def acall(self, index: int) -> None:
+        """Request ``index`` through tritonclient's asyncio client, one per event loop."""
+        client = self._aclient
+        if client is None:
+            name = "tritonclient.http.aio" if self.protocol == "http" else "tritonclient.grpc.aio"
+            module: Any = require(name, extra="triton", feature="otelkit study on asyncio")
+            if self.protocol == "http":  # one connection per request in flight, at most
+                client = module.InferenceServerClient(self._url, conn_limit=self.connections)
+            else:
+                client = module.InferenceServerClient(self._url)
+            client = instrument_client(client) if self._traced else client
+            self._aclient = client
+        inputs = self._requests[index % len(self._requests)]
+        await client.infer(self.model, inputs, **self._call_options)
+
+    async def aclose(self) -> None:
+        client, self._aclient = self._aclient, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            with contextlib.suppress(Exception):  # a client of a server that died
+                client.close()
+        self._local = threading.local()
+
+
+class FunctionCalls(Workload):
+    """A user's requests: ``factory(params, endpoint)`` returns ``request(index)`` for a point.
+
+    ``axes`` are the sweep parameters the factory takes (default: any). A returned callable
+    with a ``close()`` method is closed after the point.
+
+    >>> calls = FunctionCalls(lambda params, endpoint: lambda index: None)
+    """
+
+    axes: tuple[str, ...] | None = None
+
+    def __init__(
+        self,
+        factory: RequestFactory,
+        *,
+        axes: Sequence[str] | None = None,
+        model: str | None = None,
+    ) -> None:
+        self._factory = factory
+        self.axes = tuple(axes) if axes is not None else None
+        self.model = model
+        self._request: Callable[[int], Any] | None = None
+
+    def open(
+        self, params: Mapping[str, Any], endpoint: Endpoint, *, traced: bool, ready_s: float
+    ) -> None:
+        self.close()
+        try:
+            self._request = self._factory(params, endpoint)
+        except StudyError:
+            raise
+        except Exception as error:
+            raise StudyError(
+                f"the request factory failed: {type(error).__name__}: {error}"
+            ) from error
+
+    def __call__(self, index: int) -> None:
+        assert self._request is not None
+        self._request(index)
+
+    async def acall(self, index: int) -> None:
+        """Awaits the request when the factory returned a coroutine function."""
+        assert self._request is not None
+        result = self._request(index)
+        if not inspect.isawaitable(result):
+            raise StudyError("the request factory returned no coroutine function: use threads")
+        await result
+
+    def close(self) -> None:
+        request, self._request = self._request, None
+        closer = getattr(request, "close", None)
+        if callable(closer):
+            closer()

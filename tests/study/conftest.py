@@ -1,0 +1,163 @@
+"""Fixtures of the study tests: synthetic points, a server with a contended stage, and one
+study on a Triton that otelkit launches (its points serve several tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from otelkit.analysis.breakdown import TOTAL
+from otelkit.study import Load, Point, Remote, Study, StudyResults, Tracing, Triton
+from otelkit.study.histogram import LatencyHistogram
+from otelkit.study.traces import ComponentStat, PointTraces
+from otelkit.study.triton_metrics import ModelFigures
+from otelkit.tritonserver import TritonServer, free_port
+from tests.paths import MODELS, ROOT, TESTS
+
+STUDY_MODELS = TESTS / "study" / "models"
+
+
+def make_point(
+    params: Mapping[str, Any],
+    throughput: float,
+    components: Mapping[str, float] | None = None,
+    *,
+    index: int = 0,
+    stage_models: Mapping[str, str] | None = None,
+    triton: Mapping[str, ModelFigures] | None = None,
+    latency_ms: float = 10.0,
+    calls: float = 1.0,
+) -> Point:
+    """A measured point over 10 s: its throughput, and ms per request of each component."""
+    histogram = LatencyHistogram()
+    histogram.add_many([latency_ms / 1e3] * 100)
+    point = Point(
+        index,
+        dict(params),
+        requests=round(throughput * 10),
+        seconds=10.0,
+        histogram=histogram,
+        triton=dict(triton or {}),
+        batch_size=int(params.get("batch_size", 1)),
+    )
+    if components is not None:
+        stats = {name: ComponentStat(ms, ms * 1.2) for name, ms in components.items()}
+        stats[TOTAL] = ComponentStat(sum(components.values()), sum(components.values()) * 1.2)
+        point.traces = PointTraces(
+            traces=50,
+            components=stats,
+            calls_per_request=calls,
+            stage_models=dict(stage_models or {}),
+        )
+    return point
+
+
+def figures(
+    compute_ms: float,
+    queue_ms: float = 0.1,
+    *,
+    requests: int = 1000,
+    per_execution: float = 1.0,
+    instances: int | None = None,
+) -> ModelFigures:
+    """Triton's figures of one model over a point."""
+    executions = round(requests / per_execution)
+    return ModelFigures(
+        requests=requests,
+        failures=0,
+        inferences=requests,
+        executions=executions,
+        queue_ms=queue_ms,
+        compute_input_ms=0.0,
+        compute_infer_ms=compute_ms,
+        compute_output_ms=0.0,
+        request_ms=queue_ms + compute_ms,
+        pending=0.0,
+        instances=instances,
+    )
+
+
+@dataclass(frozen=True)
+class ContendedServer:
+    """The contended model server (tests/study/contended_app.py) and the receiver port its
+    spans go to: a study's ``Tracing(port=...)``."""
+
+    url: str
+    receiver_port: int
+
+
+@pytest.fixture(scope="module")
+def contended_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContendedServer]:
+    receiver_port, port = free_port(), free_port()
+    env = dict(
+        os.environ,
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=(f"http://127.0.0.1:{receiver_port}/v1/traces"),
+    )
+    env["OTEL_TRACES_SAMPLER"] = "parentbased_always_off"  # the client's sampled share only
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "examples"), *sys.path])
+    log = tmp_path_factory.mktemp("contended") / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.study.contended_app", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, f"the contended app did not start: {log}"
+                time.sleep(0.1)
+        yield ContendedServer(f"127.0.0.1:{port}", receiver_port)
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+@pytest.fixture(scope="session")
+def untraced_triton() -> Iterator[TritonServer]:
+    """A Triton on tests/models that traces nothing: the studies here load it with thousands of
+    requests a second, which would crash the session's traced Triton (tritonserver 2.51's
+    tracer, docs/known-issues.md) under every other test."""
+    with TritonServer(MODELS) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def fixed_study(tmp_path_factory: pytest.TempPathFactory) -> StudyResults:
+    """``fixed_fp32`` (a 10 ms stage, no batching) on a Triton the study launches, at 1 and 2
+    instances × 1 and 4 requests in flight, traced: saturation and the instance sweep."""
+    out = tmp_path_factory.mktemp("fixed-study") / "study.jsonl"
+    study = Study(
+        model="fixed_fp32",
+        server=Triton(STUDY_MODELS),
+        load=Load(seconds=2.0, warmup_s=0.5),
+        sweep={"instances": [1, 2], "concurrency": [1, 4]},
+        tracing=Tracing(per_second=20),
+        out=out,
+        tolerance=0.2,  # ±20 %: this machine's 2 cores are shared with Triton and the client
+        progress=False,
+    )
+    return study.run()
+
+
+def remote(server: TritonServer, protocol: str = "http") -> Remote:
+    """A running Triton as a server the study does not launch."""
+    url = server.http_url if protocol == "http" else server.grpc_url
+    return Remote(url, metrics_url=server.metrics_url)
+
+
+__all__ = ["STUDY_MODELS", "ContendedServer", "figures", "make_point", "remote"]

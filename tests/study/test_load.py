@@ -1,0 +1,158 @@
+"""The load driver and the study loop on requests that only sleep: timing, counting, Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from otelkit.study import Load, Remote, Study, read_results
+from otelkit.study.load import drive, error_kind
+from otelkit.study.servers import Endpoint
+from otelkit.study.tasks import drive_tasks
+
+
+def sleeper(seconds: float, seen: list[tuple[float, bool]] | None = None) -> Any:
+    def call(index: int, measured: bool) -> None:
+        if seen is not None:
+            seen.append((time.perf_counter(), measured))
+        time.sleep(seconds)
+
+    return call
+
+
+def test_closed_loop_keeps_concurrency_in_flight_and_leaves_the_warmup_out() -> None:
+    seen: list[tuple[float, bool]] = []
+    opened: list[float] = []
+    run = drive(
+        sleeper(0.005, seen),
+        Load(concurrency=4, seconds=1.0, warmup_s=0.3),
+        on_window_start=lambda: opened.append(time.perf_counter()),
+    )
+    mean = statistics.fmean(run.latencies_s)
+    # Little's law: requests in flight = throughput x latency
+    assert run.completed / run.window_s * mean == pytest.approx(4, rel=0.1)
+    assert 0.005 <= mean < 0.008
+    assert run.window_s == pytest.approx(1.0, abs=0.05)
+    warmup = [t for t, measured in seen if not measured]
+    assert warmup and max(warmup) < opened[0] <= min(t for t, m in seen if m)
+    assert len(run.latencies_s) == sum(1 for _, m in seen if m)
+    assert run.errors == {} and run.stopped is None
+
+
+def test_a_count_of_requests_is_measured_exactly() -> None:
+    run = drive(sleeper(0.002), Load(concurrency=3, requests=50, warmup_s=0.1))
+    assert len(run.latencies_s) == 50
+    assert run.completed >= 47  # those completing in the window, warm-up stragglers included
+
+
+def test_open_loop_sends_poisson_arrivals_at_the_rate_whatever_the_answers() -> None:
+    seen: list[tuple[float, bool]] = []
+    run = drive(sleeper(0.02, seen), Load(rate=200.0, seconds=1.5, warmup_s=0.2, seed=3))
+    measured = sorted(t for t, m in seen if m)
+    # 300 expected; a Poisson count's standard deviation is its root, 17
+    assert 250 <= len(measured) <= 350
+    gaps = [b - a for a, b in itertools.pairwise(measured)]
+    assert statistics.fmean(gaps) == pytest.approx(1 / 200, rel=0.2)
+    assert statistics.stdev(gaps) == pytest.approx(statistics.fmean(gaps), rel=0.3)  # exponential
+    # 20 ms answers at 200/s: 4 in flight on average, never throttling the arrivals
+    assert statistics.fmean(run.latencies_s) == pytest.approx(0.02, rel=0.25)
+
+
+def test_failed_requests_are_counted_by_kind_and_too_many_stop_the_point() -> None:
+    def flaky(index: int, measured: bool) -> None:
+        time.sleep(0.001)
+        if index % 3 == 0:
+            raise InferenceServerException("busy", status="StatusCode.UNAVAILABLE")
+
+    run = drive(flaky, Load(concurrency=2, seconds=0.5, warmup_s=0.1))
+    failed = run.errors["InferenceServerException StatusCode.UNAVAILABLE"]
+    assert failed == pytest.approx((failed + len(run.latencies_s)) / 3, rel=0.15)
+    sample = run.error_samples["InferenceServerException StatusCode.UNAVAILABLE"]
+    assert sample == "[StatusCode.UNAVAILABLE] busy"
+    assert run.stopped is None
+
+    def dead(index: int, measured: bool) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    started = time.monotonic()
+    run = drive(dead, Load(concurrency=8, seconds=30.0, warmup_s=0.0, max_errors=200))
+    assert time.monotonic() - started < 5
+    assert run.stopped == "errors"
+    assert sum(run.errors.values()) + run.warmup_failed >= 200
+    assert error_kind(TimeoutError()) == "TimeoutError"
+
+
+def test_ctrl_c_stops_every_thread() -> None:
+    def interrupt(elapsed: float, done: int) -> None:
+        if elapsed > 0.3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        drive(sleeper(0.01), Load(concurrency=16, seconds=30.0, warmup_s=0.1), progress=interrupt)
+    assert not [t for t in threading.enumerate() if t.name.startswith("otelkit-study")]
+
+
+def test_a_study_of_a_users_requests_sweeps_its_own_parameter_and_keeps_points_on_ctrl_c(
+    tmp_path: Path,
+) -> None:
+    made: list[dict[str, Any]] = []
+
+    def factory(params: Mapping[str, Any], endpoint: Endpoint) -> Any:
+        made.append(dict(params))
+        if params["option"] == 2:  # Ctrl-C while the third point runs
+            timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+        return lambda index: time.sleep(0.002 * (1 + params["option"]))
+
+    out = tmp_path / "study.jsonl"
+    study = Study(
+        request=factory,
+        server=Remote("127.0.0.1:1"),
+        sweep={"option": [0, 1, 2, 3]},
+        load=Load(concurrency=2, seconds=0.5, warmup_s=0.1),
+        out=out,
+        progress=False,
+    )
+    results = study.run()
+    assert results.interrupted
+    assert made == [{"option": 0}, {"option": 1}, {"option": 2}]
+    assert [p.params for p in results.points] == [{"option": 0}, {"option": 1}]
+    back = read_results(out)
+    assert (back.status, len(back.points)) == ("interrupted", 2)
+    # throughput falls as each request takes longer: 2 in flight / (2 or 4 ms)
+    assert back.points[0].throughput == pytest.approx(1000, rel=0.3)
+    assert back.points[1].throughput == pytest.approx(500, rel=0.3)
+
+
+def test_asyncio_tasks_keep_many_requests_in_flight_from_one_thread() -> None:
+    async def request(index: int, measured: bool) -> None:
+        await asyncio.sleep(0.02)
+
+    threads = threading.active_count()
+    seen_threads: set[int] = set()
+
+    def progress(elapsed: float, done: int) -> None:
+        seen_threads.add(threading.active_count())
+
+    run = drive_tasks(
+        request, Load(concurrency=200, seconds=1.0, warmup_s=0.2, asyncio=True), progress=progress
+    )
+    mean = statistics.fmean(run.latencies_s)
+    assert run.completed / run.window_s * mean == pytest.approx(200, rel=0.1)  # Little
+    assert mean < 0.03
+    assert max(seen_threads) <= threads + 2  # the loop's thread and one helper for the hooks
+    assert Load(rate=5.0, asyncio=True).problems() == [
+        "an open loop (rate) runs on threads: asyncio goes with a concurrency"
+    ]
+    assert Load(concurrency=5000, asyncio=True).problems() == []

@@ -1,0 +1,177 @@
+"""Points measured on real servers: the figures agree with each other and with the models'
+known service times, and the verdicts name what caps throughput."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from otelkit.analysis.breakdown import SERVER_QUEUE, TOTAL
+from otelkit.study import Load, Remote, Study, StudyResults, Tracing
+from otelkit.tritonserver import TritonServer
+from tests.study.conftest import ContendedServer, remote
+
+pytestmark = pytest.mark.triton
+
+
+def test_a_closed_loop_point_on_triton_agrees_with_little_and_the_models_sleep(
+    untraced_triton: TritonServer, tmp_path: Path
+) -> None:
+    # sleep_fp32 sleeps 0.5 s an execution and batches what waits in its queue
+    results = Study(
+        model="sleep_fp32",
+        server=remote(untraced_triton),
+        load=Load(seconds=3.0, warmup_s=0.6),
+        sweep={"concurrency": [2]},
+        out=tmp_path / "sleep.jsonl",
+        progress=False,
+    ).run()
+    point = results.points[0]
+    sleep = point.triton["sleep_fp32"]
+    assert point.status == "ok" and point.failed == 0
+    # Little's law, on a few requests of 0.5 to 1 s: each thread's first and last request of
+    # the window count in one figure and not the other
+    assert point.throughput * point.histogram.mean_s == pytest.approx(2, rel=0.3)
+    assert 0.5 <= point.histogram.mean_s <= 1.1
+    assert sleep.compute_infer_ms == pytest.approx(500, rel=0.05)
+    # one instance, busy the whole window: executions x 0.5 s fill it
+    assert sleep.executions * sleep.compute_ms / 1e3 == pytest.approx(point.seconds, rel=0.2)
+    assert point.throughput == pytest.approx(sleep.requests_per_execution / 0.5, rel=0.2)
+    assert abs(sleep.requests - point.requests) <= 2  # the same window, give or take in flight
+    assert point.latency_ms(0.5) == pytest.approx(sleep.request_ms, rel=0.2)
+
+
+def test_identity_points_agree_with_tritons_counters(
+    untraced_triton: TritonServer, tmp_path: Path
+) -> None:
+    results = Study(
+        model="identity_fp32",
+        server=remote(untraced_triton, "grpc"),
+        protocol="grpc",
+        load=Load(seconds=1.5, warmup_s=0.3),
+        sweep={"concurrency": [1, 2]},
+        out=tmp_path / "identity.jsonl",
+        progress=False,
+    ).run()
+    for point in results.points:
+        n = point.params["concurrency"]
+        identity = point.triton["identity_fp32"]
+        assert point.throughput * point.histogram.mean_s == pytest.approx(n, rel=0.1)
+        assert identity.requests == pytest.approx(point.requests, abs=2 * n)
+        assert identity.request_ms < point.histogram.mean_s * 1e3  # the server's share of it
+        assert point.cpu_cores > 0
+        assert [len(point.windows), sum(w.throughput for w in point.windows) / 10] == [
+            10,
+            pytest.approx(point.throughput, rel=0.05),
+        ]
+
+
+def test_a_stage_slowed_by_load_is_named_contended(
+    contended_server: ContendedServer, tmp_path: Path
+) -> None:
+    out = tmp_path / "contended.jsonl"
+    results = Study(
+        model="graph",
+        server=Remote(contended_server.url),
+        load=Load(seconds=2.0, warmup_s=0.5),
+        sweep={"concurrency": [1, 4]},
+        tracing=Tracing(per_second=20, port=contended_server.receiver_port),
+        out=out,
+        unit="event",
+        progress=False,
+    ).run()
+    low, high = results.points
+    assert low.traces is not None and high.traces is not None
+    assert low.traces.traces >= 20 and low.traces.incomplete == 0
+    # alone, build_graph takes its 8 ms and prepare its 2 ms; 4 in flight wait for the lock
+    assert low.component_ms("server build_graph") == pytest.approx(8.0, rel=0.2)
+    assert high.component_ms("server build_graph") > 2.5 * low.component_ms("server build_graph")
+    # prepare holds no lock: only the machine's 2 shared cores slow it down a little
+    assert high.component_ms("server prepare") < 1.5 * low.component_ms("server prepare")
+    (verdict,) = results.verdicts
+    assert (verdict.kind, verdict.limit) == ("contended", "build_graph")
+    assert verdict.sentence.startswith("build_graph: ")
+    assert "per event from 1 to 4 threads" in verdict.sentence
+    assert re.search(
+        r"while the other stages (stay within ±10 %|grow less \(at most ×\d\.\d\))",
+        verdict.sentence,
+    )
+    assert verdict.sentence.endswith("because build_graph is contended")
+    assert high.throughput < 1000 / 8.0  # the lock's capacity: one 8 ms graph at a time
+
+
+def test_a_fixed_service_time_saturates_with_the_fixed_stage_as_the_limit(
+    fixed_study: StudyResults,
+) -> None:
+    low = fixed_study.point(instances=1, concurrency=1)
+    high = fixed_study.point(instances=1, concurrency=4)
+    assert low.component_ms("server fixed") == pytest.approx(10.0, rel=0.15)
+    assert high.component_ms("server fixed") == pytest.approx(10.0, rel=0.15)
+    assert high.component_ms(SERVER_QUEUE) > 2 * high.component_ms("server fixed")
+    assert high.triton["fixed_fp32"].saturation_ms > 20  # queue ms an execution
+    assert high.triton["fixed_fp32"].instances == 1
+    verdict = next(v for v in fixed_study.verdicts if v.curve == "instances=1")
+    assert (verdict.kind, verdict.limit) == ("saturated", "fixed")
+    assert "while the stages stay within ±20 %: the servers are saturated" in verdict.sentence
+    assert "the capacity of fixed in model fixed_fp32" in verdict.sentence
+    # the traces and Triton's counters see the same queue
+    assert high.component_ms(SERVER_QUEUE) == pytest.approx(
+        high.triton["fixed_fp32"].queue_ms, rel=0.2
+    )
+    assert high.component_ms(TOTAL) == pytest.approx(high.histogram.mean_s * 1e3, rel=0.2)
+
+
+def test_a_second_instance_doubles_throughput_and_epsilon_says_so(
+    fixed_study: StudyResults,
+) -> None:
+    one = fixed_study.point(instances=1, concurrency=4)
+    two = fixed_study.point(instances=2, concurrency=4)
+    assert two.triton["fixed_fp32"].instances == 2
+    assert two.throughput > 1.6 * one.throughput
+    epsilon = {(r.curve, r.at): r.value for r in fixed_study.figure("efficiency")}
+    assert epsilon[("concurrency=4", 1)] == 1.0
+    assert epsilon[("concurrency=4", 2)] == pytest.approx(two.throughput / 2 / one.throughput)
+    assert epsilon[("concurrency=4", 2)] > 0.8
+    assert epsilon[("concurrency=1", 2)] < 0.6  # one request in flight keeps one instance busy
+    along = {v.curve: v for v in fixed_study.verdicts if v.axis == "instances"}
+    assert along["concurrency=4"].kind == "rising"
+    assert along["concurrency=4"].sentence.endswith("more instances pay")
+    assert along["concurrency=1"].kind == "underloaded"
+
+
+def test_asyncio_points_agree_with_little_and_tritons_counters(
+    untraced_triton: TritonServer, tmp_path: Path
+) -> None:
+    results = Study(
+        model="identity_fp32",
+        server=remote(untraced_triton, "grpc"),
+        protocol="grpc",
+        load=Load(seconds=1.5, warmup_s=0.3, asyncio=True),
+        sweep={"concurrency": [32]},
+        out=tmp_path / "tasks.jsonl",
+        progress=False,
+    ).run()
+    (point,) = results.points
+    assert point.throughput * point.histogram.mean_s == pytest.approx(32, rel=0.1)
+    assert point.triton["identity_fp32"].requests == pytest.approx(point.requests, abs=64)
+    assert point.triton["identity_fp32"].pending <= 32
+
+
+def test_asyncio_requests_are_traced_like_threaded_ones(
+    contended_server: ContendedServer, tmp_path: Path
+) -> None:
+    results = Study(
+        model="graph",
+        server=Remote(contended_server.url),
+        load=Load(seconds=1.5, warmup_s=0.3, asyncio=True),
+        sweep={"concurrency": [2]},
+        tracing=Tracing(per_second=20, port=contended_server.receiver_port),
+        out=tmp_path / "traced-tasks.jsonl",
+        progress=False,
+    ).run()
+    traces = results.points[0].traces
+    assert traces is not None and traces.traces >= 15 and traces.incomplete == 0
+    assert traces.calls_per_request == 1.0
+    assert traces.components["server build_graph"].mean_ms >= 8.0

@@ -16,6 +16,7 @@ Sync clients: ``start_stream`` / ``async_stream_infer`` / ``stop_stream``. Async
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -257,17 +258,27 @@ def _stream_opener(
 
     def traced(target_of: TargetOf, original: Callable[..., Any]) -> Any:
         index = headers_index(original) - 1  # after the first argument
+        first_name = list(inspect.signature(original).parameters)[1]  # after self
 
         @functools.wraps(original)
-        def open_stream(self: Any, first: Any, *args: Any, **kwargs: Any) -> Any:
+        def open_stream(self: Any, *args: Any, **kwargs: Any) -> Any:
             stream = _open(target_of, self, style)
             if stream is None:
-                return original(self, first, *args, **kwargs)
+                return original(self, *args, **kwargs)
+            # the callback (or request iterator) comes by position or by its name
+            by_name = not args and first_name in kwargs
+            kwargs = dict(kwargs)
+            first = kwargs.pop(first_name) if by_name else args[0]
+            rest = args if by_name else args[1:]
             if stream.sampled:
-                args, kwargs = with_headers(stream, index, args, kwargs)
+                rest, kwargs = with_headers(stream, index, rest, kwargs)
             traced_first = adapt(stream, first)
-            opened = _opening(self, stream, lambda: original(self, traced_first, *args, **kwargs))
-            return started(self, stream, opened)
+            if by_name:
+                kwargs[first_name] = traced_first
+                call = lambda: original(self, *rest, **kwargs)  # noqa: E731
+            else:
+                call = lambda: original(self, traced_first, *rest, **kwargs)  # noqa: E731
+            return started(self, stream, _opening(self, stream, call))
 
         return open_stream
 

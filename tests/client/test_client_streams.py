@@ -102,6 +102,27 @@ def test_sync_stream_spans_per_request_joined_to_tritons(
     check_stream_trace(spans, trace_id, IDS, "stream", failed)
 
 
+def test_a_stream_opened_with_its_callback_by_name_is_traced(
+    triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
+) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with otelkit.instrument(grpcclient.InferenceServerClient(triton.grpc_url)) as client:
+
+        def run_stream() -> str:
+            with trace.get_tracer("tests").start_as_current_span("job") as job:
+                client.start_stream(callback=lambda result, error: answers.put((result, error)))
+                client.async_stream_infer("identity_fp32", stream_inputs(grpcclient),
+                                          request_id="by-name")  # fmt: skip
+                result, error = answers.get(timeout=10)
+                client.stop_stream()
+            assert error is None and np.array_equal(result.as_numpy("OUTPUT0"), DATA)
+            return f"{job.get_span_context().trace_id:032x}"
+
+        # job + stream + the request's span + Triton's 3
+        trace_id, spans = joined_trace(run_stream, receiver.out_dir, count=6, protocol="grpc")
+    check_stream_trace(spans, trace_id, ["by-name"], "stream", {})
+
+
 def test_a_request_left_unanswered_when_the_stream_is_cancelled_fails(
     triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
 ) -> None:

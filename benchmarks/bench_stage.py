@@ -1,10 +1,14 @@
 """Stage overhead: ``otelkit.stage`` and OpenTelemetry's own SDK around the same function, against
 the bare function.
 
-Three variants run interleaved, call by call (each takes its turn first), in one process: the
-bare function; the function decorated with ``otelkit.stage``; and the function inside the
-OpenTelemetry SDK's ``tracer.start_as_current_span`` with its duration recorded in an SDK
-histogram, what a user writes by hand (same labels as the stage's). Sampling is 100 %, the
+Three variants run interleaved in one process: the bare function; the function decorated with
+``otelkit.stage``; and the function inside the OpenTelemetry SDK's
+``tracer.start_as_current_span`` with its duration recorded in an SDK histogram, what a user
+writes by hand (same labels as the stage's). They take turns in short blocks (``--block``
+calls each, each variant first in turn), so that drift of the machine touches all three
+alike; not call by call, since a call right after the SDK's runs on caches that the SDK's far
+larger code has just evicted, which would charge otelkit's stage (and the bare function) for
+OpenTelemetry's footprint: ``--block 1`` shows it. Sampling is 100 %, the
 stage histogram is on, and both spans go through the same pipeline, exported to
 OTLP-JSON-lines files (the embedded default), so the export worker's share of the interpreter
 is in the figures. The work is a small numpy reduction, a stand-in for a stage body.
@@ -13,7 +17,7 @@ Each overhead is a difference of medians with its 95 % interval (``medians``); t
 otelkit's overhead over OpenTelemetry's. The last line is JSON, with a verdict on each target:
 at most 8 us per stage, at most 0.4 of OpenTelemetry's own cost.
 
-    python benchmarks/bench_stage.py [--calls 100000]
+    python benchmarks/bench_stage.py [--calls 100000] [--block 8]
 """
 
 from __future__ import annotations
@@ -60,23 +64,27 @@ def with_sdk(telemetry: otelkit.Telemetry) -> Callable[[], float]:
     return traced
 
 
-def interleave(variants: list[Callable[[], Any]], calls: int) -> list[list[int]]:
-    """Per-call times (ns) of each variant, call by call, each variant first in turn."""
+def interleave(variants: list[Callable[[], Any]], calls: int, block: int) -> list[list[int]]:
+    """Per-call times (ns) of each variant, ``calls`` of each, in blocks of ``block`` calls
+    that take turns, each variant first in turn."""
     clock = time.perf_counter_ns
     times: list[list[int]] = [[] for _ in variants]
     count = len(variants)
-    for index in range(calls):
+    for index in range(-(-calls // block)):
         for turn in range(count):
             which = (index + turn) % count
-            start = clock()
-            variants[which]()
-            times[which].append(clock() - start)
-    return times
+            function, out = variants[which], times[which]
+            for _ in range(block):
+                start = clock()
+                function()
+                out.append(clock() - start)
+    return [out[:calls] for out in times]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=100_000, help="interleaved rounds")
+    parser.add_argument("--calls", type=int, default=100_000, help="calls of each variant")
+    parser.add_argument("--block", type=int, default=8, help="calls of one variant in a row")
     args = parser.parse_args()
     traces = tempfile.mkdtemp(prefix="bench-stage-")
     telemetry = otelkit.configure(
@@ -85,8 +93,8 @@ def main() -> int:
     )  # fmt: skip
     staged = otelkit.stage("bench", model="bench")(work)
     variants = [work, staged, with_sdk(telemetry)]
-    interleave(variants, max(1000, args.calls // 20))  # warm every path
-    bare_ns, stage_ns, sdk_ns = interleave(variants, args.calls)
+    interleave(variants, max(1000, args.calls // 20), args.block)  # warm every path
+    bare_ns, stage_ns, sdk_ns = interleave(variants, args.calls, args.block)
     telemetry.flush()
     stats = telemetry.stats()
     otelkit.shutdown()
@@ -101,7 +109,8 @@ def main() -> int:
         f"bare median {bare:.2f} us; otelkit stage {stage:.2f} us, overhead {overhead:+.2f} us "
         f"(95 % {stage_interval[0]:+.2f} to {stage_interval[1]:+.2f}); OpenTelemetry SDK "
         f"{sdk:.2f} us, overhead {sdk_overhead:+.2f} us (95 % {sdk_interval[0]:+.2f} to "
-        f"{sdk_interval[1]:+.2f}); otelkit / OpenTelemetry {ratio:.3f} ({args.calls} rounds)"
+        f"{sdk_interval[1]:+.2f}); otelkit / OpenTelemetry {ratio:.3f} ({args.calls} calls "
+        f"each, in blocks of {args.block})"
     )
     targets = {
         "stage_us": verdict(overhead, stage_interval, STAGE_US),
@@ -112,6 +121,7 @@ def main() -> int:
               f"{found['bound']:g}: {found['verdict']}")  # fmt: skip
     print(json.dumps({
         "calls": args.calls,
+        "block": args.block,
         "bare_median_us": round(bare, 2),
         "stage_median_us": round(stage, 2),
         "opentelemetry_median_us": round(sdk, 2),

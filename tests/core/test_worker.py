@@ -136,6 +136,7 @@ def test_a_forked_child_drops_its_parents_work_and_runs_its_own() -> None:
     done: list[str] = []
     context = multiprocessing.get_context("fork")
     parent_end, child_end = context.Pipe()
+    LATER.start()  # as instrument() does: add() below would start it under the lock held here
     LATER.drain()
     with LATER._lock:  # the parent's worker is mid-item at the fork; the child must not hang
         LATER.add(lambda: done.append("parent"))

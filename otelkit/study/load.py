@@ -270,22 +270,40 @@ def _count_failures(records: list[RequestLog]) -> int:
     return sum(len(r.failures) for r in records)
 
 
+class Tickets:
+    """Whether a closed loop's worker may send another request, and its index: one rule for
+    threads and asyncio tasks. None after the window ends, or once ``requests`` were measured."""
+
+    def __init__(self, window: WindowClock, requests: int | None) -> None:
+        self._window = window
+        self._requests = requests
+        self._measured = itertools.count()
+        self._all = itertools.count()
+
+    def take(self, begin: float) -> tuple[int, bool] | None:
+        """(index, measured) of a request starting at ``begin`` (perf_counter), or None."""
+        window = self._window
+        if begin >= window.end or window.closed:
+            return None
+        measured = begin >= window.start
+        if measured and self._requests is not None and next(self._measured) >= self._requests:
+            return None
+        return next(self._all), measured
+
+
 def _closed(
     call: Call, load: Load, window: WindowClock, stop: threading.Event, records: list[RequestLog]
 ) -> None:
-    measured_tickets = itertools.count()
-    tickets = itertools.count()
+    tickets = Tickets(window, load.requests)
 
     def worker(record: RequestLog) -> None:
         while not stop.is_set():
             begin = time.perf_counter()
-            if begin >= window.end or window.closed:
-                return
-            measured = begin >= window.start
-            if measured and load.requests is not None and next(measured_tickets) >= load.requests:
+            ticket = tickets.take(begin)
+            if ticket is None:
                 return
             try:
-                call(next(tickets), measured)
+                call(*ticket)
             except Exception as error:
                 record.fail(begin, error)
                 if len(record.failures) * load.concurrency >= load.max_errors and (

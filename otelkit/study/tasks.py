@@ -17,11 +17,10 @@ helper thread so the requests in flight go on meanwhile).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Awaitable, Callable
 
-from otelkit.study.load import Load, LoadRun, RequestLog, WindowClock, collect_run
+from otelkit.study.load import Load, LoadRun, RequestLog, Tickets, WindowClock, collect_run
 
 __all__ = ["AsyncCall", "drive_tasks"]
 
@@ -59,20 +58,18 @@ async def _run(
     records: list[RequestLog],
     finish: Callable[[], Awaitable[None]] | None,
 ) -> bool:
-    measured_tickets, tickets = itertools.count(), itertools.count()
+    tickets = Tickets(window, load.requests)
     failures = [0]
     stop = asyncio.Event()
 
     async def worker(record: RequestLog) -> None:
         while not stop.is_set():
             begin = time.perf_counter()
-            if begin >= window.end or window.closed:
-                return
-            measured = begin >= window.start
-            if measured and load.requests is not None and next(measured_tickets) >= load.requests:
+            ticket = tickets.take(begin)
+            if ticket is None:
                 return
             try:
-                await call(next(tickets), measured)
+                await call(*ticket)
             except Exception as error:
                 record.fail(begin, error)
                 failures[0] += 1

@@ -1,6 +1,6 @@
 # One entry point for everything CI and a developer run. `make test` works on a fresh machine:
 # it creates .venv, installs the project with its test dependencies (torch pinned to the CPU
-# build first, so nothing pulls the multi-GB CUDA wheels) and Debian's prometheus, then tests.
+# build first, so nothing pulls the multi-GB CUDA wheels) Debian's prometheus and chromium, then tests.
 
 VENV    ?= .venv
 PYTHON  ?= python3
@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install prometheus test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-gpu clean
+.PHONY: install debian-packages test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-gpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,12 +19,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Debian's prometheus (with promtool) for the tests that run a real Prometheus, and systemd's
-# systemd-analyze for the GPU exporter's unit (in Debian's base image, installed if missing).
-prometheus:
+# Debian's prometheus (with promtool) for the tests that run a real Prometheus, systemd's
+# systemd-analyze for the GPU exporter's unit (in Debian's base image, installed if missing), and
+# Debian's chromium with its chromium-driver for the tests that open `otelkit report`'s page.
+debian-packages:
 	@missing=""; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian's$$missing"; \
@@ -36,7 +39,7 @@ prometheus:
 	  fi; \
 	fi
 
-test: install prometheus
+test: install debian-packages
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 lint: install

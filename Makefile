@@ -1,6 +1,6 @@
 # One entry point for everything CI and a developer run. `make test` works on a fresh machine:
 # it creates .venv, installs the project with its test dependencies (torch pinned to the CPU
-# build first, so nothing pulls the multi-GB CUDA wheels) Debian's prometheus and chromium, then tests.
+# build first, so nothing pulls the multi-GB CUDA wheels), Debian's prometheus and chromium, then tests.
 
 VENV    ?= .venv
 PYTHON  ?= python3

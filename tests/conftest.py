@@ -18,7 +18,7 @@ import pytest
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS
-from tests.support import GRPC_JOINS, TrackingServer
+from tests.support import GRPC_JOINS, LocalRay, TrackingServer
 
 pytest_plugins = ["tests.ci_skips"]
 
@@ -78,6 +78,27 @@ def tracking_triton(
         receiver.traces_url, models_metrics_port=port, log_path=log, trace_rate=1_000_000
     ) as server:
         yield TrackingServer(server, port)
+
+
+@pytest.fixture(scope="session")
+def ray_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRay]:
+    """One local Ray for the whole session, sized for this machine's 2 cores (every test that
+    needs Ray shares it: Ray allows one ``ray.init`` per process). Its metrics are served on
+    ``metrics_port`` for a Prometheus to scrape."""
+    import ray
+
+    metrics_port = free_port()
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _metrics_export_port=metrics_port,
+        _temp_dir=str(tmp_path_factory.mktemp("ray")),
+        log_to_driver=False,
+    )
+    try:
+        yield LocalRay(metrics_port=metrics_port)
+    finally:
+        ray.shutdown()
 
 
 def above_five_percent(resends: int, calls: int, confidence: float = 0.99) -> bool:

@@ -32,6 +32,13 @@ class TrackingServer:
     models_metrics_port: int
 
 
+@dataclass(frozen=True)
+class LocalRay:
+    """The session's local Ray (``ray_local``): connected in the test process."""
+
+    metrics_port: int
+
+
 def wait_for_trace(directory: Path, trace_id: str, count: int, timeout: float = 15.0) -> list[Span]:
     """The spans of one trace once ``count`` of them have arrived; fails after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -70,8 +70,14 @@ def _raise_code(value: str, what: str) -> NoReturn:
     raise AssertionError(f"{what}: the recording holds the unknown code {value!r}")
 
 
+def _whole(value: Value) -> Value:
+    """A whole float as the integer NVML gave (``otelkit gpu record`` writes floats)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def _integer(value: Value, ctype: type[Any], what: str) -> int:
     """A recorded number as NVML's integer of type ``ctype`` returns it."""
+    value = _whole(value)
     if isinstance(value, str):
         _raise_code(value, what)
     assert isinstance(value, int) and not isinstance(value, bool), f"{what}: {value!r}"
@@ -194,7 +200,7 @@ class NvmlReplay:
             one_code = len(codes) == 1 and all(isinstance(v, str) for v in values.values())
             assert one_code, f"{self._device(handle)['uuid']}: {values} are not one NVML call's"
             _raise_code(codes.pop(), str(fields))
-        return struct(**values)
+        return struct(**{attribute: _whole(value) for attribute, value in values.items()})
 
     def _gpm_supported(self, uuid: str) -> bool:
         for sample in self.samples:

@@ -20,6 +20,7 @@ from otelkit import semconv
 
 __all__ = [
     "FIELDS",
+    "SLOW_FIELDS",
     "Device",
     "FieldNoData",
     "FieldNotSupported",
@@ -50,6 +51,13 @@ FIELDS: tuple[str, ...] = (
     "gpm.tensor_activity",
     "gpm.dram_activity",
 )
+
+# Fields NVML answers slowly: PCIe throughput waits out NVML's 20 ms window per direction and
+# the energy counter takes milliseconds of CPU, where every other field takes microseconds
+# (measured on an H200: docs/performance.md). Together they were most of a sample's cost. A
+# backend that declares them in ``slow_fields`` has them read every
+# ``GpuSampler(slow_interval_s=...)`` rather than every sample; the others keep their interval.
+SLOW_FIELDS: frozenset[str] = frozenset({"energy", "pcie.tx", "pcie.rx"})
 
 
 class GpuUnavailable(Exception):
@@ -105,6 +113,9 @@ class GpuProcess:
 
 class GpuBackend(ABC):
     """Where the sampler's readings come from; see the module docstring."""
+
+    slow_fields: frozenset[str] = frozenset()
+    """Fields costly to read (``SLOW_FIELDS`` for NVML): the sampler reads them less often."""
 
     @abstractmethod
     def open(self) -> list[Device]:

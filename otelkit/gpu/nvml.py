@@ -11,6 +11,7 @@ at least 40 ms of wall time (not of CPU); the sampler runs in its own thread for
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any
 
 from otelkit.gpu import owners
 from otelkit.gpu.backend import (
+    SLOW_FIELDS,
     Device,
     FieldNoData,
     FieldNotSupported,
@@ -85,6 +87,8 @@ class _Gpm:
 
 class NvmlBackend(GpuBackend):
     """NVML on this host. ``proc`` is where process owners are looked up (``/proc``)."""
+
+    slow_fields = SLOW_FIELDS
 
     def __init__(self, proc: str = "/proc") -> None:
         self._proc = proc
@@ -207,7 +211,10 @@ class NvmlBackend(GpuBackend):
         for slot, field in enumerate(_GPM_METRICS):
             metric = request.metrics[slot]
             if metric.nvmlReturn == nv.NVML_SUCCESS:
-                values[field] = float(metric.value)
+                # a real H200 gives NaN DRAM activity for samples a few ms apart: no data,
+                # never a value (the SDK warns on every non-finite gauge reading)
+                if math.isfinite(metric.value):
+                    values[field] = float(metric.value)
             elif metric.nvmlReturn == nv.NVML_ERROR_NOT_SUPPORTED:
                 unsupported.add(field)
         return values

@@ -81,15 +81,20 @@ class GpuSampler:
         interval_s: float = 1.0,
         *,
         torch_cuda: Any = None,
+        slow_interval_s: float = 10.0,
     ) -> None:
-        if not interval_s > 0:
-            raise ValueError(f"interval_s must be positive, not {interval_s!r}")
+        if not interval_s > 0 or not slow_interval_s >= 0:
+            raise ValueError(f"interval_s must be positive, not {interval_s!r}, and "
+                             f"slow_interval_s not negative, not {slow_interval_s!r}")  # fmt: skip
         if backend is None:
             from otelkit.gpu.nvml import NvmlBackend
 
             backend = NvmlBackend()
         self.backend = backend
         self.interval_s = interval_s
+        self.slow_interval_s = slow_interval_s
+        self._slow_read_at = float("-inf")  # when the backend's slow fields were last read
+        self._slow_values: dict[str, dict[str, float]] = {}  # by device: their last values
         self._torch: Callable[[], Any] = (
             torch_memory.cuda_in_use
             if torch_cuda is None
@@ -181,6 +186,10 @@ class GpuSampler:
         started = time.perf_counter()
         with self._lock:
             readings: list[Reading] = []
+            now = time.monotonic()
+            slow = now - self._slow_read_at >= self.slow_interval_s
+            if slow:
+                self._slow_read_at = now
             if self.devices:
                 try:
                     self.backend.begin_sample()
@@ -189,7 +198,7 @@ class GpuSampler:
                 for device in self.devices:
                     if device.uuid in self.lost:
                         continue
-                    reading = self._read_device(device)
+                    reading = self._read_device(device, slow)
                     if reading is not None:
                         readings.append(reading)
             cuda = self._torch()
@@ -200,13 +209,24 @@ class GpuSampler:
             self._duration.observe(time.perf_counter() - started)
         return self.latest
 
-    def _read_device(self, device: Device) -> Reading | None:
+    def _read_device(self, device: Device, slow: bool) -> Reading | None:
+        """``slow``: read the backend's slow fields too, else repeat their last values."""
         skip = self.unsupported[device.uuid]
         values: dict[str, float] = {}
+        kept = self._slow_values.setdefault(device.uuid, {})
         try:
             for name in FIELDS:
-                if name not in skip:
+                if name in skip:
+                    continue
+                if name not in self.backend.slow_fields:
                     self._read_field(device, name, skip, values)
+                elif slow:
+                    kept.pop(name, None)
+                    self._read_field(device, name, skip, values)
+                    if name in values:
+                        kept[name] = values[name]
+                elif name in kept:
+                    values[name] = kept[name]
             processes: tuple[GpuProcess, ...] = ()
             if _PROCESSES not in skip:
                 try:

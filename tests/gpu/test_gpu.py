@@ -105,7 +105,7 @@ def exporter_of() -> Iterator[Any]:
 # -- the sampler over replayed recordings ------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["h100x1", "a100x2", "h100x8"])
+@pytest.mark.parametrize("name", ["h100x1", "a100x2", "h100x8", "h200-idle", "h200-busy"])
 def test_every_recorded_value_reaches_the_exposition_in_the_metrics_units(
     name: str, exporter_of: Any
 ) -> None:
@@ -120,6 +120,32 @@ def test_every_recorded_value_reaches_the_exposition_in_the_metrics_units(
             assert series_of(found, spec) == pytest.approx(values), (name, number, metric_name)
         available = found[semconv.prometheus_name(semconv.GPU_AVAILABLE)]
         assert list(available.values()) == [1.0]
+
+
+def test_the_real_h200_recording_shows_a_busy_gpu_and_the_process_that_keeps_it_busy(
+    exporter_of: Any,
+) -> None:
+    # recorded by tests/fixtures/gpu/record.sh on a lent H200 under a bf16 matrix-product loop
+    idle, busy = recording("h200-idle"), recording("h200-busy")
+    assert busy["source"]["how"] == "recorded by otelkit gpu record"
+    (uuid,) = [d["uuid"] for d in busy["devices"]]
+    exporter = exporter_of("h200-busy")
+    for _ in range(4):  # the second sample on: GPM's figures between two samples
+        exporter.sampler.sample()
+    found = samples(scrape(exporter.url))
+
+    def one(spec: Any, **labels: str) -> float:
+        series = found[semconv.prometheus_name(spec)]
+        (value,) = [v for key, v in series.items() if labels.items() <= dict(key).items()]
+        return value
+
+    assert one(semconv.GPU_UTILIZATION) == 1.0
+    assert one(semconv.GPU_TENSOR_ACTIVITY) > 0.5
+    assert one(semconv.GPU_CLOCKS_EVENT, reason="sw_power_cap") == 1.0
+    assert one(semconv.GPU_PROCESS_MEMORY, owner="matmul-load") > 2**29
+    watts = one(semconv.GPU_POWER_USAGE)
+    idle_watts = idle["samples"][-1]["fields"][uuid]["power.usage"] / 1000
+    assert watts > 4 * idle_watts and watts <= one(semconv.GPU_POWER_LIMIT)
 
 
 def test_gpus_are_labelled_like_triton_by_uuid_with_index_and_name(exporter_of: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,7 +36,10 @@ from tests.nvml_replay import GPM_FIELDS, NvmlReplay
 from tests.paths import GPU_FIXTURES
 
 FIXTURES = GPU_FIXTURES
-RECORDINGS = ["h100x1", "a100x2", "h100x8", "a100-mig", "unsupported", "a100x2-lost"]
+RECORDINGS = [
+    "h100x1", "a100x2", "h100x8", "a100-mig", "unsupported", "a100x2-lost",
+    "h200-idle", "h200-busy",
+]  # fmt: skip
 Install = Callable[[Path], NvmlReplay]
 
 
@@ -70,8 +74,11 @@ def proc(tmp_path: Path) -> Path:
 @contextmanager
 def samplers(path: Path, proc: Path) -> Iterator[tuple[GpuSampler, GpuSampler]]:
     """A sampler over NvmlBackend (on the installed replay) and one over ReplayBackend(path)."""
-    # interval_s: the background thread start() leaves behind never samples during a test
-    through_nvml = GpuSampler(NvmlBackend(proc=str(proc)), interval_s=3600, torch_cuda=False)
+    # interval_s: the background thread start() leaves behind never samples during a test;
+    # slow_interval_s=0: NVML's slow fields read at every sample, as the replay gives them
+    through_nvml = GpuSampler(
+        NvmlBackend(proc=str(proc)), interval_s=3600, torch_cuda=False, slow_interval_s=0
+    )
     from_file = GpuSampler(ReplayBackend(path), interval_s=3600, torch_cuda=False)
     try:
         yield through_nvml, from_file
@@ -164,6 +171,27 @@ def test_a_recorded_read_error_is_counted_the_same_through_nvml(
     nvml = install(path)
     _, sampler = sample_both(path, nvml, proc)
     assert sampler.read_errors == Counter({"power.usage": 2})
+
+
+def test_a_gpm_metric_nvml_gives_as_nan_is_no_data_not_a_value(
+    install: Install, proc: Path, tmp_path: Path
+) -> None:
+    # seen on a real H200: DRAM activity between two GPM samples a few ms apart is NaN
+    document = recording("h100x1")
+    uuid = document["devices"][0]["uuid"]
+    document["samples"][2]["fields"][uuid]["gpm.dram_activity"] = float("nan")
+    nvml = install(written(document, tmp_path / "h100x1-nan.json"))
+    with samplers(FIXTURES / "h100x1.json", proc) as (through_nvml, _):
+        for _ in range(3):
+            take(nvml, through_nvml)
+        (reading,) = through_nvml.latest.readings
+    assert "gpm.dram_activity" not in reading.values
+    assert (
+        reading.values["gpm.sm_occupancy"]
+        == document["samples"][2]["fields"][uuid]["gpm.sm_occupancy"]
+    )
+    assert through_nvml.read_errors == Counter()
+    assert "gpm.dram_activity" not in through_nvml.unsupported[uuid]  # asked again next time
 
 
 def h100_mig() -> dict[str, Any]:
@@ -292,6 +320,35 @@ def test_errors_unknown_are_counted_and_asked_again_no_permission_is_not_asked_a
             == nvml.samples[2]["fields"][reading.device.uuid]["temperature"]
         )
         assert sampler.lost == {}
+    finally:
+        sampler.stop()
+
+
+def test_nvml_slow_fields_are_read_once_per_slow_interval_and_repeated_between(
+    install: Install, proc: Path
+) -> None:
+    nvml = install(FIXTURES / "h100x1.json")
+    sampler = GpuSampler(
+        NvmlBackend(proc=str(proc)), interval_s=3600, torch_cuda=False, slow_interval_s=0.5
+    )
+    try:
+        for _ in range(3):
+            take(nvml, sampler)
+        assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 2  # one sample: transmit, receive
+        assert nvml.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1
+        assert nvml.calls["nvmlDeviceGetPowerUsage"] == 3  # the other fields: every sample
+        (reading,) = sampler.latest.readings
+        first = nvml.samples[0]["fields"][reading.device.uuid]
+        third = nvml.samples[2]["fields"][reading.device.uuid]
+        assert reading.values["energy"] == first["energy"] != third["energy"]
+        assert reading.values["pcie.tx"] == first["pcie.tx"]
+        assert reading.values["power.usage"] == third["power.usage"]
+        time.sleep(0.6)
+        take(nvml, sampler)
+        (reading,) = sampler.latest.readings
+        assert nvml.calls["nvmlDeviceGetTotalEnergyConsumption"] == 2
+        fourth = nvml.samples[3]["fields"][reading.device.uuid]
+        assert reading.values["energy"] == fourth["energy"]
     finally:
         sampler.stop()
 

@@ -126,8 +126,8 @@ def _response_attributes(
     # grpcio's abort raises a bare Exception after setting the code: not the handler's error
     if error is not None and type(error) is not Exception:
         span.record_error(error)
-    if status in _SERVER_ERRORS:
-        span.attributes[semconv.ERROR_TYPE] = status
+    if status in _SERVER_ERRORS:  # the exception's class, when one was raised, says more
+        span.attributes.setdefault(semconv.ERROR_TYPE, status)
         details = context.details()
         set_error_status(span, details.decode() if isinstance(details, bytes) else details)
 

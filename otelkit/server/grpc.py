@@ -44,6 +44,7 @@ grpc = require("grpc", extra="grpc", feature="otelkit.server.grpc")
 _contrib = require(
     "opentelemetry.instrumentation.grpc._server", extra="grpc", feature="otelkit.server.grpc"
 )
+_ContribInterceptor: Any = _contrib.OpenTelemetryServerInterceptor
 
 __all__ = ["ServerInterceptor", "server_interceptor"]
 
@@ -132,7 +133,7 @@ def _response_attributes(
         set_error_status(span, details.decode() if isinstance(details, bytes) else details)
 
 
-class ServerInterceptor(_contrib.OpenTelemetryServerInterceptor):  # type: ignore[misc]
+class ServerInterceptor(_ContribInterceptor):  # type: ignore[misc]
     """``opentelemetry-instrumentation-grpc``'s server interceptor with otelkit's context
     extraction, spans and duration histogram (see the module). Make one with
     ``server_interceptor()``."""

@@ -151,7 +151,9 @@ def _tensors(specs: Sequence[TensorSpec]) -> list[pb2.ModelMetadataResponse.Tens
 
 
 def _data_type(datatype: str) -> int:
-    return config_pb2.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
+    return int(
+        config_pb2.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
+    )
 
 
 class KServeServicer(pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]

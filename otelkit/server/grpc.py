@@ -1,6 +1,7 @@
 """gRPC servers in Python: one SERVER span and one duration observation per RPC.
 
     server = grpc.server(ThreadPoolExecutor(8), interceptors=[server_interceptor()])
+    server = grpc.aio.server(interceptors=[aio_server_interceptor()])  # or on asyncio
 
 The interceptor is ``opentelemetry-instrumentation-grpc``'s server interceptor, which wraps
 every kind of method handler (unary and streaming, either way) and the servicer context. Two
@@ -45,12 +46,21 @@ _contrib = require(
     "opentelemetry.instrumentation.grpc._server", extra="grpc", feature="otelkit.server.grpc"
 )
 _ContribInterceptor: Any = _contrib.OpenTelemetryServerInterceptor
+_ContribAioInterceptor: Any = require(
+    "opentelemetry.instrumentation.grpc._aio_server", extra="grpc", feature="otelkit.server.grpc"
+).OpenTelemetryAioServerInterceptor
 
-__all__ = ["ServerInterceptor", "server_interceptor"]
+__all__ = [
+    "AioServerInterceptor",
+    "ServerInterceptor",
+    "aio_server_interceptor",
+    "server_interceptor",
+]
 
 _RECORDER = SpanRecorder("otelkit.server.grpc", server=True)
 _DURATION = HOT.histogram(semconv.RPC_SERVER_DURATION, (semconv.M_RPC_METHOD, semconv.M_RPC_STATUS))
 _SERVER = SpanKind.SERVER
+_ABORT = grpc.aio.AbortError
 _SERVER_ERRORS = frozenset(
     ("UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS")
 )
@@ -77,7 +87,7 @@ class _Rpc:
 
     __slots__ = ("method", "span", "start_s", "token")
 
-    def __init__(self, interceptor: ServerInterceptor, method: str, context: Any) -> None:
+    def __init__(self, interceptor: _Overrides, method: str, context: Any) -> None:
         self.method = method.removeprefix("/")
         parent = extract(context.invocation_metadata() or ())
         self.span = span = _RECORDER.start(self.method, _SERVER, parent)
@@ -103,7 +113,7 @@ class _Rpc:
 
 
 def _request_attributes(
-    attributes: dict[str, Any], method: str, interceptor: ServerInterceptor, peer: str
+    attributes: dict[str, Any], method: str, interceptor: _Overrides, peer: str
 ) -> None:
     attributes[semconv.RPC_SYSTEM_NAME] = semconv.RPC_SYSTEM_TRITON_GRPC
     attributes[semconv.RPC_METHOD] = method
@@ -124,8 +134,9 @@ def _response_attributes(
     span: RecordingSpan, status: str, error: BaseException | None, context: Any
 ) -> None:
     span.attributes[semconv.RPC_RESPONSE_STATUS_CODE] = status
-    # grpcio's abort raises a bare Exception after setting the code: not the handler's error
-    if error is not None and type(error) is not Exception:
+    # abort raises a bare Exception (grpc.aio: AbortError) once the code is set: no error of
+    # the handler's own
+    if error is not None and type(error) is not Exception and not isinstance(error, _ABORT):
         span.record_error(error)
     if status in _SERVER_ERRORS:  # the exception's class, when one was raised, says more
         span.attributes.setdefault(semconv.ERROR_TYPE, status)
@@ -133,15 +144,11 @@ def _response_attributes(
         set_error_status(span, details.decode() if isinstance(details, bytes) else details)
 
 
-class ServerInterceptor(_ContribInterceptor):  # type: ignore[misc]
-    """``opentelemetry-instrumentation-grpc``'s server interceptor with otelkit's context
-    extraction, spans and duration histogram (see the module). Make one with
-    ``server_interceptor()``."""
+class _Overrides:
+    """The two parts of the contrib interceptors that otelkit replaces (see the module)."""
 
-    def __init__(self, server_address: str | None = None, server_port: int | None = None) -> None:
-        super().__init__(tracer=None)  # spans come from otelkit's recorder, not a tracer
-        self.server_address = server_address
-        self.server_port = server_port
+    server_address: str | None
+    server_port: int | None
 
     @contextmanager
     def _set_remote_context(self, servicer_context: Any) -> Iterator[None]:
@@ -166,6 +173,17 @@ class ServerInterceptor(_ContribInterceptor):  # type: ignore[misc]
             rpc.finish(context, None)
 
 
+class ServerInterceptor(_Overrides, _ContribInterceptor):  # type: ignore[misc]
+    """``opentelemetry-instrumentation-grpc``'s server interceptor with otelkit's context
+    extraction, spans and duration histogram (see the module). Make one with
+    ``server_interceptor()``."""
+
+    def __init__(self, server_address: str | None = None, server_port: int | None = None) -> None:
+        super().__init__(tracer=None)  # spans come from otelkit's recorder, not a tracer
+        self.server_address = server_address
+        self.server_port = server_port
+
+
 def server_interceptor(
     server_address: str | None = None, server_port: int | None = None
 ) -> ServerInterceptor:
@@ -180,3 +198,23 @@ def server_interceptor(
     >>> _ = server.stop(None)
     """
     return ServerInterceptor(server_address, server_port)
+
+
+class AioServerInterceptor(_Overrides, _ContribAioInterceptor):  # type: ignore[misc]
+    """The ``grpc.aio`` twin of ``ServerInterceptor``: the contrib package's asyncio
+    interceptor with the same otelkit parts. Make one with ``aio_server_interceptor()``."""
+
+    def __init__(self, server_address: str | None = None, server_port: int | None = None) -> None:
+        super().__init__(tracer=None)
+        self.server_address = server_address
+        self.server_port = server_port
+
+
+def aio_server_interceptor(
+    server_address: str | None = None, server_port: int | None = None
+) -> AioServerInterceptor:
+    """``server_interceptor`` for a ``grpc.aio.server``.
+
+    >>> interceptor = aio_server_interceptor("gpu-node", 8001)  # grpc.aio.server(interceptors=...)
+    """
+    return AioServerInterceptor(server_address, server_port)

@@ -7,6 +7,7 @@ must not change an answer or a status, for good requests, failing models or bad 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
@@ -18,11 +19,13 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
 from gnn_tracking.serving.kserve import ModelSpec, TensorSpec
 from gnn_tracking.serving.kserve_grpc import KServeServicer, grpc_server
 from numpy.typing import NDArray
 from opentelemetry import trace
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2_grpc as pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import otelkit
@@ -301,3 +304,79 @@ def test_otelkit_failing_inside_the_interceptor_does_not_fail_the_rpc(
             patch.setattr(server_grpc, name, broken)
             assert answer(port) == answer(plain_port) == [[0, 2, 4], [6, 8, 10]], name
         assert INTERNAL_ERRORS.total == caught + 1, name  # caught and counted, not raised
+
+
+class AsyncServicer(pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """A grpc.aio servicer: ModelInfer in a stage, ServerMetadata aborting, ModelConfig raising."""
+
+    def __init__(self) -> None:
+        self.models = KServeServicer(MODELS)
+
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        with otelkit.stage("async_stage"):
+            return self.models.infer(request)
+
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
+
+    async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        raise KeyError("servicer bug")
+
+
+def test_the_asyncio_server_is_traced_alike(
+    telemetry: otelkit.Telemetry, receiver: Receiver
+) -> None:
+    ids = {name: (uuid.uuid4().hex, uuid.uuid4().hex[:16]) for name in ("infer", "abort", "raise")}
+
+    def headers(name: str) -> dict[str, str]:
+        trace_id, parent_id = ids[name]
+        return {"traceparent": f"00-{trace_id}-{parent_id}-01"}
+
+    async def scenario() -> list[Any]:
+        port = free_port()
+        server = grpc.aio.server(interceptors=[server_grpc.aio_server_interceptor(None, port)])
+        pb2_grpc.add_GRPCInferenceServiceServicer_to_server(AsyncServicer(), server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        found: list[Any] = []
+        async with aioclient.InferenceServerClient(f"127.0.0.1:{port}") as client:
+            tensor = aioclient.InferInput("x", [2, 3], "FP32")
+            tensor.set_data_from_numpy(np.ones((2, 3), dtype=np.float32))
+            result = await client.infer("double", [tensor], headers=headers("infer"))
+            found.append(result.as_numpy("y").tolist())
+            try:
+                await client.get_server_metadata(headers=headers("abort"))
+            except InferenceServerException as error:
+                found.append(error.status())
+            try:
+                await client.get_model_config("double", headers=headers("raise"))
+            except InferenceServerException as error:
+                found.append(error.status())
+        await server.stop(None)
+        return found
+
+    assert asyncio.run(scenario()) == [
+        [[2.0] * 3] * 2,
+        "StatusCode.UNAVAILABLE",
+        "StatusCode.UNKNOWN",
+    ]
+    infer = wait_for_trace(receiver.out_dir, ids["infer"][0], 4)
+    (abort,) = wait_for_trace(receiver.out_dir, ids["abort"][0], 1)
+    (raised,) = wait_for_trace(receiver.out_dir, ids["raise"][0], 1)
+    (tree,) = build_traces(infer).values()
+    assert [(d, s.name, s.kind.name) for d, s in tree.walk()] == [
+        (0, INFER, "SERVER"), (1, "async_stage", "INTERNAL"), (2, "scale", "INTERNAL"),
+        (3, "multiply", "INTERNAL"),
+    ]  # fmt: skip
+    assert tree.roots[0].parent_span_id == ids["infer"][1]
+    seen = {
+        span.name.rsplit("/", 1)[1]: (
+            span.status_code, span.attributes[semconv.RPC_RESPONSE_STATUS_CODE],
+            span.attributes.get(semconv.ERROR_TYPE), [event.name for event in span.events],
+        )
+        for span in (abort, raised)
+    }  # fmt: skip
+    assert seen == {
+        "ServerMetadata": (StatusCode.ERROR, "UNAVAILABLE", "UNAVAILABLE", []),
+        "ModelConfig": (StatusCode.ERROR, "UNKNOWN", "KeyError", ["exception"]),
+    }

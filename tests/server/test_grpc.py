@@ -380,3 +380,31 @@ def test_the_asyncio_server_is_traced_alike(
         "ServerMetadata": (StatusCode.ERROR, "UNAVAILABLE", "UNAVAILABLE", []),
         "ModelConfig": (StatusCode.ERROR, "UNKNOWN", "KeyError", ["exception"]),
     }
+
+
+def test_a_stream_is_one_span_with_the_stages_of_each_request_under_it(
+    port: int, receiver: Receiver
+) -> None:
+    trace_id, parent_id = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+    answers: list[Any] = []
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    client.start_stream(
+        callback=lambda result, error: answers.append(error or result.as_numpy("y").tolist()),
+        headers={"traceparent": f"00-{trace_id}-{parent_id}-01"},
+    )
+    for model in ("double", "fail", "double"):
+        client.async_stream_infer(model, inputs())
+    client.stop_stream()
+    client.close()
+    assert answers[0] == answers[2] == [[0, 2, 4], [6, 8, 10]]
+    assert isinstance(answers[1], InferenceServerException)
+    spans = wait_for_trace(receiver.out_dir, trace_id, 6)
+    (tree,) = build_traces(spans).values()
+    assert [(d, s.name) for d, s in tree.walk()] == [
+        (0, semconv.RPC_METHOD_GRPC_STREAM_INFER),
+        (1, "scale"), (2, "multiply"), (1, "scale"), (1, "scale"), (2, "multiply"),
+    ]  # fmt: skip
+    (server,) = tree.roots
+    # a failed request is an error message on the stream, which goes on: the stream is OK
+    assert (server.parent_span_id, server.status_code) == (parent_id, StatusCode.UNSET)
+    assert server.attributes[semconv.RPC_RESPONSE_STATUS_CODE] == "OK"

@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install debian-packages test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-gpu clean
+.PHONY: install debian-packages test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-gpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,9 @@ bench-gpu: install
 
 bench-fastapi: install
 	$(PY) benchmarks/bench_fastapi.py
+
+bench-grpc-server: install
+	$(PY) benchmarks/bench_grpc_server.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces demo-output

@@ -32,8 +32,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from opentelemetry import context as otel_context
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,15 +40,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from otelkit import semconv
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT
-from otelkit._core.spans import (
-    LeanSpan,
-    RecordingSpan,
-    SdkSpan,
-    SpanRecorder,
-    with_own_parent_id,
-    with_span,
-)
+from otelkit._core.spans import RecordingSpan, SpanRecorder
 from otelkit.propagation import extract
+from otelkit.server._serving import enter, leave, observe, rename, set_error_status
 
 __all__ = ["ServerSpanMiddleware", "instrument_app", "uninstrument_app"]
 
@@ -72,7 +65,6 @@ _NATIVE_SCOPE_KEY = "fastapi.telemetry"
 # OpenTelemetry's ASGI middleware, known by name: otelkit does not depend on its package
 _CONTRIB_MIDDLEWARE = ("opentelemetry.instrumentation.asgi", "OpenTelemetryMiddleware")
 _STACK_DEPTH = 64  # middlewares walked at most, below otelkit's, looking for it
-_current_context = otel_context._RUNTIME_CONTEXT
 
 
 class _Routes:
@@ -188,10 +180,7 @@ class _Request:
         self.status = 0
         if span.sampled:
             _request_attributes(scope, self.method, span.attributes)
-            context = with_span(span.context, parent)
-        else:  # stages and calls downstream follow the trace, under this service's own id
-            context = with_own_parent_id(parent)
-        self.token = _current_context.attach(context)
+        self.token = enter(span, parent)
         self.start_s = time.perf_counter()
 
     @classmethod
@@ -206,17 +195,14 @@ class _Request:
         """End the span and observe the duration; never raises."""
         seconds = time.perf_counter() - self.start_s
         try:
-            _current_context.detach(self.token)
+            leave(self.token)
             route = routes.template(scope.get("route"))
             # no response started: Starlette's error middleware or the server answers 500
             status = self.status or 500
-            series = _DURATION.series((self.method, route, str(status)))
             span = self.span
-            if not span.sampled:
-                series.observe(seconds)
-                return
-            _response_attributes(span, self.method, route, status, error)
-            series.observe(seconds, span.context.trace_id, span.context.span_id)
+            if span.sampled:
+                _response_attributes(span, self.method, route, status, error)
+            observe(_DURATION.series((self.method, route, str(status))), seconds, span)
             span.end()
         except Exception:
             internal_error("ending an HTTP server span")
@@ -264,27 +250,12 @@ def _response_attributes(
     attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = status
     if route:
         attributes[semconv.HTTP_ROUTE] = route
-        _rename(span, f"{_span_method(method)} {route}")
+        rename(span, f"{_span_method(method)} {route}")
     if error is not None:
         span.record_error(error)
     elif status >= 500:  # 4xx are the client's errors, not the server's (HTTP conventions)
         attributes[semconv.ERROR_TYPE] = str(status)
-        _set_error_status(span)
-
-
-def _rename(span: RecordingSpan, name: str) -> None:
-    """The route is known only once the router ran, after the span started."""
-    if isinstance(span, LeanSpan):
-        span.name = name
-    elif isinstance(span, SdkSpan):
-        span._span.update_name(name)
-
-
-def _set_error_status(span: RecordingSpan) -> None:
-    if isinstance(span, LeanSpan):
-        span.status = Status(StatusCode.ERROR)
-    elif isinstance(span, SdkSpan):
-        span._span.set_status(Status(StatusCode.ERROR))
+        set_error_status(span)
 
 
 def instrument_app(app: AppT) -> AppT:

@@ -89,7 +89,10 @@ def run_script(
 def serving(
     script: Path, *args: str, ready_url: str, log: Path, env: Mapping[str, str]
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A server script running until the block ends; then Ctrl-C, and it must exit 0."""
+    """A server script running until the block ends; then Ctrl-C, and it must exit 0.
+
+    Ready when ``ready_url`` answers 200, or, for ``grpc://host:port``, when the KServe v2
+    gRPC server there says it is ready."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, str(script), *args],
@@ -111,12 +114,26 @@ def serving(
 def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while True:
+        if url.startswith("grpc://") and _grpc_ready(url.removeprefix("grpc://")):
+            return
         try:
             with urllib.request.urlopen(url, timeout=1) as response:
                 if response.status == 200:
                     return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
             pass
         assert proc.poll() is None, f"the server exited {proc.returncode}:\n{log.read_text()}"
         assert time.monotonic() < deadline, f"not ready after {timeout} s:\n{log.read_text()}"
         time.sleep(0.2)
+
+
+def _grpc_ready(address: str) -> bool:
+    """Whether a KServe v2 gRPC server at ``address`` says it is ready."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        with grpcclient.InferenceServerClient(address) as client:
+            return bool(client.is_server_ready(client_timeout=1))
+    except InferenceServerException:
+        return False

@@ -1,7 +1,9 @@
-"""The FastAPI and PyTriton server examples, run as a user runs them, called over real HTTP.
+"""The FastAPI, gRPC and PyTriton server examples, run as a user runs them, called over real
+HTTP or gRPC.
 
 ``examples/servers/fastapi_stages.py`` on uvicorn gets a request with a ``traceparent``; its
-SERVER span must join that trace with the stages under it. ``examples/servers/pytriton_stages.py``
+SERVER span must join that trace with the stages under it; so must ``grpc_stages.py``'s, called
+by the client example ``infer_sync.py`` over gRPC. ``examples/servers/pytriton_stages.py``
 is called by the client example ``infer_sync.py``: one trace from the client's job span through
 Triton and PyTriton's proxy to the stages, across three processes.
 """
@@ -71,6 +73,35 @@ def test_fastapi_stages_nest_under_the_server_span_in_the_callers_trace(
     assert (server.kind.name, server.parent_span_id) == ("SERVER", caller_id)
     stages = [s for s in trace.spans.values() if s is not server]
     assert {s.attributes[semconv.MODEL_NAME] for s in stages} == {MODEL}
+
+
+@pytest.fixture(scope="module")
+def grpc_url(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """grpc_stages.py on a free port, tracing to the session's receiver."""
+    port = free_port()
+    with serving(
+        SERVERS / "grpc_stages.py", "--port", str(port), ready_url=f"grpc://127.0.0.1:{port}",
+        log=tmp_path_factory.mktemp("grpc-example") / "server.log",
+        env=environment(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url),
+    ):  # fmt: skip
+        yield f"127.0.0.1:{port}"
+
+
+def test_grpc_stages_nest_under_the_server_span_in_the_clients_trace(
+    grpc_url: str, receiver: Receiver, tmp_path: Path
+) -> None:
+    env = environment(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url)
+    done = run_script(CLIENTS / "infer_sync.py", "--url", grpc_url, cwd=tmp_path, env=env)
+    trace_id, _ = printed_trace(done.stdout)
+    assert done.stdout.startswith(f"{FEATURES}\n")
+    spans = wait_for_trace(receiver.out_dir, trace_id, count=5)
+    server = "hit-features-grpc"
+    call = node(
+        f"{semconv.RPC_METHOD_GRPC_INFER} {MODEL}", CLIENT_SERVICE,
+        node(semconv.RPC_METHOD_GRPC_INFER, server, node("cylindrical", server),
+             node("scale", server)),
+    )  # fmt: skip
+    assert tree(build_traces(spans)[trace_id]) == node("reconstruct event", CLIENT_SERVICE, call)
 
 
 @pytest.fixture(scope="module")

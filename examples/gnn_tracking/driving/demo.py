@@ -9,7 +9,7 @@
    events identically;
 4. drives the five service options at each client concurrency (over HTTP by default; at most
    ``--traces-per-s`` events a second traced end to end, by otelkit's rate-limiting sampler),
-   then the whole pipeline as one model of the FastAPI twin;
+   then the whole pipeline as one model of the FastAPI twin, over HTTP and over gRPC;
 5. snapshots every ``/metrics`` page, stops the servers, and prints the per-stage time
    breakdown computed from the collected traces (``otelkit.analysis.breakdown``), the
    throughput per option, and where the traces and metrics went;
@@ -256,10 +256,11 @@ def main(argv: list[str] | None = None) -> int:
                 break
         if not args.no_twin and not gave_up:
             say("starting the FastAPI twin (KServe v2 over HTTP)...")
-            twin_metrics_port = free_port()
+            twin_metrics_port, twin_grpc_port = free_port(), free_port()
             with twin_process(
-                receiver.traces_url, out / "fastapi.log", metrics_port=twin_metrics_port
-            ) as twin_url:
+                receiver.traces_url, out / "fastapi.log", metrics_port=twin_metrics_port,
+                grpc_port=twin_grpc_port,
+            ) as twin_url:  # fmt: skip
                 twin = Remote(twin_url, "http")
                 for threads in args.threads:
                     attempt = len(reports) + len(crashed_runs)
@@ -267,6 +268,16 @@ def main(argv: list[str] | None = None) -> int:
                         OPTIONS[4], events, threads, models, twin, "fastapi", args, attempt
                     )
                     reports.append(("4 one model, FastAPI twin (HTTP)", report))
+                twin.close()
+                say("the same twin over KServe v2 gRPC (the protocol SONIC's clients speak)...")
+                twin = Remote(f"127.0.0.1:{twin_grpc_port}", "grpc", timeout_s=10)
+                label_problem = label_problem or _check_labels(events[:4], models, twin)
+                for threads in args.threads:
+                    attempt = len(reports) + len(crashed_runs)
+                    report = _run(
+                        OPTIONS[4], events, threads, models, twin, "fastapi", args, attempt
+                    )
+                    reports.append(("4 one model, the twin over gRPC", report))
                 twin.close()
                 _snapshot(
                     f"http://127.0.0.1:{twin_metrics_port}/metrics",

@@ -52,7 +52,7 @@ from gnn_tracking.serving.kserve_tensors import (
     requested_outputs,
 )
 
-__all__ = ["ModelSpec", "TensorSpec", "create_app"]
+__all__ = ["ModelRegistry", "ModelSpec", "TensorSpec", "create_app", "run_model"]
 
 _log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _version_order(version: str) -> tuple[bool, int, str]:
     return version.isdigit(), int(version) if version.isdigit() else 0, version
 
 
-class _Models:
+class ModelRegistry:
     """The served models by name and version; no version means the highest."""
 
     def __init__(self, models: Sequence[ModelSpec]) -> None:
@@ -101,8 +101,13 @@ class _Models:
             versions[model.version] = model
 
     def find(self, request: Request) -> ModelSpec:
-        name = request.path_params["model_name"]
-        version = request.path_params.get("model_version")
+        """The model a request's path names."""
+        return self.lookup(
+            request.path_params["model_name"], request.path_params.get("model_version")
+        )
+
+    def lookup(self, name: str, version: str | None) -> ModelSpec:
+        """``name`` at ``version``, the highest when none; ``ProtocolError`` 404 when unknown."""
         versions = self._versions.get(name, {})
         if not version and versions:
             return versions[max(versions, key=_version_order)]
@@ -112,13 +117,19 @@ class _Models:
         suffix = f" version {version}" if version else ""
         raise ProtocolError(404, f"Request for unknown model: '{name}'{suffix} is not found")
 
+    def versions(self, name: str) -> list[str]:
+        """The versions served of model ``name``, lowest first."""
+        return sorted(self._versions[name], key=_version_order)
+
     def metadata(self, model: ModelSpec) -> dict[str, Any]:
+        """The model's KServe v2 metadata, as JSON."""
+
         def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
             return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in specs]
 
         return {
             "name": model.name,
-            "versions": sorted(self._versions[model.name], key=_version_order),
+            "versions": self.versions(model.name),
             "platform": model.platform,
             "inputs": tensors(model.inputs),
             "outputs": tensors(model.outputs),
@@ -189,7 +200,8 @@ def _split_body(
 # -- inference and the response ------------------------------------------------------------------
 
 
-def _run(model: ModelSpec, inputs: dict[str, NDArray[Any]]) -> dict[str, Any]:
+def run_model(model: ModelSpec, inputs: dict[str, NDArray[Any]]) -> dict[str, Any]:
+    """``model.infer(inputs)``; a model that raises or returns no dict is a 500, logged."""
     try:
         produced = model.infer(inputs)
     except Exception as exc:
@@ -222,7 +234,7 @@ def _serve(model: ModelSpec, chunks: list[bytes], headers: dict[str, str | None]
     if request_id is not None and not isinstance(request_id, str):
         raise _bad(f"the request 'id' must be a string, not {request_id!r}")
     requested = requested_outputs(model, header)
-    produced = _run(model, decode_inputs(model, header, binary))
+    produced = run_model(model, decode_inputs(model, header, binary))
     entries, buffers = encode_outputs(model, requested, produced)
     response: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
     response |= {"id": request_id} if request_id is not None else {}
@@ -262,7 +274,7 @@ def create_app(
     ``tritonclient.http.InferenceServerClient("localhost:8000").infer("double", inputs)``.
     Raises ValueError for an invalid spec (unknown datatype, repeated name or version).
     """
-    served = _Models(models)
+    served = ModelRegistry(models)
     app = FastAPI(title=name, version=version)
     for handled in (ProtocolError, StarletteHTTPException, Exception):
         app.add_exception_handler(handled, _error)

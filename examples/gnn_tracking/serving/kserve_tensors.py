@@ -18,16 +18,20 @@ from numpy.typing import NDArray
 
 __all__ = [
     "DATATYPES",
+    "NUMPY_DTYPES",
     "ModelSpec",
     "ProtocolError",
     "TensorSpec",
+    "check_shape",
     "decode_inputs",
     "encode_outputs",
+    "from_binary",
+    "output_array",
     "requested_outputs",
 ]
 
 # Little-endian as the protocol requires, whatever the host's byte order.
-_DTYPES: dict[str, np.dtype[Any]] = {
+NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
     **{f"UINT{bits}": np.dtype(f"<u{bits // 8}") for bits in (8, 16, 32, 64)},
     **{f"INT{bits}": np.dtype(f"<i{bits // 8}") for bits in (8, 16, 32, 64)},
@@ -35,11 +39,11 @@ _DTYPES: dict[str, np.dtype[Any]] = {
     "BYTES": np.dtype(object),
 }
 # The kinds of JSON values (as numpy infers them) that each datatype accepts in ``data``.
-_JSON_KINDS = {"BOOL": "b", **{k: "iu" for k in _DTYPES if "INT" in k}, "FP16": "iuf"}
+_JSON_KINDS = {"BOOL": "b", **{k: "iu" for k in NUMPY_DTYPES if "INT" in k}, "FP16": "iuf"}
 _JSON_KINDS |= {"FP32": "iuf", "FP64": "iuf"}
 _KIND_NAMES = {"b": "boolean", "i": "integer", "u": "integer", "f": "float", "U": "string"}
 _LENGTH = struct.Struct("<I")  # the 4-byte length before each element of a binary BYTES tensor
-DATATYPES = tuple(_DTYPES)  # "BOOL", "UINT8", ..., "FP64", "BYTES": the datatypes served
+DATATYPES = tuple(NUMPY_DTYPES)  # "BOOL", "UINT8", ..., "FP64", "BYTES": the datatypes served
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(400, message)
 
 
-def _check_shape(model: ModelSpec, spec: TensorSpec, shape: Sequence[int], status: int) -> None:
+def check_shape(model: ModelSpec, spec: TensorSpec, shape: Sequence[int], status: int) -> None:
     """Raise unless ``shape`` fits; 400 for a request's input, 500 for an output of ``infer``."""
     if len(shape) != len(spec.shape) or any(
         want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
@@ -117,11 +121,13 @@ def _shape_of(entry: dict[str, Any], what: str) -> list[int]:
     return shape
 
 
-def _from_binary(spec: TensorSpec, buffer: memoryview, shape: list[int]) -> NDArray[Any]:
+def from_binary(spec: TensorSpec, buffer: memoryview, shape: list[int]) -> NDArray[Any]:
+    """The array of ``shape`` in ``buffer``, the tensor's bytes as the protocol lays them out
+    (little-endian; BYTES elements each after a 4-byte length); 400 if they do not fit."""
     count = math.prod(shape)
     if spec.datatype == "BYTES":
         return _deserialize_bytes(spec, buffer, count).reshape(shape)
-    dtype = _DTYPES[spec.datatype]
+    dtype = NUMPY_DTYPES[spec.datatype]
     if len(buffer) != count * dtype.itemsize:
         raise _bad(
             f"input {spec.name!r} of shape {shape} and datatype {spec.datatype} needs "
@@ -171,7 +177,7 @@ def _from_json(spec: TensorSpec, data: Any, shape: list[int]) -> NDArray[Any]:
             raise _bad(f"{what}: 'data' holds {found} values, not {spec.datatype}")
     if raw.size != count:
         raise _bad(f"{what} has {raw.size} values in 'data'; its shape {shape} needs {count}")
-    dtype = _DTYPES[spec.datatype]
+    dtype = NUMPY_DTYPES[spec.datatype]
     if raw.size and raw.dtype.kind in "iu" and dtype.kind in "iu":
         info = np.iinfo(dtype)
         if int(raw.min()) < info.min or int(raw.max()) > info.max:
@@ -216,7 +222,7 @@ def decode_inputs(
                 f"model {model.name!r} expects {spec.datatype}"
             )
         shape = _shape_of(entry, what)
-        _check_shape(model, spec, shape, 400)
+        check_shape(model, spec, shape, 400)
         parameters = _parameters(entry, what)
         if "shared_memory_region" in parameters:
             raise _bad(f"{what}: shared memory is not supported by this server")
@@ -229,7 +235,7 @@ def decode_inputs(
                 f"{what} claims {size} bytes of binary data at offset {offset}; the body has "
                 f"{len(binary) - offset} left (truncated?) and it must not also have 'data'"
             )
-        arrays[name] = _from_binary(spec, binary[offset : offset + size], shape)
+        arrays[name] = from_binary(spec, binary[offset : offset + size], shape)
         offset += size
     if missing := [name for name in specs if name not in arrays]:
         raise _bad(f"model {model.name!r} needs inputs {missing}")
@@ -279,14 +285,16 @@ def encode_outputs(
         if spec.name not in produced:
             raise ProtocolError(500, f"model {model.name!r} returned no output {spec.name!r}")
         entry, data = _encode_output(
-            _output_array(model, spec, produced[spec.name]), spec, as_binary
+            output_array(model, spec, produced[spec.name]), spec, as_binary
         )
         entries.append(entry)
         buffers += [] if data is None else [data]
     return entries, buffers
 
 
-def _output_array(model: ModelSpec, spec: TensorSpec, value: Any) -> NDArray[Any]:
+def output_array(model: ModelSpec, spec: TensorSpec, value: Any) -> NDArray[Any]:
+    """``value``, an output ``infer`` returned, as a contiguous array of its spec (BYTES as
+    ``bytes``); 500 when its datatype or shape does not fit."""
     what = f"model {model.name!r} output {spec.name!r}"
     array = np.asarray(value)
     if spec.datatype == "BYTES":
@@ -296,10 +304,10 @@ def _output_array(model: ModelSpec, spec: TensorSpec, value: Any) -> NDArray[Any
         encoded = np.empty(flat.size, dtype=object)
         encoded[:] = [item.encode() if isinstance(item, str) else item for item in flat]
         array = encoded.reshape(array.shape)
-    elif not np.can_cast(array.dtype, _DTYPES[spec.datatype], "same_kind"):
+    elif not np.can_cast(array.dtype, NUMPY_DTYPES[spec.datatype], "same_kind"):
         raise ProtocolError(500, f"{what} is {array.dtype}, which is not {spec.datatype}")
-    _check_shape(model, spec, array.shape, 500)
-    return np.ascontiguousarray(array, dtype=_DTYPES[spec.datatype])
+    check_shape(model, spec, array.shape, 500)
+    return np.ascontiguousarray(array, dtype=NUMPY_DTYPES[spec.datatype])
 
 
 def _encode_output(array: NDArray[Any], spec: TensorSpec, binary: bool) -> tuple[Any, Any]:

@@ -120,8 +120,14 @@
   document.getElementById("open-trace").addEventListener("click", function () { openTrace(idBox.value); });
   idBox.addEventListener("keydown", function (event) { if (event.key === "Enter") openTrace(idBox.value); });
   // #trace=<id> opens a trace: a link from an exemplar lands on its waterfall.
-  const fromHash = /trace=([0-9a-fA-F]+)/.exec(location.hash);
-  if (!(fromHash && openTrace(fromHash[1])) && Object.keys(views).length) openView("median");
+  function traceInHash() {
+    const found = /trace=([0-9a-fA-F]+)/.exec(location.hash);
+    return found ? found[1] : null;
+  }
+  window.addEventListener("hashchange", function () {
+    if (traceInHash()) openTrace(traceInHash());
+  });
+  if (!(traceInHash() && openTrace(traceInHash())) && Object.keys(views).length) openView("median");
   else if (!Object.keys(views).length && Object.keys(data.traces).length) openTrace(Object.keys(data.traces)[0]);
   window.otelkitReport = { openTrace: openTrace, data: data };
 })();

@@ -37,15 +37,16 @@ class Chart:
     note: str = ""
 
 
-def component_order(name: str) -> int:
-    """Where a breakdown component sits in the bars: client, wire, queue, stages, back.
+def component_order(name: str) -> tuple[int, str]:
+    """Where a breakdown component sits in the bars: client, wire, queue, stages, back; by name
+    within a rank, so a page and a figure come out the same from run to run.
 
     >>> sorted(["client other", "server gnn", "server queue"], key=component_order)
     ['server queue', 'server gnn', 'client other']
     """
     if name in _RANK:
-        return _RANK[name]
-    return 0 if name.startswith("client ") else 4
+        return _RANK[name], name
+    return (0 if name.startswith("client ") else 4), name
 
 
 def breakdown_chart(groups: Mapping[str, Mapping[str, float]], name: str = "breakdown") -> Chart:
@@ -59,7 +60,7 @@ def breakdown_chart(groups: Mapping[str, Mapping[str, float]], name: str = "brea
             ms = components[component]
             rows.append({"group": group, "component": component, "ms": round(ms, 4),
                          "share": round(100 * max(0.0, ms) / total, 1),
-                         "order": component_order(component)})  # fmt: skip
+                         "order": component_order(component)[0]})  # fmt: skip
     spec = {
         "$schema": SCHEMA,
         "data": {"values": rows},

@@ -80,12 +80,17 @@
         mark.appendChild(el("svg:title", {}, name + " +" + fmtUs(at)));
         row.appendChild(mark);
       }
-      row.appendChild(el("svg:text", { x: Math.min(x + Math.max(1, span.d * scale) + 4, WIDTH - 60),
-        y: y + 15, class: "wf-duration" }, fmtUs(span.d)));
+      const end = x + Math.max(1, span.d * scale);
+      // the duration after its bar, or inside it where the bar reaches the right edge
+      const inside = end + 64 > WIDTH;
+      row.appendChild(el("svg:text", { x: inside ? end - 4 : end + 4, y: y + 15,
+        "text-anchor": inside ? "end" : "start", class: "wf-duration" + (inside ? " wf-inside" : "") },
+        fmtUs(span.d)));
       row.addEventListener("click", function () { showAttributes(span); });
       svg.appendChild(row);
     });
     box.replaceChildren(svg);
+    if (views[trace.g]) groupSelect.value = trace.g;
     document.getElementById("wf-title").textContent = "trace " + trace.id + " (" + trace.g +
       "), " + fmtUs(trace.d) + ", " + spans.length + " spans, started " +
       new Date(trace.start_us / 1000).toISOString();

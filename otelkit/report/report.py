@@ -62,7 +62,7 @@ class Report:
         group_by: Sequence[str] = (),
         root_name: str | None = None,
         max_spans: int = 8000,
-        grace_s: float = 30.0,
+        grace_s: float = 10.0,
     ) -> Report:
         """Read ``traces`` (OTLP JSON files or directories) in one streaming pass and
         ``studies`` (results files of ``otelkit study``)."""

@@ -85,7 +85,7 @@ def study_section(title: str, header: dict[str, Any], verdicts: Sequence[str], c
 
 def waterfall_section(carried: int, read: int) -> str:
     """The waterfall's controls: a group, its median, p99 or slowest trace, or any trace id."""
-    return f"""<h2 id="traces">Trace waterfall</h2>
+    return f"""<h2 id="traces">Trace waterfall</h2><div id="wf-section">
 <div class="wf-controls">group <select id="wf-group"></select>
 <button data-view="median">median</button><button data-view="p99">p99</button>
 <button data-view="slowest">slowest</button>
@@ -94,7 +94,7 @@ def waterfall_section(carried: int, read: int) -> str:
 <p class="hint">This file carries {carried} of the {read} traces read: per group the median,
 p99 and slowest, and as many others as its span budget holds (<code>--max-spans</code>).
 A link to <code>report.html#trace=ID</code> opens a trace.</p>
-<p id="wf-title"></p><div id="waterfall"></div><div id="wf-attributes"></div>"""
+<p id="wf-title"></p><div id="waterfall"></div><div id="wf-attributes"></div></div>"""
 
 
 def _when(ns: int | None) -> str:

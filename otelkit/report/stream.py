@@ -51,7 +51,7 @@ class TraceStream:
     before the trace counts as complete. ``max_open_spans``: the most spans held at once.
     """
 
-    def __init__(self, grace_s: float = 30.0, max_open_spans: int = 200_000) -> None:
+    def __init__(self, grace_s: float = 10.0, max_open_spans: int = 100_000) -> None:
         if grace_s < 0 or max_open_spans < 1:
             raise ValueError("grace_s must be >= 0 and max_open_spans >= 1")
         self.grace_ns = int(grace_s * 1e9)

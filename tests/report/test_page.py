@@ -4,6 +4,7 @@ request, draws every chart, and its waterfall shows a known trace as the trace f
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -52,6 +53,13 @@ def _expected_rows(spans: list[dict[str, Any]]) -> list[tuple[str, int, float, f
     return rows
 
 
+def _screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where screenshots go: the session's temporary folder, or OTELKIT_REPORT_SCREENSHOTS
+    (``docs/images`` regenerates the README's)."""
+    folder = os.environ.get("OTELKIT_REPORT_SCREENSHOTS")
+    return Path(folder) if folder else tmp_path_factory.getbasetemp()
+
+
 def _load(browser: WebDriver, html: Path, fragment: str = "") -> None:
     browser.get_log("browser")  # drop what earlier tests left
     browser.get_log("performance")
@@ -79,7 +87,7 @@ def test_loads_without_console_messages_or_requests(
         if json.loads(entry["message"])["message"]["method"] == "Network.requestWillBeSent"
     ]
     assert requests == [report_html.as_uri()]  # the page itself, nothing else
-    shot = tmp_path_factory.getbasetemp() / "report-page.png"
+    shot = _screenshot_dir(tmp_path_factory) / "report-page.png"
     assert browser.save_screenshot(str(shot))
     print(f"screenshot: {shot}")
 
@@ -102,7 +110,12 @@ def test_every_chart_is_drawn(browser: WebDriver, report: Report, report_html: P
         assert len(titles) == 2 and all(titles) and any("(" in t for t in titles), (name, titles)
 
 
-def test_waterfall_of_a_known_trace(browser: WebDriver, report: Report, report_html: Path) -> None:
+def test_waterfall_of_a_known_trace(
+    browser: WebDriver,
+    report: Report,
+    report_html: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     trace_id = report.views["server=triton option=4 threads=1"]["median"]
     _load(browser, report_html)
     box = browser.find_element(By.ID, "trace-id")
@@ -140,6 +153,11 @@ def test_waterfall_of_a_known_trace(browser: WebDriver, report: Report, report_h
         assert width == pytest.approx(max(1.0, duration * scale), abs=0.5)
     browser.find_elements(By.CSS_SELECTOR, ".wf-row")[3].click()
     assert "triton.model_name" in browser.find_element(By.ID, "wf-attributes").text
+    section = browser.find_element(By.ID, "wf-section")
+    browser.execute_script("arguments[0].scrollIntoView()", section)
+    shot = _screenshot_dir(tmp_path_factory) / "report-waterfall.png"
+    assert section.screenshot(str(shot))
+    print(f"screenshot: {shot}")
 
 
 def test_trace_id_box_and_link(browser: WebDriver, report: Report, report_html: Path) -> None:

@@ -15,7 +15,9 @@ from otelkit.analysis.breakdown import TOTAL
 from otelkit.cli import main
 from otelkit.report import Report
 from otelkit.report.collect import Gathered
+from otelkit.report.figures import write_figures
 from otelkit.report.stream import TraceStream
+from tests.paths import ROOT
 from tests.report.conftest import GROUP_BY, STUDY, TRACES
 
 
@@ -104,6 +106,17 @@ def test_figures_open_as_images_with_labelled_axes(report: Report, tmp_path: Pat
         svg = ElementTree.parse(tmp_path / f"{chart.name}.svg").getroot()
         texts = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text")]
         assert any("(" in t and ")" in t for t in texts), (chart.name, texts[:10])
+
+
+def test_readme_figure_is_current(tmp_path: Path) -> None:
+    """docs/images/report-breakdown.svg is what the code draws from the committed demo traces
+    (docs/report.md says how to regenerate it)."""
+    report = Report.build([TRACES], group_by=GROUP_BY, root_name="reconstruct event")
+    assert report.breakdown is not None
+    write_figures([report.breakdown], tmp_path)
+    committed = ROOT / "docs" / "images" / "report-breakdown.svg"
+    assert (tmp_path / "breakdown.svg").read_text() == committed.read_text()
+    assert (ROOT / "docs" / "images" / "report-waterfall.png").stat().st_size > 10_000
 
 
 def test_command_writes_the_page_and_figures(

@@ -133,3 +133,30 @@ def test_command_writes_the_page_and_figures(
     assert out.stat().st_size < 5e6
     assert (tmp_path / "fig" / "breakdown.svg").exists()
     assert main(["report"]) == 2
+
+
+def test_study_charts_with_gpus_saturation_and_knees() -> None:
+    """A sweep whose points hold GPU readings and Triton's figures: the GPU plots (memory per
+    instance), saturation and the knee ring come from them."""
+    from otelkit.report.study_charts import study_charts
+    from otelkit.study import StudyResults
+    from tests.study.conftest import figures, make_point
+
+    points = []
+    for n, (instances, throughput) in enumerate([(1, 100.0), (2, 190.0), (4, 200.0)]):
+        point = make_point({"instances": instances}, throughput, {"server gnn": 5.0 * n + 5},
+                           index=n, triton={"gnn": figures(4.0, queue_ms=n * 2.0)})  # fmt: skip
+        point.gpus = {"GPU-0123456789ab": {"utilization": 0.3 * (n + 1),
+                                           "memory_used_bytes": 2**30 * 2 * instances}}  # fmt: skip
+        points.append(point)
+    results = StudyResults({"unit": "event"}, points)
+    results.derive()
+    charts = {chart.name: chart for chart in study_charts(results)}
+    assert {"study-throughput-instances", "study-efficiency", "study-saturation",
+            "study-gpu-utilisation", "study-gpu-memory"} <= set(charts)  # fmt: skip
+    memory = charts["study-gpu-memory"].spec["layer"][0]["data"]["values"]
+    assert [row["GiB"] for row in memory] == [2.0, 2.0, 2.0]  # 2 GiB an instance throughout
+    rings = charts["study-throughput-instances"].spec["layer"][1]["data"]["values"]
+    assert rings == [{"instances": 2, "events/s": 190.0, "label": "knee"}]
+    utilisation = charts["study-gpu-utilisation"].spec["layer"][0]["data"]["values"]
+    assert [round(row["pct"]) for row in utilisation] == [30, 60, 90]

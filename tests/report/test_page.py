@@ -175,3 +175,14 @@ def test_trace_id_box_and_link(browser: WebDriver, report: Report, report_html: 
         browser.find_element(By.CSS_SELECTOR, "svg.wf").get_attribute("data-trace-id")
         == (median["p99"])
     )
+
+
+def test_a_study_alone_loads_cleanly(browser: WebDriver, tmp_path: Path) -> None:
+    """Without traces the page still opens: the study's plots, an empty waterfall, no error."""
+    from tests.report.conftest import STUDY
+
+    page = Report.build(studies=[STUDY]).write_html(tmp_path / "study.html")
+    _load(browser, page)
+    assert browser.get_log("browser") == []
+    assert browser.find_element(By.ID, "waterfall").text == ""
+    assert "No complete traces" in browser.find_element(By.TAG_NAME, "body").text

@@ -103,6 +103,25 @@ def _when(ns: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / 1e9))
 
 
+def _versions(service: str, resource: dict[str, Any]) -> str:
+    """``triton: SDK cpp 1.13.0``: what emitted a service's spans, from its resource.
+
+    >>> _versions("client", {"telemetry.distro.name": "otelkit", "telemetry.distro.version": "0.1"})
+    'client: otelkit 0.1'
+    """
+    parts = []
+    if "service.version" in resource:
+        parts.append(f"version {resource['service.version']}")
+    if "telemetry.distro.name" in resource:
+        parts.append(
+            f"{resource['telemetry.distro.name']} {resource.get('telemetry.distro.version', '')}"
+        )
+    if "telemetry.sdk.version" in resource:
+        language = resource.get("telemetry.sdk.language", "")
+        parts.append(f"OpenTelemetry SDK {language} {resource['telemetry.sdk.version']}")
+    return f"{service}: {', '.join(parts) or 'no version in its resource'}"
+
+
 def facts_section(
     facts: Facts, studies: Sequence[tuple[str, dict[str, Any]]], late_spans: int
 ) -> str:
@@ -112,6 +131,8 @@ def facts_section(
              ("first span", _when(facts.first_ns)), ("last span end", _when(facts.last_ns or None)),
              ("hosts", ", ".join(sorted(facts.hosts)) or "-"),
              ("instrumentation scopes", scopes)]  # fmt: skip
+    lines.insert(2, ("versions", "; ".join(_versions(name, resource) for name, resource
+                                            in sorted(facts.services.items()))))  # fmt: skip
     if late_spans:
         lines.append(("late spans (left out)", str(late_spans)))
     for name, header in studies:

@@ -86,6 +86,7 @@ def test_page_text(report: Report) -> None:
     assert set(parsed) == {"charts", "traces", "views", "facts"}
     assert parsed["facts"] == {"traces": 24, "spans": 396}
     assert "gnn-tracking-client" in html and "triton" in html  # the services' resources
+    assert "triton: OpenTelemetry SDK cpp 1.13.0" in html and "otelkit 0.1.0" in html
     assert "nesting consistent" in html and "contended" in html  # a check and a verdict
 
 

@@ -18,14 +18,21 @@
     return us >= 1000 ? (us / 1000).toFixed(us >= 100000 ? 0 : 2) + " ms" : us.toFixed(1) + " µs";
   }
 
-  // Charts: one vega-embed per placeholder; SVG so that what is drawn can be inspected.
-  for (const chart of data.charts) {
-    const target = document.getElementById(chart.id);
-    vegaEmbed(target, chart.spec, { actions: false, renderer: "svg" }).catch(function (error) {
-      target.textContent = "chart failed: " + error;
-      console.error(error);
-    });
-  }
+  // Charts: one vega-embed per placeholder, SVG so that what is drawn can be inspected; one
+  // after another, each after the browser had a turn, so the page shows and answers at once
+  // while a study's twenty plots are still being drawn below.
+  (async function drawCharts() {
+    for (const chart of data.charts) {
+      const target = document.getElementById(chart.id);
+      try {
+        await vegaEmbed(target, chart.spec, { actions: false, renderer: "svg" });
+      } catch (error) {
+        target.textContent = "chart failed: " + error;
+        console.error(error);
+      }
+      await new Promise(function (resolve) { setTimeout(resolve, 0); });
+    }
+  })();
 
   // Waterfall: rows in tree order; a bar per span at its offset, events as marks on it.
   const ROW = 22, LABEL = 330, WIDTH = 1100, PAD = 6;

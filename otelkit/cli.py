@@ -8,6 +8,7 @@ and ``run(args) -> int``; this module only dispatches.
     otelkit gpu-exporter --port 9400                     # NVML GPU metrics for Prometheus
     otelkit gpu record --out gpus.json                   # real NVML readings, for replay
     otelkit study run --triton REPO --model M --sweep concurrency=1,2,4  # what caps throughput
+    otelkit report ./otelkit-traces --study study.jsonl  # one HTML page: plots, waterfalls
     otelkit config                                       # the settings configure() would use
 """
 
@@ -32,6 +33,7 @@ _COMMANDS = {
     "gpu-exporter": ("otelkit.gpu.exporter", "serve NVML GPU metrics to Prometheus"),
     "dashboards": ("otelkit.dashboards.cli", "write the Grafana dashboards' JSON"),
     "study": ("otelkit.study.cli", "sweep a deployment, measure each point, name what caps it"),
+    "report": ("otelkit.report.cli", "one self-contained HTML page: plots and trace waterfalls"),
 }
 
 

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("client", "server"),  # instrumentation of tritonclient; stages and model servers
     ("analysis", "receiver", "tritonserver", "dashboards"),  # tools that read or run things
     ("study",),  # sweeps a deployment: drives clients, runs servers, reads traces and metrics
+    ("report",),  # one HTML page and paper figures from traces and study results
     ("instrumentation", "auto", "cli", "__init__"),  # the public entry points
 )
 SHARED_PRIVATE = "_core"

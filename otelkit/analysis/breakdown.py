@@ -67,6 +67,25 @@ class Breakdown:
     def median_total(self) -> float:
         return statistics.median(self.components[TOTAL]) if self.traces else 0.0
 
+    def add(self, trace: Trace, root: Span) -> dict[str, float] | None:
+        """Split ``root``'s time into components and add them (``None``: left out, incomplete).
+
+        >>> root = Span("ab" * 16, "cd" * 8, None, "event", SpanKind.INTERNAL, 0, 500_000_000)
+        >>> Breakdown(("all",)).add(build_traces([root])["ab" * 16], root)
+        {'client other': 0.5, 'total': 0.5}
+        """
+        components, problems = trace_components(trace, root)
+        if NO_SERVER_SPAN in components:
+            self.incomplete += 1
+            return None
+        seen = self.traces
+        for name, seconds in components.items():
+            self.components.setdefault(name, [0.0] * seen).append(seconds)
+        for values in self.components.values():
+            values.extend([0.0] * (seen + 1 - len(values)))
+        self.problems.extend(problems)
+        return components
+
     def bottleneck(self) -> tuple[str, float] | None:
         """The server stage with the most time per trace: with one instance, it caps throughput."""
         stages = [c for c in self.components if c.startswith("server ") and c != SERVER_QUEUE]
@@ -172,17 +191,7 @@ def breakdown(
             if trace.is_orphan(root) or (root_name is not None and root.name != root_name):
                 continue
             key = tuple(str(root.attributes.get(k, "")) for k in group_by)
-            group = groups.setdefault(key, Breakdown(key))
-            components, problems = trace_components(trace, root)
-            if NO_SERVER_SPAN in components:
-                group.incomplete += 1
-                continue
-            seen = group.traces
-            for name, seconds in components.items():
-                group.components.setdefault(name, [0.0] * seen).append(seconds)
-            for values in group.components.values():
-                values.extend([0.0] * (seen + 1 - len(values)))
-            group.problems.extend(problems)
+            groups.setdefault(key, Breakdown(key)).add(trace, root)
     return groups
 
 

@@ -3,7 +3,8 @@
 Reads what otelkit's receiver and JSON-lines exporter write and what the OpenTelemetry
 Collector's file exporter writes: one OTLP JSON document per line, plain or gzipped. Lines
 holding metrics or logs are skipped, ids are hex whatever the input used, and a line that
-cannot be read (the last one of a killed writer, say) is skipped with a warning.
+cannot be read (the last one of a killed writer, say) is skipped with a warning
+(``otelkit.analysis.decode``; the records are ``otelkit.analysis.spans``'s).
 
 >>> traces = build_traces(load_spans("otelkit-traces"))  # doctest: +SKIP
 >>> for depth, span in traces[trace_id].walk():  # doctest: +SKIP
@@ -12,18 +13,15 @@ cannot be read (the last one of a killed writer, say) is skipped with a warning.
 
 from __future__ import annotations
 
-import base64
 import gzip
-import json
-import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from enum import IntEnum
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from otelkit.export.otlp_json_normalize import normalize_json
+from otelkit.analysis.decode import spans_of_line
+from otelkit.analysis.spans import Span, SpanEvent, SpanKind, SpanLink, StatusCode
 
 __all__ = [
     "Span",
@@ -33,78 +31,9 @@ __all__ = [
     "StatusCode",
     "Trace",
     "build_traces",
+    "iter_spans",
     "load_spans",
 ]
-
-_log = logging.getLogger("otelkit.analysis")
-
-Attributes = dict[str, Any]
-
-
-class SpanKind(IntEnum):
-    """OTLP's span kinds, with their wire values."""
-
-    UNSPECIFIED = 0
-    INTERNAL = 1
-    SERVER = 2
-    CLIENT = 3
-    PRODUCER = 4
-    CONSUMER = 5
-
-
-class StatusCode(IntEnum):
-    """OTLP's span status codes, with their wire values."""
-
-    UNSET = 0
-    OK = 1
-    ERROR = 2
-
-
-@dataclass(frozen=True, slots=True)
-class SpanEvent:
-    """A timestamped event on a span, e.g. Triton's ``QUEUE_START``."""
-
-    name: str
-    time_ns: int
-    attributes: Attributes = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True, slots=True)
-class SpanLink:
-    """A link from a span to a span of another (or the same) trace."""
-
-    trace_id: str
-    span_id: str
-    attributes: Attributes = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One finished span, ids as lowercase hex; ``parent_span_id`` is None for a root.
-
-    >>> Span("ab" * 16, "cd" * 8, None, "infer", SpanKind.CLIENT, 1_000, 3_500).duration_ns
-    2500
-    """
-
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    name: str
-    kind: SpanKind
-    start_ns: int
-    end_ns: int
-    attributes: Attributes = field(default_factory=dict, hash=False)
-    resource: Attributes = field(default_factory=dict, hash=False)
-    scope: str = ""
-    events: tuple[SpanEvent, ...] = field(default=(), hash=False)
-    links: tuple[SpanLink, ...] = field(default=(), hash=False)
-    status_code: StatusCode = StatusCode.UNSET
-    status_message: str = ""
-
-    @property
-    def duration_ns(self) -> int:
-        """End minus start, in nanoseconds."""
-        return self.end_ns - self.start_ns
 
 
 def load_spans(*paths: str | Path) -> list[Span]:
@@ -112,14 +41,19 @@ def load_spans(*paths: str | Path) -> list[Span]:
 
     >>> spans = load_spans("otelkit-traces", "collector/traces.jsonl.gz")  # doctest: +SKIP
     """
-    spans: list[Span] = []
+    return list(iter_spans(*paths))
+
+
+def iter_spans(*paths: str | Path) -> Iterator[Span]:
+    """The spans of ``load_spans``, one at a time in file order: for readers that stream.
+
+    >>> next(iter_spans("otelkit-traces")).trace_id  # doctest: +SKIP
+    '4bf92f3577b34da6a3ce929d0e0e4736'
+    """
     for path in _files(paths):
         with _open(path) as lines:
             for number, line in enumerate(lines, 1):
-                doc = _document(line, f"{path}:{number}")
-                if doc is not None:
-                    spans.extend(_spans(doc))
-    return spans
+                yield from spans_of_line(line, f"{path}:{number}")
 
 
 def _files(paths: Iterable[str | Path]) -> Iterator[Path]:
@@ -136,82 +70,6 @@ def _open(path: Path) -> TextIO:
     if path.name.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8")
     return path.open(encoding="utf-8")
-
-
-def _document(line: str, where: str) -> dict[str, Any] | None:
-    if not line.strip():
-        return None
-    try:
-        doc = json.loads(line)
-        if not isinstance(doc, dict) or "resourceSpans" not in doc:
-            return None  # metrics or logs from the Collector's file exporter
-        return normalize_json(doc)
-    except (ValueError, RecursionError) as exc:
-        _log.warning("%s: skipped, not an OTLP JSON document: %s", where, exc)
-        return None
-
-
-def _spans(doc: dict[str, Any]) -> Iterator[Span]:
-    for rs in doc.get("resourceSpans", ()):
-        resource = _attributes(rs.get("resource", {}).get("attributes", ()))
-        for ss in rs.get("scopeSpans", ()):
-            scope = ss.get("scope", {}).get("name", "")
-            for s in ss.get("spans", ()):
-                status = s.get("status", {})
-                yield Span(
-                    trace_id=s["traceId"],
-                    span_id=s["spanId"],
-                    parent_span_id=s.get("parentSpanId") or None,
-                    name=s.get("name", ""),
-                    kind=_enum(SpanKind, s.get("kind", 0)),
-                    start_ns=int(s.get("startTimeUnixNano", 0)),
-                    end_ns=int(s.get("endTimeUnixNano", 0)),
-                    attributes=_attributes(s.get("attributes", ())),
-                    resource=resource,
-                    scope=scope,
-                    events=tuple(_event(e) for e in s.get("events", ())),
-                    links=tuple(_link(link) for link in s.get("links", ())),
-                    status_code=_enum(StatusCode, status.get("code", 0)),
-                    status_message=status.get("message", ""),
-                )
-
-
-def _event(e: dict[str, Any]) -> SpanEvent:
-    attributes = _attributes(e.get("attributes", ()))
-    return SpanEvent(e.get("name", ""), int(e.get("timeUnixNano", 0)), attributes)
-
-
-def _link(link: dict[str, Any]) -> SpanLink:
-    return SpanLink(link["traceId"], link["spanId"], _attributes(link.get("attributes", ())))
-
-
-def _enum(kind: type[SpanKind] | type[StatusCode], value: int) -> Any:
-    try:
-        return kind(value)
-    except ValueError:  # a value newer than this module: keep the span, lose the detail
-        return kind(0)
-
-
-def _attributes(kvs: Iterable[dict[str, Any]]) -> Attributes:
-    return {kv["key"]: _value(kv.get("value", {})) for kv in kvs}
-
-
-def _value(v: dict[str, Any]) -> Any:
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "intValue" in v:
-        return int(v["intValue"])
-    if "doubleValue" in v:
-        return float(v["doubleValue"])  # also reads "NaN" and "Infinity"
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "arrayValue" in v:
-        return [_value(x) for x in v["arrayValue"].get("values", ())]
-    if "kvlistValue" in v:
-        return _attributes(v["kvlistValue"].get("values", ()))
-    if "bytesValue" in v:
-        return base64.b64decode(v["bytesValue"])
-    return None
 
 
 @dataclass(frozen=True, eq=False)

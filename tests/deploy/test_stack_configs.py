@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from otelkit import semconv
+from otelkit.analysis import load_spans
 from otelkit.tritonserver import free_port
 from tests.paths import ROOT
 from tests.support import require_binary
@@ -407,11 +408,38 @@ def test_collector_pipelines() -> None:
         },
         SAMPLER: {
             "traces": {"receivers": ["otlp"], "processors": [first, "tail_sampling", last],
-                       "exporters": ["otlp/jaeger"]},
+                       "exporters": ["otlp/jaeger", "file/traces"]},
             "metrics": {"receivers": ["otlp"], "processors": [first, "resource/drop-process", last],
                         "exporters": ["prometheus"]},
         },
     }  # fmt: skip
+
+
+def test_sampler_writes_rotated_otlp_json_that_otelkit_reads(tmp_path: Path) -> None:
+    """The gateway's file exporter: OTLP JSON lines, rotated, where ``otelkit report`` and
+    ``otelkit breakdown`` read them (a directory of ``*.jsonl``, backups sorting first)."""
+    raw = load_yaml(config_path(SAMPLER))["exporters"]["file/traces"]
+    exporter = resolve_env(raw)
+    assert exporter == {
+        "path": "/var/lib/otelcol/traces/traces.jsonl",
+        "format": "json",
+        "rotation": {"max_megabytes": 256, "max_backups": 20, "max_days": 7, "localtime": False},
+    }
+    changed = resolve_env(
+        raw,
+        {"OTELKIT_TRACES_FILE": "/data/t.jsonl", "OTELKIT_TRACES_FILE_MB": "64"},
+    )
+    assert (changed["path"], changed["rotation"]["max_megabytes"]) == ("/data/t.jsonl", 64)
+    # as the exporter names a rotated file (lumberjack: <name>-<UTC time>.<ext>) and the current
+    span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "infer", "kind": 3,
+            "startTimeUnixNano": "1", "endTimeUnixNano": "2"}  # fmt: skip
+    for name, span_id in (
+        ("traces-2026-11-26T05-00-00.000.jsonl", "01" * 8),
+        ("traces.jsonl", "02" * 8),
+    ):
+        doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{**span, "spanId": span_id}]}]}]}
+        (tmp_path / name).write_text(json.dumps(doc) + "\n")
+    assert [s.span_id for s in load_spans(tmp_path)] == ["01" * 8, "02" * 8]
 
 
 def test_agent_scrapes_the_node_endpoints_named_in_its_environment() -> None:

@@ -12,7 +12,8 @@
    then the whole pipeline as one model of the FastAPI twin, over HTTP and over gRPC;
 5. snapshots every ``/metrics`` page, stops the servers, and prints the per-stage time
    breakdown computed from the collected traces (``otelkit.analysis.breakdown``), the
-   throughput per option, and where the traces and metrics went;
+   throughput per option, and where the traces and metrics went; writes the same traces as
+   one HTML page (``otelkit report``: breakdown bars, trace waterfalls) and prints its path;
 6. exits non-zero, naming each check that failed: labels that differ between options 0 and 4,
    broken nesting in the traces, a run with failed events or none at all, a Triton that could
    not be kept alive.
@@ -53,6 +54,7 @@ from gnn_tracking.serving.twin import twin_process
 from otelkit.analysis import build_traces, load_spans
 from otelkit.analysis.breakdown import breakdown, format_breakdowns
 from otelkit.receiver import Receiver
+from otelkit.report import Report
 from otelkit.tritonserver import TritonServer, free_port
 
 __all__ = ["main"]
@@ -372,13 +374,18 @@ def _report(
         },
     }  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    # the same traces as one HTML page: breakdown bars, waterfalls, facts (otelkit report)
+    page = Report.build([out / "traces"], group_by=keys, root_name=ROOT_SPAN)
+    page.title = "make demo: the reference deployment"
+    report_path = page.write_html(out / "report.html").resolve()
     print(
         f"\ntraces:  {(out / 'traces' / 'traces.jsonl').resolve()} (OTLP JSON lines; "
         f"`otelkit breakdown {out / 'traces'} --group-by {OPTION_ATTRIBUTE}` reads them)\n"
         f"metrics: {(out / 'metrics').resolve()}/ (Triton's nv_inference_*, the stage models' "
         "otelkit_stage_*, the client's otelkit_client_*, the twin's http_server_*, as scraped "
         "at the end)\n"
-        f"summary: {(out / 'summary.json').resolve()}; Triton's log: {out / 'triton.log'}"
+        f"summary: {(out / 'summary.json').resolve()}; Triton's log: {out / 'triton.log'}\n"
+        f"report:  {report_path} (open it in a browser; it needs nothing else)"
     )
     failed = failed_checks(label_problem, reports, problems, gave_up)
     if failed:

@@ -1,0 +1,163 @@
+"""The report without a browser: the streaming reader's bounds, the waterfall views, the page's
+text, the figures as images with labelled axes, and the command."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+
+from otelkit.analysis import Span, SpanKind, build_traces, load_spans
+from otelkit.analysis.breakdown import TOTAL
+from otelkit.cli import main
+from otelkit.report import Report
+from otelkit.report.collect import Gathered
+from otelkit.report.figures import write_figures
+from otelkit.report.stream import TraceStream
+from tests.paths import ROOT
+from tests.report.conftest import GROUP_BY, STUDY, TRACES
+
+
+def _trace_spans(n: int, start_s: float, spans: int = 3) -> list[Span]:
+    trace_id = f"{n:032x}"
+    start = int(start_s * 1e9)
+    root = Span(trace_id, "00" * 7 + "01", None, "event", SpanKind.INTERNAL, start, start + 10**7)
+    children = [
+        Span(trace_id, f"{k + 2:016x}", root.span_id, f"step {k}", SpanKind.INTERNAL,
+             start + k * 10**6, start + (k + 1) * 10**6)
+        for k in range(spans - 1)
+    ]  # fmt: skip
+    return [*children, root]
+
+
+def test_stream_hands_on_whole_traces_and_bounds_what_it_holds() -> None:
+    # 2000 traces one second apart, each 3 spans: with a 30 s grace, about 30 are open at once
+    spans = [s for n in range(2000) for s in _trace_spans(n + 1, n)]
+    stream = TraceStream(grace_s=30, max_open_spans=10_000)
+    sizes, most_held = [], 0
+    for trace in stream.complete_traces(spans):
+        sizes.append(len(trace.spans))
+        most_held = max(most_held, stream._held)
+    assert sizes == [3] * 2000
+    assert (stream.traces, stream.spans, stream.late_spans, stream.closed_early) == (
+        2000,
+        6000,
+        0,
+        0,
+    )
+    assert most_held < 4096 + 200  # one check interval of spans, plus the grace's traces
+
+
+def test_stream_counts_late_spans_and_closes_early_under_its_bound() -> None:
+    early = _trace_spans(1, 0.0)
+    later = [s for n in range(2, 40) for s in _trace_spans(n, 100.0 + n)]
+    straggler = Span(early[0].trace_id, "ff" * 8, early[-1].span_id, "late", SpanKind.INTERNAL,
+                     0, 10)  # fmt: skip
+    stream = TraceStream(grace_s=1, max_open_spans=20)
+    traces = list(stream.complete_traces([*early, *later, straggler]))
+    assert len(traces) == 39 and stream.late_spans == 1
+    assert stream.closed_early > 0  # 20 spans held at most: traces handed on before their grace
+
+
+def test_views_are_the_exact_median_p99_and_slowest_of_small_groups() -> None:
+    gathered = Gathered(group_by=GROUP_BY, root_name="reconstruct event")
+    traces = build_traces(load_spans(TRACES))
+    for trace in traces.values():
+        gathered.add(trace)
+    views = gathered.views()
+    for key, chosen in views.items():
+        durations = sorted(gathered.groups[key].components[TOTAL])
+        roots = {tid: traces[tid].roots[0].duration_ns * 1e-9 for tid in chosen.values()}
+        assert roots[chosen["slowest"]] == durations[-1]
+        assert roots[chosen["median"]] == durations[0]  # 2 traces a group: the lower is the median
+        assert set(chosen.values()) <= set(gathered.kept)
+    assert len(views) == 12
+
+
+def test_page_text(report: Report) -> None:
+    html = report.html()
+    assert html.count("<script") == 3 and "</script" not in html.split("<script>")[-1][:-20]
+    assert 'src="http' not in html and 'href="http' not in html
+    data = html.split('id="otelkit-data">', 1)[1].split("</script>", 1)[0]
+    parsed = json.loads(data)
+    assert set(parsed) == {"charts", "traces", "views", "facts"}
+    assert parsed["facts"] == {"traces": 24, "spans": 396}
+    assert "gnn-tracking-client" in html and "triton" in html  # the services' resources
+    assert "triton: OpenTelemetry SDK cpp 1.13.0" in html and "otelkit 0.1.0" in html
+    assert "nesting consistent" in html and "contended" in html  # a check and a verdict
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+def test_figures_open_as_images_with_labelled_axes(report: Report, tmp_path: Path) -> None:
+    written = report.write_figures(tmp_path)
+    assert len(written) == 2 * len(report.charts)
+    for chart in report.charts:
+        width, height = _png_size(tmp_path / f"{chart.name}.png")
+        # a paper column at 300 dpi: 3.4 in is 1020 px; a legend may widen it
+        assert 600 <= width <= 2400 and 300 <= height <= 1800, (chart.name, width, height)
+        svg = ElementTree.parse(tmp_path / f"{chart.name}.svg").getroot()
+        texts = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+        assert any("(" in t and ")" in t for t in texts), (chart.name, texts[:10])
+
+
+def test_readme_figure_is_current(tmp_path: Path) -> None:
+    """docs/images/report-breakdown.svg is what the code draws from the committed demo traces
+    (docs/report.md says how to regenerate it)."""
+    report = Report.build([TRACES], group_by=GROUP_BY, root_name="reconstruct event")
+    assert report.breakdown is not None
+    write_figures([report.breakdown], tmp_path)
+    committed = ROOT / "docs" / "images" / "report-breakdown.svg"
+    assert (tmp_path / "breakdown.svg").read_text() == committed.read_text()
+    assert (ROOT / "docs" / "images" / "report-waterfall.png").stat().st_size > 10_000
+
+
+def test_command_writes_the_page_and_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.html"
+    args = ["report", str(TRACES), "--study", str(STUDY), "--out", str(out), "--root",
+            "reconstruct event", "--figures", str(tmp_path / "fig")]  # fmt: skip
+    for key in GROUP_BY:
+        args += ["--group-by", key]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"report: {out.resolve()}" in printed and "24 traces, 396 spans" in printed
+    assert out.stat().st_size < 5e6
+    assert (tmp_path / "fig" / "breakdown.svg").exists()
+    assert main(["report"]) == 2
+
+
+def test_study_charts_with_gpus_saturation_and_knees() -> None:
+    """A sweep whose points hold GPU readings and Triton's figures: the GPU plots (memory per
+    instance), saturation and the knee ring come from them."""
+    from otelkit.report.study_charts import study_charts
+    from otelkit.study import StudyResults
+    from tests.study.conftest import figures, make_point
+
+    points = []
+    for n, (instances, throughput) in enumerate([(1, 100.0), (2, 190.0), (4, 200.0)]):
+        point = make_point({"instances": instances}, throughput, {"server gnn": 5.0 * n + 5},
+                           index=n, triton={"gnn": figures(4.0, queue_ms=n * 2.0)})  # fmt: skip
+        point.gpus = {"GPU-0123456789ab": {"utilization": 0.3 * (n + 1),
+                                           "memory_used_bytes": 2**30 * 2 * instances}}  # fmt: skip
+        points.append(point)
+    results = StudyResults({"unit": "event"}, points)
+    results.derive()
+    charts = {chart.name: chart for chart in study_charts(results)}
+    assert {"study-throughput-instances", "study-efficiency", "study-saturation",
+            "study-gpu-utilisation", "study-gpu-memory"} <= set(charts)  # fmt: skip
+    memory = charts["study-gpu-memory"].spec["layer"][0]["data"]["values"]
+    assert [row["GiB"] for row in memory] == [2.0, 2.0, 2.0]  # 2 GiB an instance throughout
+    rings = charts["study-throughput-instances"].spec["layer"][1]["data"]["values"]
+    assert rings == [{"instances": 2, "events/s": 190.0, "label": "knee"}]
+    utilisation = charts["study-gpu-utilisation"].spec["layer"][0]["data"]["values"]
+    assert [round(row["pct"]) for row in utilisation] == [30, 60, 90]

@@ -145,6 +145,16 @@ URL_SCHEME = "url.scheme"
 CLIENT_ADDRESS = "client.address"
 NETWORK_PROTOCOL_VERSION = "network.protocol.version"
 
+# -- Ray Serve: deployments' requests, the wait before a replica took one, batched calls --------
+RAY_SERVE_DEPLOYMENT = f"{PREFIX}.ray_serve.deployment"
+RAY_SERVE_REPLICA = f"{PREFIX}.ray_serve.replica"
+RAY_SERVE_APPLICATION = f"{PREFIX}.ray_serve.application"
+RAY_SERVE_METHOD = f"{PREFIX}.ray_serve.method"  # the deployment method a handle called
+RAY_SERVE_ROUTE = f"{PREFIX}.ray_serve.route"  # the application's route prefix
+RAY_SERVE_QUEUE_SPAN = f"{PREFIX}.ray_serve.queued"  # from .remote() until the replica took it
+RAY_SERVE_BATCH_SPAN = f"{PREFIX}.ray_serve.batch"  # one @serve.batch call, linked to its requests
+RAY_SERVE_BATCH_SIZE = f"{PREFIX}.ray_serve.batch.size"
+
 # -- otelkit study: the root span of each request a study sends, and what it carries -----------
 STUDY_SPAN = f"{PREFIX}.study.request"
 STUDY_RUN = f"{PREFIX}.study.run"  # one id per study run: several runs may share a trace file
@@ -165,6 +175,9 @@ M_MODEL_VERSION = "model_version"
 M_SERVER = "server"
 M_PROTOCOL = "protocol"
 M_ERROR_TYPE = "error_type"
+M_DEPLOYMENT = "deployment"
+M_APPLICATION = "application"
+M_METHOD = "method"
 
 CLIENT_DURATION = MetricSpec(
     f"{PREFIX}.client.duration", "histogram", "s",
@@ -203,6 +216,11 @@ STAGE_ERRORS = MetricSpec(
 HTTP_SERVER_DURATION = MetricSpec(
     "http.server.request.duration", "histogram", "s",
     "HTTP requests as the server saw them (OpenTelemetry HTTP server convention).",
+    DURATION_BUCKETS_S,
+)  # fmt: skip
+RAY_SERVE_CALL_DURATION = MetricSpec(
+    f"{PREFIX}.ray_serve.call.duration", "histogram", "s",
+    "DeploymentHandle calls as the called replica ran them, by deployment and method.",
     DURATION_BUCKETS_S,
 )  # fmt: skip
 
@@ -351,6 +369,7 @@ SERVER_METRICS: tuple[MetricSpec, ...] = (
     STAGE_IN_FLIGHT,
     STAGE_ERRORS,
     HTTP_SERVER_DURATION,
+    RAY_SERVE_CALL_DURATION,
 )
 CLIENT_METRICS: tuple[MetricSpec, ...] = (
     CLIENT_DURATION,

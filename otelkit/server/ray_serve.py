@@ -31,6 +31,7 @@ global tracer provider that Serve's tracing sets, so neither takes the other's.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import threading
@@ -106,17 +107,27 @@ def _traced(cls: type) -> type:
     """A subclass of ``cls`` whose constructor first sets otelkit up in the replica."""
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            setup()
-        except Exception:
-            internal_error("setting otelkit up in a Ray Serve replica")
+        _setup_guarded()
         cls.__init__(self, *args, **kwargs)  # type: ignore[misc]
 
-    namespace = {"__init__": __init__, "_otelkit_traced": True, "__module__": cls.__module__}
+    async def __async_init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _setup_guarded()
+        await cls.__init__(self, *args, **kwargs)  # type: ignore[misc]
+
+    # a @serve.ingress class has an async constructor, and its subclasses must too
+    init = __async_init__ if inspect.iscoroutinefunction(cls.__init__) else __init__
+    namespace = {"__init__": init, "_otelkit_traced": True, "__module__": cls.__module__}
     traced = type(cls.__name__, (cls,), namespace)
     traced.__qualname__ = cls.__qualname__
     traced.__doc__ = cls.__doc__
     return traced
+
+
+def _setup_guarded() -> None:
+    try:
+        setup()
+    except Exception:
+        internal_error("setting otelkit up in a Ray Serve replica")
 
 
 # -- the hooks ------------------------------------------------------------------------------

@@ -34,7 +34,11 @@ import otelkit
 from gnn_tracking.physics.models import load_models
 from gnn_tracking.serving.kserve import ModelSpec, create_app
 from gnn_tracking.serving.stages import (
-    ENSEMBLE_STAGE, STAGE_ORDER, STAGES, TRACK_LABELS, Stage,
+    ENSEMBLE_STAGE,
+    STAGE_ORDER,
+    STAGES,
+    TRACK_LABELS,
+    Stage,
 )  # fmt: skip
 from gnn_tracking.serving.triton_model import TORCH_THREADS
 from otelkit.server.ray_serve import instrument_deployment

@@ -115,7 +115,8 @@ def _traced(cls: type) -> type:
         await cls.__init__(self, *args, **kwargs)  # type: ignore[misc]
 
     # a @serve.ingress class has an async constructor, and its subclasses must too
-    init = __async_init__ if inspect.iscoroutinefunction(cls.__init__) else __init__
+    constructor: Any = cls.__init__  # type: ignore[misc]
+    init = __async_init__ if inspect.iscoroutinefunction(constructor) else __init__
     namespace = {"__init__": init, "_otelkit_traced": True, "__module__": cls.__module__}
     traced = type(cls.__name__, (cls,), namespace)
     traced.__qualname__ = cls.__qualname__

@@ -72,7 +72,9 @@ class StageModel:
 class Ingress:
     """The KServe v2 HTTP server, calling the stage and pipeline deployments by handle."""
 
-    def __init__(self, stages: dict[str, DeploymentHandle], pipeline: DeploymentHandle) -> None:
+    def __init__(
+        self, stages: dict[str, DeploymentHandle[Any]], pipeline: DeploymentHandle[Any]
+    ) -> None:
         self.stages, self.pipeline = stages, pipeline
 
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -89,7 +91,7 @@ class Ingress:
         return otelkit.instrument(create_app(specs, name="gnn-tracking-ray-serve"))
 
     @staticmethod
-    def _caller(handle: DeploymentHandle) -> Any:
+    def _caller(handle: DeploymentHandle[Any]) -> Any:
         def infer(arrays: Arrays) -> dict[str, Any]:  # on Starlette's thread pool: may block
             result: dict[str, Any] = handle.run.remote(dict(arrays)).result()
             return result
@@ -140,6 +142,6 @@ def ray_serve_app(
         serve.run(build_app(env), name="gnn-tracking", route_prefix="/")
         yield f"127.0.0.1:{port}"
     finally:
-        serve.shutdown()
+        serve.shutdown()  # type: ignore[no-untyped-call]
         if started:
             ray.shutdown()

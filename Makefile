@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install debian-packages test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-gpu clean
+.PHONY: install debian-packages test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-ray bench-gpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,10 @@ bench-gpu: install
 
 bench-fastapi: install
 	$(PY) benchmarks/bench_fastapi.py
+
+# Ray Serve: an instrumented application against its uninstrumented twin, on a local Ray.
+bench-ray: install
+	$(PY) benchmarks/bench_ray.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces demo-output

@@ -44,7 +44,7 @@ from gnn_tracking.serving.triton_model import TORCH_THREADS
 from otelkit.server.ray_serve import instrument_deployment
 from otelkit.tritonserver import free_port
 
-__all__ = ["COMPOSED", "build_app", "ray_serve_app"]
+__all__ = ["COMPOSED", "build_app", "ray_serve_app", "study_app"]
 
 COMPOSED = "tracking_composed"  # the five stage deployments chained through handles
 Arrays = Mapping[str, NDArray[Any]]
@@ -106,14 +106,20 @@ class Ingress:
         return {TRACK_LABELS: tensors[TRACK_LABELS]}
 
 
-def build_app(env_vars: Mapping[str, str] | None = None) -> Any:
-    """The application: every deployment instrumented, ``env_vars`` reaching each replica."""
+def build_app(env_vars: Mapping[str, str] | None = None, *, replicas: int = 1) -> Any:
+    """The application: every deployment instrumented, ``env_vars`` reaching each replica;
+    ``replicas`` of each stage and of the whole pipeline (the ingress has one)."""
     env = {"PYTHONPATH": os.pathsep.join([str(_EXAMPLES.parent), str(_EXAMPLES)])}
     env |= dict(env_vars or {})
-    stage = instrument_deployment(StageModel, env)
+    stage = instrument_deployment(StageModel, env).options(num_replicas=replicas)
     stages = {name: stage.options(name=f"stage_{name}").bind(name) for name in STAGE_ORDER}
     pipeline = stage.options(name="pipeline").bind(ENSEMBLE_STAGE.name)
     return instrument_deployment(Ingress, env).bind(stages, pipeline)
+
+
+def study_app(params: Mapping[str, Any], env_vars: Mapping[str, str]) -> Any:
+    """``otelkit.study.ray_serve.RayServe``'s builder: ``instances`` replicas per stage."""
+    return build_app(env_vars, replicas=int(params.get("instances") or 1))
 
 
 @contextmanager

@@ -363,6 +363,20 @@ TRITON_METRICS: tuple[str, ...] = (
 TRITON_MODEL = "model"  # Triton's label names
 TRITON_VERSION = "version"
 
+# -- Ray Serve's own Prometheus metrics (Ray 2.60, on Ray's metrics export port), as queried --
+# Labels: deployment, application (and replica, route); processing latency excludes queueing.
+RAY_SERVE_REQUESTS = "ray_serve_deployment_request_counter_total"
+RAY_SERVE_ERRORS = "ray_serve_deployment_error_counter_total"
+RAY_SERVE_PROCESSING_MS = "ray_serve_deployment_processing_latency_ms"  # histogram, in ms
+RAY_SERVE_QUEUED = "ray_serve_deployment_queued_queries"  # waiting in callers' routers
+RAY_SERVE_REPLICAS_HEALTHY = "ray_serve_deployment_replica_healthy"  # 1 per healthy replica
+RAY_SERVE_LABEL_DEPLOYMENT = "deployment"
+RAY_SERVE_METRICS: tuple[str, ...] = (
+    RAY_SERVE_REQUESTS, RAY_SERVE_ERRORS, f"{RAY_SERVE_PROCESSING_MS}_bucket",
+    f"{RAY_SERVE_PROCESSING_MS}_sum", f"{RAY_SERVE_PROCESSING_MS}_count", RAY_SERVE_QUEUED,
+    RAY_SERVE_REPLICAS_HEALTHY,
+)  # fmt: skip
+
 SERVER_METRICS: tuple[MetricSpec, ...] = (
     STAGE_DURATION,
     STAGE_GPU_DURATION,

@@ -199,8 +199,8 @@ def _http(inner: Callable[..., Any]) -> Callable[..., Any]:
     async def call_http_entrypoint(
         self: Any, method: Any, scope: Any, receive: Any, send: Any
     ) -> Any:
-        request = HttpServerRequest.start(scope)
-        if request is None:
+        request = HttpServerRequest.start(scope) if scope.get("type") == "http" else None
+        if request is None:  # a websocket, or otelkit failed
             return await inner(self, method, scope, receive, send)
         if request.span.sampled and _replica is not None:
             request.span.attributes.update(_replica.attributes)

@@ -184,17 +184,13 @@ def ray_serve_under_load(receiver: Receiver) -> Iterator[list[str]]:
     from otelkit.server.ray_serve import instrument_deployment
     from tests.server.ray_apps import Batched, Child, Ingress
 
-    root = Path(__file__).resolve().parents[2]
     ports = {name: free_port() for name in ("Ingress", "Child", "Batched")}
 
     def env(name: str) -> dict[str, str]:
-        return {
-            "PYTHONPATH": f"{root}:{root / 'examples'}",
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.traces_url,
-            "OTEL_BSP_SCHEDULE_DELAY": "50",
-            "OTELKIT_PROMETHEUS_PORT": str(ports[name]),
-            "OTELKIT_PROMETHEUS_HOST": "127.0.0.1",
-        }
+        return LocalRay.replica_env(
+            receiver.traces_url, OTELKIT_PROMETHEUS_PORT=str(ports[name]),
+            OTELKIT_PROMETHEUS_HOST="127.0.0.1",
+        )  # fmt: skip
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -5,7 +5,6 @@ this module's receiver."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import urllib.error
@@ -26,7 +25,6 @@ from tests.support import LocalRay, wait_for_trace
 
 serve = pytest.importorskip("ray.serve")
 
-ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "/t"
 
 
@@ -48,13 +46,7 @@ def port(ray_local: LocalRay, receiver: Receiver) -> Iterator[int]:
     )  # fmt: skip
     bound = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": bound})
-    env = {
-        # replicas import this checkout's otelkit and tests, whatever the venv has installed
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.traces_url,
-        "OTEL_BSP_SCHEDULE_DELAY": "50",
-        "OTEL_SERVICE_NAME": "ray-tests",
-    }
+    env = ray_local.replica_env(receiver.traces_url, OTEL_SERVICE_NAME="ray-tests")
     child, batched = (instrument_deployment(d, env).bind() for d in (Child, Batched))
     serve.run(instrument_deployment(Ingress, env).bind(child, batched), route_prefix=PREFIX)
     yield bound

@@ -4,10 +4,8 @@ application with its ``instances`` as replicas, the next point's count scales it
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,14 +14,13 @@ from tests.support import LocalRay
 
 serve = pytest.importorskip("ray.serve")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def doubling_app(params: Mapping[str, Any], env_vars: Mapping[str, str]) -> Any:
     from otelkit.server.ray_serve import instrument_deployment
     from tests.server.ray_apps import Child, Ingress
 
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")]), **env_vars}
+    quiet = LocalRay.replica_env("http://127.0.0.1:9/v1/traces", OTEL_TRACES_SAMPLER="always_off")
+    env = {**quiet, **env_vars}
     child = instrument_deployment(Child, env).options(num_replicas=params["instances"])
     batched = instrument_deployment(Child, env).options(name="Spare")
     return instrument_deployment(Ingress, env).bind(child.bind(), batched.bind())

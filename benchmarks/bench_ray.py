@@ -54,14 +54,14 @@ class Ingress:
         return {"y": await self.child.run.remote(body["x"])}
 
 
-def deploy(traces_dir: str) -> int:
+def deploy(traces_dir: str, sampler: str) -> int:
     """Both twins on Serve's proxy; its port."""
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     env = {
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
         "OTELKIT_TRACES_DIR": traces_dir,
-        "OTEL_TRACES_SAMPLER": "always_on",
+        "OTEL_TRACES_SAMPLER": sampler,
         "OTEL_SERVICE_NAME": "bench-ray",
     }
     # the twin imports the same otelkit (its stage then records nothing: not configured there)
@@ -105,15 +105,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=600, help="interleaved pairs")
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument(
+        "--sampler", default="always_on",
+        help="the instrumented replicas' sampler (always_off: the hooks alone, no span recorded)",
+    )  # fmt: skip
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        port = deploy(tempfile.mkdtemp(prefix="bench-ray-"))
+        port = deploy(tempfile.mkdtemp(prefix="bench-ray-"), args.sampler)
         plain_ns, traced_ns = run(port, args.requests, args.warmup)
     finally:
         serve.shutdown()
         ray.shutdown()  # type: ignore[no-untyped-call]
-    summary: dict[str, float] = {"requests": args.requests}
+    summary: dict[str, Any] = {"requests": args.requests, "sampler": args.sampler}
     for name, durations in (("plain", plain_ns), ("instrumented", traced_ns)):
         summary[f"{name}_p50_us"] = round(statistics.median(durations) / 1e3, 1)
         summary[f"{name}_p99_us"] = round(statistics.quantiles(durations, n=100)[98] / 1e3, 1)

@@ -111,6 +111,10 @@ def uninstrument(target: Any = None) -> Any:
         from otelkit.server import fastapi
 
         return fastapi.uninstrument_app(cast("Starlette", target))
+    if _is_ray_deployment(target):
+        from otelkit.server import ray_serve
+
+        return ray_serve.uninstrument_deployment(target)
     from otelkit import client
 
     if target is None:

@@ -42,7 +42,7 @@ from otelkit._core.guard import internal_error
 from otelkit.server._ray_calls import BatchCall, HandleCall, Replica, carry
 from otelkit.server.fastapi import HttpServerRequest
 
-__all__ = ["instrument_deployment", "runtime_env", "setup"]
+__all__ = ["instrument_deployment", "runtime_env", "setup", "uninstrument_deployment"]
 
 logger = logging.getLogger("otelkit")
 _lock = threading.Lock()
@@ -101,6 +101,15 @@ def instrument_deployment(deployment: Any, env_vars: Mapping[str, str] | None = 
     env["env_vars"] = runtime_env(env_vars)["env_vars"] | dict(env.get("env_vars") or {})
     options["runtime_env"] = env
     return deployment.options(func_or_class=_traced(cls), ray_actor_options=options)
+
+
+def uninstrument_deployment(deployment: Any) -> Any:
+    """``deployment`` as it was before ``instrument_deployment`` (replicas already running keep
+    their hooks until the application is deployed again)."""
+    cls = deployment.func_or_class
+    if not getattr(cls, "_otelkit_traced", False):
+        return deployment
+    return deployment.options(func_or_class=cls.__bases__[0])
 
 
 def _traced(cls: type) -> type:

@@ -195,3 +195,18 @@ def test_a_replica_killed_under_load_leaves_error_spans_and_nothing_hangs(
     while post(port, "double", [1.0], {}) != (200, b'{"y":[2.0]}'):
         assert time.monotonic() < deadline, "the deployment did not recover"
         time.sleep(0.5)
+
+
+def test_instrument_returns_a_traced_deployment_once_and_uninstrument_the_original() -> None:
+    from tests.server.ray_apps import Child
+
+    traced = otelkit.instrument(Child)
+    assert traced.func_or_class is not Child.func_or_class
+    assert traced.func_or_class.__mro__[1] is Child.func_or_class
+    assert traced.func_or_class.__name__ == "Child"
+    assert traced.ray_actor_options["num_cpus"] == 0  # the deployment's own options kept
+    assert "env_vars" in traced.ray_actor_options["runtime_env"]
+    assert otelkit.instrument(traced) is traced
+    assert otelkit.uninstrument(traced).func_or_class is Child.func_or_class
+    with pytest.raises(TypeError, match="send_context=False applies to one tritonclient"):
+        otelkit.instrument(Child, send_context=False)

@@ -18,6 +18,7 @@ from opentelemetry import trace
 import otelkit
 from otelkit import semconv
 from otelkit.analysis import Span, build_traces
+from otelkit.analysis.breakdown import SERVER_QUEUE, trace_components
 from otelkit.receiver import Receiver
 from tests.support import LocalRay, TrackingServer, wait_for_trace
 
@@ -72,6 +73,11 @@ def test_ray_serve_and_triton_give_the_same_track_labels(
     triton.close()
 
 
+def spans_root(spans: list[Span]) -> Span:
+    (root,) = [s for s in spans if s.parent_span_id is None]
+    return root
+
+
 def _tree(spans: list[Span], trace_id: str) -> list[tuple[int, str, str]]:
     walked = build_traces(spans)[trace_id].walk()
     return [(depth, span.name, span.kind.name) for depth, span in walked]
@@ -108,6 +114,10 @@ def test_composed_deployments_trace_from_client_to_every_stage(
         parent = by_id.get(span.parent_span_id or "")
         if parent is not None:
             assert parent.start_ns <= span.start_ns <= span.end_ns <= parent.end_ns, span.name
+    components, problems = trace_components(build_traces(spans)[trace_id], spans_root(spans))
+    assert problems == []
+    assert components[SERVER_QUEUE] > 0  # the queued spans: the wait for each stage's replica
+    assert {f"server {name}" for name in STAGE_ORDER} <= components.keys()
     (server,) = [s for s in spans if s.name == f"POST {route}"]
     assert server.attributes[semconv.RAY_SERVE_DEPLOYMENT] == "Ingress"
     assert server.attributes[semconv.HTTP_ROUTE] == route

@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install debian-packages test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-gpu bench-report clean
+.PHONY: install debian-packages test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ bench-grpc-server: install
 # otelkit report's scale targets: the demo's traces, 1 M spans (written once to /tmp), page size
 bench-report: install
 	$(PY) benchmarks/bench_report.py
+
+# Ray Serve: an instrumented application against its uninstrumented twin, on a local Ray.
+bench-ray: install
+	$(PY) benchmarks/bench_ray.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces demo-output

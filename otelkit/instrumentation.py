@@ -35,6 +35,12 @@ def _is_starlette_app(target: object) -> bool:
     return applications is not None and isinstance(target, applications.Starlette)
 
 
+def _is_ray_deployment(target: object) -> bool:
+    """Whether ``target`` is a Ray Serve deployment, without importing Ray."""
+    deployment = sys.modules.get("ray.serve.deployment")
+    return deployment is not None and isinstance(target, deployment.Deployment)
+
+
 @overload
 def instrument(target: None = None, *, send_context: bool = True) -> list[str]: ...
 @overload
@@ -45,7 +51,10 @@ def instrument(target: T | None = None, *, send_context: bool = True) -> T | lis
     Supported: ``tritonclient.http`` and ``tritonclient.grpc`` ``InferenceServerClient`` (a
     CLIENT span per call, trace context sent to the server), and FastAPI or any Starlette app
     (a SERVER span per HTTP request, parented on its ``traceparent``, with ``otelkit.stage``
-    spans of the handlers under it). Without an argument: every tritonclient client class.
+    spans of the handlers under it), and Ray Serve class deployments (a new deployment whose
+    replicas set otelkit up and trace HTTP requests, handle calls and batches: see
+    ``otelkit.server.ray_serve``; instrument each deployment of an application).
+    Without an argument: every tritonclient client class.
     A second call changes nothing (but ``send_context``). If neither otelkit nor an
     OpenTelemetry SDK is set up yet, otelkit configures itself from the environment (embedded
     default: JSON-lines files).
@@ -59,10 +68,13 @@ def instrument(target: T | None = None, *, send_context: bool = True) -> T | lis
 
     >>> client = otelkit.instrument(tritonclient.grpc.InferenceServerClient("gpu-node:8001"))
     >>> app = otelkit.instrument(fastapi.FastAPI())
+    >>> ingress = otelkit.instrument(Ingress)  # a Ray Serve deployment: keep the returned one
     >>> quiet = otelkit.instrument(tritonclient.http.InferenceServerClient("cpu-node:8000"),
     ...                            send_context=False)
     """
-    if not send_context and (target is None or _is_starlette_app(target)):
+    if not send_context and (
+        target is None or _is_starlette_app(target) or _is_ray_deployment(target)
+    ):
         raise TypeError(
             "otelkit.instrument: send_context=False applies to one tritonclient client: "
             "otelkit.instrument(client, send_context=False)"
@@ -73,6 +85,10 @@ def instrument(target: T | None = None, *, send_context: bool = True) -> T | lis
         _ensure_configured()
         fastapi.instrument_app(cast("Starlette", target))
         return cast(T, target)
+    if _is_ray_deployment(target):
+        from otelkit.server import ray_serve
+
+        return cast(T, ray_serve.instrument_deployment(target))
     from otelkit import client
 
     client.require_tritonclient()
@@ -84,7 +100,8 @@ def instrument(target: T | None = None, *, send_context: bool = True) -> T | lis
         return instrumented
     raise TypeError(
         f"otelkit.instrument: cannot instrument {type(target).__qualname__}; supported are "
-        "tritonclient InferenceServerClient objects and FastAPI or Starlette apps"
+        "tritonclient InferenceServerClient objects, FastAPI or Starlette apps and Ray Serve "
+        "class deployments"
     )
 
 
@@ -94,6 +111,10 @@ def uninstrument(target: Any = None) -> Any:
         from otelkit.server import fastapi
 
         return fastapi.uninstrument_app(cast("Starlette", target))
+    if _is_ray_deployment(target):
+        from otelkit.server import ray_serve
+
+        return ray_serve.uninstrument_deployment(target)
     from otelkit import client
 
     if target is None:

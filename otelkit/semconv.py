@@ -148,6 +148,16 @@ NETWORK_PROTOCOL_VERSION = "network.protocol.version"
 RPC_RESPONSE_STATUS_CODE = "rpc.response.status_code"  # the status name: OK, INTERNAL, ...
 CLIENT_PORT = "client.port"
 
+# -- Ray Serve: deployments' requests, the wait before a replica took one, batched calls --------
+RAY_SERVE_DEPLOYMENT = f"{PREFIX}.ray_serve.deployment"
+RAY_SERVE_REPLICA = f"{PREFIX}.ray_serve.replica"
+RAY_SERVE_APPLICATION = f"{PREFIX}.ray_serve.application"
+RAY_SERVE_METHOD = f"{PREFIX}.ray_serve.method"  # the deployment method a handle called
+RAY_SERVE_ROUTE = f"{PREFIX}.ray_serve.route"  # the application's route prefix
+RAY_SERVE_QUEUE_SPAN = f"{PREFIX}.ray_serve.queued"  # from .remote() until the replica took it
+RAY_SERVE_BATCH_SPAN = f"{PREFIX}.ray_serve.batch"  # one @serve.batch call, linked to its requests
+RAY_SERVE_BATCH_SIZE = f"{PREFIX}.ray_serve.batch.size"
+
 # -- otelkit study: the root span of each request a study sends, and what it carries -----------
 STUDY_SPAN = f"{PREFIX}.study.request"
 STUDY_RUN = f"{PREFIX}.study.run"  # one id per study run: several runs may share a trace file
@@ -170,6 +180,9 @@ M_PROTOCOL = "protocol"
 M_ERROR_TYPE = "error_type"
 M_RPC_METHOD = "rpc_method"
 M_RPC_STATUS = "rpc_response_status_code"
+M_DEPLOYMENT = "deployment"
+M_APPLICATION = "application"
+M_METHOD = "method"
 
 CLIENT_DURATION = MetricSpec(
     f"{PREFIX}.client.duration", "histogram", "s",
@@ -215,6 +228,11 @@ HTTP_SERVER_DURATION = MetricSpec(
 RPC_SERVER_DURATION = MetricSpec(
     "rpc.server.call.duration", "histogram", "s",
     "RPCs as the gRPC server saw them (OpenTelemetry RPC server convention).",
+    DURATION_BUCKETS_S,
+)  # fmt: skip
+RAY_SERVE_CALL_DURATION = MetricSpec(
+    f"{PREFIX}.ray_serve.call.duration", "histogram", "s",
+    "DeploymentHandle calls as the called replica ran them, by deployment and method.",
     DURATION_BUCKETS_S,
 )  # fmt: skip
 
@@ -357,12 +375,27 @@ TRITON_METRICS: tuple[str, ...] = (
 TRITON_MODEL = "model"  # Triton's label names
 TRITON_VERSION = "version"
 
+# -- Ray Serve's own Prometheus metrics (Ray 2.60, on Ray's metrics export port), as queried --
+# Labels: deployment, application (and replica, route); processing latency excludes queueing.
+RAY_SERVE_REQUESTS = "ray_serve_deployment_request_counter_total"
+RAY_SERVE_ERRORS = "ray_serve_deployment_error_counter_total"
+RAY_SERVE_PROCESSING_MS = "ray_serve_deployment_processing_latency_ms"  # histogram, in ms
+RAY_SERVE_QUEUED = "ray_serve_deployment_queued_queries"  # waiting in callers' routers
+RAY_SERVE_REPLICAS_HEALTHY = "ray_serve_deployment_replica_healthy"  # 1 per healthy replica
+RAY_SERVE_LABEL_DEPLOYMENT = "deployment"
+RAY_SERVE_METRICS: tuple[str, ...] = (
+    RAY_SERVE_REQUESTS, RAY_SERVE_ERRORS, f"{RAY_SERVE_PROCESSING_MS}_bucket",
+    f"{RAY_SERVE_PROCESSING_MS}_sum", f"{RAY_SERVE_PROCESSING_MS}_count", RAY_SERVE_QUEUED,
+    RAY_SERVE_REPLICAS_HEALTHY,
+)  # fmt: skip
+
 SERVER_METRICS: tuple[MetricSpec, ...] = (
     STAGE_DURATION,
     STAGE_GPU_DURATION,
     STAGE_IN_FLIGHT,
     STAGE_ERRORS,
     HTTP_SERVER_DURATION,
+    RAY_SERVE_CALL_DURATION,
 )
 CLIENT_METRICS: tuple[MetricSpec, ...] = (
     CLIENT_DURATION,

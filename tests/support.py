@@ -38,6 +38,18 @@ class LocalRay:
 
     metrics_port: int
 
+    @staticmethod
+    def replica_env(traces_url: str, **extra: str) -> dict[str, str]:
+        """What Ray Serve replicas of the tests need: this checkout's otelkit, tests and
+        examples on their path (whatever the venv installed), spans to ``traces_url`` soon."""
+        root = Path(__file__).resolve().parents[1]
+        return {
+            "PYTHONPATH": f"{root}:{root / 'examples'}",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url,
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+            **extra,
+        }
+
 
 def wait_for_trace(directory: Path, trace_id: str, count: int, timeout: float = 15.0) -> list[Span]:
     """The spans of one trace once ``count`` of them have arrived; fails after ``timeout``."""

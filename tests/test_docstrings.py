@@ -26,6 +26,7 @@ ILLUSTRATIONS = {
     "otelkit.gpu.sampler": "a GPU",
     "otelkit.server._stage.stage": "a model's inputs",
     "otelkit.server.fastapi.instrument_app": "a FastAPI app",
+    "otelkit.server.ray_serve.instrument_deployment": "Ray Serve deployments",
     "otelkit.server.pytriton": "PyTriton's tracer, set up once per process",
     "otelkit.server.pytriton.install_tracer": "PyTriton's tracer, set up once per process",
     "otelkit.server.pytriton.traced": "a PyTriton model",

@@ -116,7 +116,10 @@ def _event_ns(span: Span, name: str) -> int | None:
 
 def _queue_ns(trace: Trace, span: Span) -> int:
     """Triton's queue time of a model span: its ``QUEUE_START`` to ``COMPUTE_START``, an event
-    of its ``compute`` child (0 for spans without them, an ensemble's own span among them)."""
+    of its ``compute`` child (0 for spans without them, an ensemble's own span among them);
+    a Ray Serve request's wait for a replica: its ``queued`` span."""
+    if span.name == semconv.RAY_SERVE_QUEUE_SPAN:
+        return span.duration_ns
     queued = _event_ns(span, "QUEUE_START")
     if queued is None:
         return 0

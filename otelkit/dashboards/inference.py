@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from otelkit import semconv
+from otelkit.dashboards import ray_serve
 from otelkit.dashboards._grafana import (
     INSTANCE,
     MODEL,
@@ -150,5 +151,6 @@ def build(options: DashboardOptions) -> Any:
             ("Latency", _latency()),
             ("Load and saturation", _load()),
             ("Python model servers (FastAPI)", _python_servers()),
+            ("Ray Serve", ray_serve.inference_panels()),
         ],
     )  # fmt: skip

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from otelkit import semconv
+from otelkit.dashboards import ray_serve
 from otelkit.dashboards._grafana import (
     INSTANCE,
     MODEL,
@@ -108,5 +109,6 @@ def build(options: DashboardOptions) -> Any:
             ("Where the time goes", _share()),
             ("Time growth with load", _growth()),
             ("GPU time and errors", _gpu_and_errors()),
+            ("Ray Serve deployments", ray_serve.stage_panels()),
         ],
     )  # fmt: skip

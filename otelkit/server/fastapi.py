@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
@@ -147,7 +147,7 @@ class ServerSpanMiddleware:
         if scope["type"] != "http" or _SEEN in scope or not self._installation.active:
             await self.app(scope, receive, send)
             return
-        request = _Request.start(scope)
+        request = HttpServerRequest.start(scope)
         if request is None:
             await self.app(scope, receive, send)
             return
@@ -165,8 +165,17 @@ class ServerSpanMiddleware:
         request.finish(scope, None, self._installation.routes)
 
 
-class _Request:
-    """One request in flight: its span, the context made current for it, its start time."""
+class RouteTemplates(Protocol):
+    """What names a request's route for its span and histogram (Ray Serve has its own)."""
+
+    def template(self, route: Any) -> str:
+        """The route template of the matched ``route`` object (``""`` when none matched)."""
+
+
+class HttpServerRequest:
+    """One request in flight: its span, the context made current for it, its start time.
+
+    Shared by the ASGI middleware here and Ray Serve's HTTP ingress (``ray_serve``)."""
 
     __slots__ = ("method", "span", "start_s", "status", "token")
 
@@ -184,14 +193,14 @@ class _Request:
         self.start_s = time.perf_counter()
 
     @classmethod
-    def start(cls, scope: Scope) -> _Request | None:
+    def start(cls, scope: Scope) -> HttpServerRequest | None:
         try:
             return cls(scope)
         except Exception:
             internal_error("starting an HTTP server span")
             return None
 
-    def finish(self, scope: Scope, error: BaseException | None, routes: _Routes) -> None:
+    def finish(self, scope: Scope, error: BaseException | None, routes: RouteTemplates) -> None:
         """End the span and observe the duration; never raises."""
         seconds = time.perf_counter() - self.start_s
         try:

@@ -75,6 +75,8 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--triton", metavar="REPOSITORY", help="launch tritonserver on it")
     where.add_argument("--url", help="host:port of a running KServe v2 server")
+    where.add_argument("--ray-serve", metavar="MODULE:BUILDER",
+                       help="deploy builder(params, env_vars) on a local Ray Serve")  # fmt: skip
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", help="the model to call, inputs made from its metadata")
     what.add_argument("--request", metavar="MODULE:FACTORY",
@@ -108,6 +110,10 @@ def _study(args: argparse.Namespace) -> Study:
     server: Server
     if args.triton:
         server = Triton(args.triton)
+    elif args.ray_serve:
+        from otelkit.study.ray_serve import RayServe  # Ray only when asked for
+
+        server = RayServe(args.ray_serve)
     else:
         server = Remote(args.url, metrics_url=args.metrics_url, reconfigure=args.reconfigure)
     load = Load(concurrency=args.concurrency, rate=args.rate, seconds=args.seconds,

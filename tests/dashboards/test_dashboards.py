@@ -50,7 +50,7 @@ TRACED_HISTOGRAMS = (
 
 def emitted_names() -> set[str]:
     """Every sample name otelkit and Triton put on a Prometheus endpoint."""
-    names = set(semconv.TRITON_METRICS)
+    names = set(semconv.TRITON_METRICS) | set(semconv.RAY_SERVE_METRICS)
     for spec in semconv.METRICS:
         base = semconv.prometheus_name(spec)
         suffixes = ("_bucket", "_sum", "_count") if spec.kind == "histogram" else ("",)

@@ -6,10 +6,12 @@ the FastAPI twin in its own process, this process as the instrumented client, an
 ``otelkit gpu-exporter`` processes replaying recorded GPUs (one with NVML read errors). A GPU
 exporter on a recording with a lost GPU and one with no GPU at all feed the "lost" and "without
 GPU" panels, and a scrape target that is down feeds "Targets down". Load runs through Triton and
-the twin, with failing requests among it; then EVERY query of every panel is evaluated through
-Prometheus's HTTP API and must return a series — a query with an ``or vector(0)`` fallback also
-without it, so that the fallback cannot stand in for a missing series — and the trace ids of the
-latency histograms' exemplars must be traces the embedded receiver holds.
+the twin, with failing requests among it, and through a Ray Serve application (Ray's own
+metrics and its replicas' otelkit metrics scraped too); then EVERY query of every panel is
+evaluated through Prometheus's HTTP API and must return a series — a query with an
+``or vector(0)`` fallback also without it, so that the fallback cannot stand in for a missing
+series — and the trace ids of the latency histograms' exemplars must be traces the embedded
+receiver holds.
 
 The queries that cannot have data on a machine without a GPU are listed in ``NO_DATA_HERE``,
 each with why; the test also fails when one of them does show data (the list is stale).
@@ -17,13 +19,17 @@ each with why; the test also fails when one of them does show data (the list is 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,7 +52,7 @@ from tests.gpu.test_gpu import FIXTURES as GPU_FIXTURES
 from tests.gpu.test_gpu import run_exporter
 from tests.gpu.test_gpu import stop as stop_exporter
 from tests.prometheus import PrometheusServer
-from tests.support import TrackingServer, require_binary
+from tests.support import LocalRay, TrackingServer, require_binary
 
 pytestmark = [pytest.mark.triton, pytest.mark.prometheus]
 pytest.importorskip("grafanalib")
@@ -70,6 +76,7 @@ _FALLBACK = re.compile(r"\s+or\s+vector\(\s*0\s*\)\s*$")
 GPU_REPLAYS = ("h100x1.json", "h100x8.json", "a100x2-lost.json")
 LATENCY_HISTOGRAMS = (
     semconv.CLIENT_DURATION, semconv.STAGE_DURATION, semconv.HTTP_SERVER_DURATION,
+    semconv.RAY_SERVE_CALL_DURATION,
 )  # fmt: skip
 SAMPLED = 0.25  # share of events traced: exemplars come only from sampled spans
 PANELS_TIMEOUT_S = 60.0
@@ -167,6 +174,53 @@ def client_telemetry(receiver: Receiver) -> Iterator[otelkit.Telemetry]:
     otelkit.shutdown()
 
 
+@contextmanager
+def ray_serve_under_load(receiver: Receiver) -> Iterator[list[str]]:
+    """The Ray Serve test application (``tests/server/ray_apps.py``) on the session's Ray,
+    each deployment's replica serving otelkit's metrics on its own port, requests (doubling,
+    batched, failing) sent until the block ends; yields the replicas' scrape targets."""
+    from ray import serve
+
+    from otelkit.server.ray_serve import instrument_deployment
+    from tests.server.ray_apps import Batched, Child, Ingress
+
+    ports = {name: free_port() for name in ("Ingress", "Child", "Batched")}
+
+    def env(name: str) -> dict[str, str]:
+        return LocalRay.replica_env(
+            receiver.traces_url, OTELKIT_PROMETHEUS_PORT=str(ports[name]),
+            OTELKIT_PROMETHEUS_HOST="127.0.0.1",
+        )  # fmt: skip
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    child, batched = (instrument_deployment(d, env(d.name)).bind() for d in (Child, Batched))
+    serve.run(instrument_deployment(Ingress, env("Ingress")).bind(child, batched),
+              name="dashboards", route_prefix="/ray")  # fmt: skip
+    stop = threading.Event()
+
+    def load() -> None:
+        for number in itertools.count():
+            action, body = [("double", [1.0]), ("batch", [1.0, 2.0]), ("fail", [0.0])][number % 3]
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/ray/{action}", json.dumps({"x": body}).encode(),
+                method="POST",
+            )  # fmt: skip
+            with contextlib.suppress(urllib.error.HTTPError):
+                urllib.request.urlopen(request, timeout=30).close()
+            if stop.wait(0.05):
+                return
+
+    sender = threading.Thread(target=load, name="ray-load")
+    sender.start()
+    try:
+        yield [f"127.0.0.1:{p}" for p in ports.values()]
+    finally:
+        stop.set()
+        sender.join(60)
+        serve.shutdown()
+
+
 def evaluated_queries(dashboards: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(dashboard, panel, PromQL) for every query of every panel, as Grafana would send it, and
     each query with an ``or vector(0)`` fallback once more without it."""
@@ -221,6 +275,7 @@ def exemplar_trace_ids(prometheus: PrometheusServer, since: float) -> dict[str, 
 
 def test_every_panel_shows_the_running_reference_deployment(
     tracking_triton: TrackingServer,
+    ray_local: LocalRay,
     receiver: Receiver,
     client_telemetry: otelkit.Telemetry,
     tmp_path: Path,
@@ -239,6 +294,7 @@ def test_every_panel_shows_the_running_reference_deployment(
         "client": [urlsplit(client_telemetry.prometheus_url).netloc],
         "gpu-exporter": [urlsplit(url).netloc for _, url in exporters],
         "down": [f"127.0.0.1:{free_port()}"],  # nothing listens: "Targets down" has a target
+        "ray": [f"127.0.0.1:{ray_local.metrics_port}"],  # Ray's own, ray_serve_* among them
     }
     queries = evaluated_queries(render())
     events = event_pool(8, 20, seed=321)
@@ -247,7 +303,9 @@ def test_every_panel_shows_the_running_reference_deployment(
         with (
             twin_process(receiver.traces_url, tmp_path / "twin.log",
                          metrics_port=twin_metrics_port) as twin_url,
-            PrometheusServer(require_binary("prometheus"), jobs, tmp_path) as prometheus,
+            ray_serve_under_load(receiver) as ray_replicas,
+            PrometheusServer(require_binary("prometheus"), jobs | {"ray-serve": ray_replicas},
+                             tmp_path) as prometheus,
         ):  # fmt: skip
             remotes = [Remote(triton.http_url, "http"), Remote(twin_url, "http")]
             with Load(remotes, events) as load:

@@ -29,7 +29,7 @@ def test_make_demo_runs_end_to_end_and_passes_its_checks(tmp_path: Path) -> None
     out = tmp_path / "demo"
     done = subprocess.run(
         ["make", "--no-print-directory", "demo", f"STAMP={stamp}", f"PY={sys.executable}",
-         f"DEMO_ARGS=--seconds 0.5 --threads 1 --no-twin --out {out}"],
+         f"DEMO_ARGS=--seconds 0.5 --threads 1 --no-twin --no-ray --out {out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -9,7 +9,8 @@
    events identically;
 4. drives the five service options at each client concurrency (over HTTP by default; at most
    ``--traces-per-s`` events a second traced end to end, by otelkit's rate-limiting sampler),
-   then the whole pipeline as one model of the FastAPI twin, over HTTP and over gRPC;
+   then the whole pipeline as one model of the FastAPI twin (over HTTP and over gRPC) and of
+   Ray Serve (``--no-ray``);
 5. snapshots every ``/metrics`` page, stops the servers, and prints the per-stage time
    breakdown computed from the collected traces (``otelkit.analysis.breakdown``), the
    throughput per option, and where the traces and metrics went; writes the same traces as
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--n-particles", type=int, default=40, help="event size (~10 hits each)")
     parser.add_argument("--no-twin", action="store_true", help="skip the FastAPI comparison")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray Serve comparison")
     parser.add_argument(
         "--traces-per-s", type=float, default=20.0,
         help="at most this many events a second traced end to end (otelkit's rate-limiting "
@@ -285,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"http://127.0.0.1:{twin_metrics_port}/metrics",
                     out / "metrics" / "fastapi.prom",
                 )
+        if not args.no_ray and not gave_up:
+            attempt = len(reports) + len(crashed_runs)
+            ray_problem = _ray_serve_runs(receiver, events, models, args, reports, attempt)
+            label_problem = label_problem or ray_problem
         _snapshot(server.metrics_url, out / "metrics" / "triton.prom")
         for offset, stage in enumerate(STAGE_ORDER, start=1):
             url = f"http://127.0.0.1:{models_metrics + offset}/metrics"
@@ -301,6 +307,30 @@ def main(argv: list[str] | None = None) -> int:
     if crashed_runs:
         say(f"{len(crashed_runs)} run(s) cut short by a Triton crash: their traces are left out")
     return _report(out, reports, args.threads, crashed_runs, label_problem, gave_up)
+
+
+def _ray_serve_runs(
+    receiver: Receiver,
+    events: list[torch.Tensor],
+    models: Models,
+    args: argparse.Namespace,
+    reports: list[tuple[str, RunReport]],
+    attempt: int,
+) -> str | None:
+    """The whole pipeline as one model of Ray Serve (a local Ray on this machine's cores);
+    what differs from option 0's labels, if anything."""
+    from gnn_tracking.serving.ray_app import ray_serve_app
+
+    say("starting the pipeline on Ray Serve (a deployment per stage and one for the whole)...")
+    with ray_serve_app(receiver.traces_url) as url:
+        ray = Remote(url, "http")
+        problem = _check_labels(events[:4], models, ray)
+        say(f"Ray Serve: {problem}" if problem else "Ray Serve gives option 0's labels on 4 events")
+        for offset, threads in enumerate(args.threads):
+            report = _run(OPTIONS[4], events, threads, models, ray, "ray", args, attempt + offset)
+            reports.append(("4 one model, Ray Serve (HTTP)", report))
+        ray.close()
+    return f"Ray Serve: {problem}" if problem else None
 
 
 def _run(
@@ -345,7 +375,7 @@ def _report(
     ]
     keys = (SERVER_ATTRIBUTE, PROTOCOL_ATTRIBUTE, OPTION_ATTRIBUTE, THREADS_ATTRIBUTE)
     groups = breakdown(traces, group_by=keys, root_name=ROOT_SPAN)
-    groups = {k: g for k, g in groups.items() if k[0] in ("none", "triton", "fastapi")}
+    groups = {k: g for k, g in groups.items() if k[0] in ("none", "triton", "fastapi", "ray")}
     print("\n=== where the time goes, per event (mean ms), from the traces ===")
     print(format_breakdowns(groups, labels=("server", "protocol", "option", "threads")))
     print("\n=== throughput per service option ===")

@@ -1,0 +1,153 @@
+"""The pipeline on Ray Serve, behind the KServe v2 HTTP protocol, traced by otelkit.
+
+Deployments: one per stage (``embed`` … ``label``), one running the whole pipeline in its
+process (``Pipeline``: service option 4), and the KServe ingress (``Ingress``), which serves
+
+- each stage's model by a handle call to its stage deployment (the client's option 3),
+- ``tracking`` by a handle call to ``Pipeline`` (option 4, Triton's ensemble's name),
+- ``tracking_composed`` by chaining the five stage deployments through handles, server side.
+
+The instrumented ``tritonclient.http`` code that calls Triton and the FastAPI twin calls this
+server unchanged. ``otelkit.instrument`` on each deployment sets otelkit up in its replicas:
+each request gets a SERVER span in the caller's trace, each handle call a span in the called
+replica (and one of its wait), each stage its ``otelkit.stage`` span.
+
+    with ray_serve_app(traces_url) as url:   # "127.0.0.1:<port>"; starts Ray if needed
+        ...
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import FastAPI
+from numpy.typing import NDArray
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+import otelkit
+from gnn_tracking.physics.models import load_models
+from gnn_tracking.serving.kserve import ModelSpec, create_app
+from gnn_tracking.serving.stages import (
+    ENSEMBLE_STAGE,
+    STAGE_ORDER,
+    STAGES,
+    TRACK_LABELS,
+    Stage,
+)  # fmt: skip
+from gnn_tracking.serving.triton_model import TORCH_THREADS
+from otelkit.server.ray_serve import instrument_deployment
+from otelkit.tritonserver import free_port
+
+__all__ = ["COMPOSED", "build_app", "ray_serve_app", "study_app"]
+
+COMPOSED = "tracking_composed"  # the five stage deployments chained through handles
+Arrays = Mapping[str, NDArray[Any]]
+_NO_CPU = {"num_cpus": 0}  # requests share the machine's cores; replicas reserve none
+_EXAMPLES = Path(__file__).resolve().parents[2]
+
+
+@serve.deployment(ray_actor_options=_NO_CPU, max_ongoing_requests=8)
+class StageModel:
+    """One stage (or, for ``tracking``, the whole pipeline) with the models in its process."""
+
+    def __init__(self, name: str) -> None:
+        # requests run on the replica's thread pool: one intra-op thread each, as in Triton
+        torch.set_num_threads(int(os.environ.get(TORCH_THREADS, "1")))
+        self.stage: Stage = ENSEMBLE_STAGE if name == ENSEMBLE_STAGE.name else STAGES[name]
+        self.models = load_models()
+
+    def run(self, arrays: Arrays) -> dict[str, Any]:
+        """The stage on numpy arrays, as the KServe server decoded them."""
+        return self.stage.run_arrays(self.models, arrays)
+
+
+@serve.deployment(ray_actor_options=_NO_CPU, max_ongoing_requests=32)
+@serve.ingress()
+class Ingress:
+    """The KServe v2 HTTP server, calling the stage and pipeline deployments by handle."""
+
+    def __init__(
+        self, stages: dict[str, DeploymentHandle[Any]], pipeline: DeploymentHandle[Any]
+    ) -> None:
+        self.stages, self.pipeline = stages, pipeline
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        specs = [
+            ModelSpec(s.name, s.inputs, s.outputs, self._caller(self.stages[s.name]))
+            for s in STAGES.values()
+        ]
+        whole = ENSEMBLE_STAGE
+        specs.append(
+            ModelSpec(whole.name, whole.inputs, whole.outputs, self._caller(self.pipeline))
+        )
+        specs.append(ModelSpec(COMPOSED, whole.inputs, whole.outputs, self._composed))
+        # instrumented too: FastAPI's own tracing stays off (otelkit's hook traces the request)
+        return otelkit.instrument(create_app(specs, name="gnn-tracking-ray-serve"))
+
+    @staticmethod
+    def _caller(handle: DeploymentHandle[Any]) -> Any:
+        def infer(arrays: Arrays) -> dict[str, Any]:  # on Starlette's thread pool: may block
+            result: dict[str, Any] = handle.run.remote(dict(arrays)).result()
+            return result
+
+        return infer
+
+    def _composed(self, arrays: Arrays) -> dict[str, Any]:
+        tensors: dict[str, Any] = dict(arrays)
+        for name in STAGE_ORDER:
+            needed = {spec.name: tensors[spec.name] for spec in STAGES[name].inputs}
+            tensors.update(self.stages[name].run.remote(needed).result())
+        return {TRACK_LABELS: tensors[TRACK_LABELS]}
+
+
+def build_app(env_vars: Mapping[str, str] | None = None, *, replicas: int = 1) -> Any:
+    """The application: every deployment instrumented, ``env_vars`` reaching each replica;
+    ``replicas`` of each stage and of the whole pipeline (the ingress has one)."""
+    env = {"PYTHONPATH": os.pathsep.join([str(_EXAMPLES.parent), str(_EXAMPLES)])}
+    env |= dict(env_vars or {})
+    stage = instrument_deployment(StageModel, env).options(num_replicas=replicas)
+    stages = {name: stage.options(name=f"stage_{name}").bind(name) for name in STAGE_ORDER}
+    pipeline = stage.options(name="pipeline").bind(ENSEMBLE_STAGE.name)
+    return instrument_deployment(Ingress, env).bind(stages, pipeline)
+
+
+def study_app(params: Mapping[str, Any], env_vars: Mapping[str, str]) -> Any:
+    """``otelkit.study.ray_serve.RayServe``'s builder: ``instances`` replicas per stage."""
+    return build_app(env_vars, replicas=int(params.get("instances") or 1))
+
+
+@contextmanager
+def ray_serve_app(
+    traces_url: str, *, env_vars: Mapping[str, str] | None = None, num_cpus: int = 2
+) -> Iterator[str]:
+    """The application on Serve's HTTP proxy (a free port); yields its ``host:port``.
+
+    Starts a local Ray (``num_cpus``) unless one is connected, and stops what it started.
+    Replicas export spans to ``traces_url`` and follow the caller's sampling decision.
+    """
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url,
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "OTEL_TRACES_SAMPLER": "parentbased_always_off",  # follow the client's decision
+        "OTEL_SERVICE_NAME": "gnn-tracking-ray-serve",
+    } | dict(env_vars or {})
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(env), name="gnn-tracking", route_prefix="/")
+        yield f"127.0.0.1:{port}"
+    finally:
+        serve.shutdown()  # type: ignore[no-untyped-call]
+        if started:
+            ray.shutdown()

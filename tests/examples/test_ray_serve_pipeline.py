@@ -1,0 +1,123 @@
+"""The reference pipeline on Ray Serve (``gnn_tracking.serving.ray_app``), on a real local Ray,
+called by the same instrumented ``tritonclient.http`` code as Triton and the FastAPI twin."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from gnn_tracking.driving.client import event_pool
+from gnn_tracking.driving.options import OPTIONS, ROOT_SPAN, Remote, reconstruct
+from gnn_tracking.physics.models import Models, load_models
+from gnn_tracking.serving.stages import ENSEMBLE_STAGE, FEATURES, STAGE_ORDER, TRACK_LABELS
+from opentelemetry import trace
+
+import otelkit
+from otelkit import semconv
+from otelkit.analysis import Span, build_traces
+from otelkit.analysis.breakdown import SERVER_QUEUE, trace_components
+from otelkit.receiver import Receiver
+from tests.support import LocalRay, TrackingServer, wait_for_trace
+
+pytest.importorskip("ray.serve")
+
+
+@pytest.fixture(scope="module")
+def ray_receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
+    """This module's own receiver (the session's holds many spans: slow to read back)."""
+    with Receiver(tmp_path_factory.mktemp("ray-pipeline-receiver")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def ray_url(ray_local: LocalRay, ray_receiver: Receiver) -> Iterator[str]:
+    from gnn_tracking.serving.ray_app import ray_serve_app
+
+    otelkit.configure(
+        service_name="gnn-tracking-ray-tests", traces_endpoint=ray_receiver.traces_url,
+        bsp_schedule_delay_ms=50,
+    )  # fmt: skip
+    with ray_serve_app(ray_receiver.traces_url, env_vars={"OTEL_BSP_SCHEDULE_DELAY": "50"}) as url:
+        yield url
+    otelkit.shutdown()
+
+
+@pytest.fixture(scope="module")
+def models() -> Models:
+    return load_models()
+
+
+@pytest.fixture(scope="module")
+def events() -> list[torch.Tensor]:
+    return event_pool(3, 30, seed=31)
+
+
+@pytest.mark.triton
+def test_ray_serve_and_triton_give_the_same_track_labels(
+    ray_url: str, tracking_triton: TrackingServer, models: Models, events: list[torch.Tensor]
+) -> None:
+    from gnn_tracking.serving.ray_app import COMPOSED
+
+    ray, triton = Remote(ray_url, "http"), Remote(tracking_triton.server.http_url, "http")
+    composed = dataclasses.replace(ENSEMBLE_STAGE, name=COMPOSED)
+    for features in events:
+        expected = reconstruct(OPTIONS[0], features, models, None)
+        assert torch.equal(reconstruct(OPTIONS[4], features, None, triton), expected)
+        assert torch.equal(reconstruct(OPTIONS[4], features, None, ray), expected)
+        assert torch.equal(reconstruct(OPTIONS[3], features, None, ray), expected)
+        assert torch.equal(ray.infer(composed, {FEATURES: features})[TRACK_LABELS], expected)
+    ray.close()
+    triton.close()
+
+
+def spans_root(spans: list[Span]) -> Span:
+    (root,) = [s for s in spans if s.parent_span_id is None]
+    return root
+
+
+def _tree(spans: list[Span], trace_id: str) -> list[tuple[int, str, str]]:
+    walked = build_traces(spans)[trace_id].walk()
+    return [(depth, span.name, span.kind.name) for depth, span in walked]
+
+
+def test_composed_deployments_trace_from_client_to_every_stage(
+    ray_url: str, ray_receiver: Receiver, events: list[torch.Tensor]
+) -> None:
+    from gnn_tracking.serving.ray_app import COMPOSED
+
+    ray = Remote(ray_url, "http")
+    composed = dataclasses.replace(ENSEMBLE_STAGE, name=COMPOSED)
+    with trace.get_tracer("tests").start_as_current_span(ROOT_SPAN) as root:
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+        ray.infer(composed, {FEATURES: events[0]})
+    ray.close()
+    otelkit.flush()
+    spans = wait_for_trace(Path(ray_receiver.out_dir), trace_id, 3 + 3 * len(STAGE_ORDER))
+    route = "/v2/models/{model_name}/infer"
+    expected = [
+        (0, ROOT_SPAN, "INTERNAL"),
+        (1, f"v2/models/infer {COMPOSED}", "CLIENT"),
+        (2, f"POST {route}", "SERVER"),
+    ]
+    for name in STAGE_ORDER:
+        expected += [
+            (3, semconv.RAY_SERVE_QUEUE_SPAN, "INTERNAL"),
+            (3, f"stage_{name}.run", "SERVER"),
+            (4, name, "INTERNAL"),
+        ]
+    assert _tree(spans, trace_id) == expected
+    by_id = {span.span_id: span for span in spans}
+    for span in spans:  # each child inside its parent, on this host's one clock
+        parent = by_id.get(span.parent_span_id or "")
+        if parent is not None:
+            assert parent.start_ns <= span.start_ns <= span.end_ns <= parent.end_ns, span.name
+    components, problems = trace_components(build_traces(spans)[trace_id], spans_root(spans))
+    assert problems == []
+    assert components[SERVER_QUEUE] > 0  # the queued spans: the wait for each stage's replica
+    assert {f"server {name}" for name in STAGE_ORDER} <= components.keys()
+    (server,) = [s for s in spans if s.name == f"POST {route}"]
+    assert server.attributes[semconv.RAY_SERVE_DEPLOYMENT] == "Ingress"
+    assert server.attributes[semconv.HTTP_ROUTE] == route

@@ -1,0 +1,212 @@
+"""Ray Serve traced by otelkit, on a real local Ray: an HTTP ingress composed with a child and a
+batched deployment through handles (``tests/server/ray_apps.py``), each replica exporting to
+this module's receiver."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+
+import otelkit
+from otelkit import semconv
+from otelkit.analysis import Span, build_traces, load_spans
+from otelkit.receiver import Receiver
+from otelkit.tritonserver import free_port
+from tests.support import LocalRay, wait_for_trace
+
+serve = pytest.importorskip("ray.serve")
+
+PREFIX = "/t"
+
+
+@pytest.fixture(scope="module")
+def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
+    with Receiver(tmp_path_factory.mktemp("ray-receiver")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def port(ray_local: LocalRay, receiver: Receiver) -> Iterator[int]:
+    """Serve's HTTP proxy on a free port, the three deployments instrumented behind it."""
+    from otelkit.server.ray_serve import instrument_deployment
+    from tests.server.ray_apps import Batched, Child, Ingress
+
+    otelkit.configure(
+        service_name="ray-tests-client", traces_endpoint=receiver.traces_url,
+        bsp_schedule_delay_ms=50,
+    )  # fmt: skip
+    bound = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": bound})
+    env = ray_local.replica_env(receiver.traces_url, OTEL_SERVICE_NAME="ray-tests")
+    child, batched = (instrument_deployment(d, env).bind() for d in (Child, Batched))
+    serve.run(instrument_deployment(Ingress, env).bind(child, batched), route_prefix=PREFIX)
+    yield bound
+    serve.shutdown()
+    otelkit.shutdown()
+
+
+def post(port: int, path: str, body: object, headers: dict[str, str]) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{PREFIX}/{path}", json.dumps({"x": body}).encode(),
+        headers, method="POST",
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def traced_post(port: int, path: str, body: object) -> tuple[str, int, bytes]:
+    """``post`` under a CLIENT span of this process; its trace id, status and body."""
+    tracer = trace.get_tracer("tests.ray")
+    with tracer.start_as_current_span("client", kind=trace.SpanKind.CLIENT) as span:
+        status, content = post(port, path, body, otelkit.inject({}))
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+    otelkit.flush()
+    return trace_id, status, content
+
+
+def tree(spans: list[Span]) -> list[tuple[int, str, str]]:
+    (one,) = build_traces(spans).values()
+    return [(depth, span.name, span.kind.name) for depth, span in one.walk()]
+
+
+def assert_nested(spans: list[Span]) -> None:
+    """Every span lies within its parent's time (clocks of one host)."""
+    by_id = {span.span_id: span for span in spans}
+    for span in spans:
+        parent = by_id.get(span.parent_span_id or "")
+        if parent is not None:
+            assert parent.start_ns <= span.start_ns <= span.end_ns <= parent.end_ns, span.name
+
+
+def test_a_request_through_composed_deployments_is_one_trace(port: int, receiver: Receiver) -> None:
+    trace_id, status, content = traced_post(port, "double", [1.0, 2.0])
+    assert (status, json.loads(content)) == (200, {"y": [2.0, 4.0]})
+    spans = wait_for_trace(receiver.out_dir, trace_id, 5)
+    assert tree(spans) == [
+        (0, "client", "CLIENT"),
+        (1, f"POST {PREFIX}", "SERVER"),
+        (2, semconv.RAY_SERVE_QUEUE_SPAN, "INTERNAL"),
+        (2, "Child.run", "SERVER"),
+        (3, "double", "INTERNAL"),
+    ]
+    assert_nested(spans)
+    named = {s.name: s for s in spans}
+    ingress, child = named[f"POST {PREFIX}"], named["Child.run"]
+    assert ingress.attributes[semconv.HTTP_ROUTE] == PREFIX
+    assert ingress.attributes[semconv.HTTP_RESPONSE_STATUS_CODE] == 200
+    assert ingress.attributes[semconv.RAY_SERVE_DEPLOYMENT] == "Ingress"
+    assert child.attributes[semconv.RAY_SERVE_METHOD] == "run"
+    assert {s.attributes.get(semconv.RAY_SERVE_APPLICATION) for s in (ingress, child)} == {
+        "default"
+    }
+    assert {s.resource[semconv.SERVICE_NAME] for s in spans} == {"ray-tests-client", "ray-tests"}
+
+
+def test_a_batched_call_is_linked_to_every_request_of_its_batch(
+    port: int, receiver: Receiver
+) -> None:
+    trace_id, status, content = traced_post(port, "batch", [1.0, 2.0, 3.0, 4.0])
+    assert (status, json.loads(content)) == (200, {"y": [3.0, 6.0, 9.0, 12.0]})
+    spans = wait_for_trace(receiver.out_dir, trace_id, 2 + 4 * 2 + 2)
+    calls = {s.span_id for s in spans if s.name == "Batched.__call__"}
+    (batch,) = [s for s in spans if s.name.startswith(semconv.RAY_SERVE_BATCH_SPAN)]
+    assert len(calls) == 4
+    assert {link.span_id for link in batch.links} == calls
+    assert batch.attributes[semconv.RAY_SERVE_BATCH_SIZE] == 4
+    (stage,) = [s for s in spans if s.name == "triple"]
+    assert stage.parent_span_id == batch.span_id
+
+
+def test_a_malformed_traceparent_starts_a_new_trace_and_the_request_is_served(
+    port: int, receiver: Receiver
+) -> None:
+    marker = f"malformed-{uuid.uuid4().hex}"
+    bad = {"traceparent": "00-not-a-trace-id-01"}
+    assert post(port, f"{marker}/double", [5.0], bad) == post(port, "double", [5.0], {})
+    deadline = time.monotonic() + 15
+    while not (found := _with_path(receiver.out_dir, f"{PREFIX}/{marker}/double")):
+        assert time.monotonic() < deadline, "no span of the malformed request"
+        time.sleep(0.1)
+    (server,) = found
+    assert server.parent_span_id is None
+    spans = wait_for_trace(receiver.out_dir, server.trace_id, 4)
+    assert [name for _, name, _ in tree(spans)] == [
+        f"POST {PREFIX}", semconv.RAY_SERVE_QUEUE_SPAN, "Child.run", "double"
+    ]  # fmt: skip
+
+
+def _with_path(directory: Path, path: str) -> list[Span]:
+    return [s for s in load_spans(directory) if s.attributes.get(semconv.URL_PATH) == path]
+
+
+def test_a_replica_that_raises_gives_error_spans_and_500_and_keeps_serving(
+    port: int, receiver: Receiver
+) -> None:
+    trace_id, status, _ = traced_post(port, "fail", [1.0])
+    assert status == 500
+    spans = wait_for_trace(receiver.out_dir, trace_id, 4)
+    failed = {s.name: s for s in spans if s.status_code.name == "ERROR"}
+    assert set(failed) == {f"POST {PREFIX}", "Child.fail"}
+    assert failed["Child.fail"].attributes[semconv.ERROR_TYPE] == "ValueError"
+    assert failed[f"POST {PREFIX}"].attributes[semconv.HTTP_RESPONSE_STATUS_CODE] == 500
+    assert post(port, "double", [1.0], {}) == (200, b'{"y":[2.0]}')
+
+
+def test_a_replica_killed_under_load_leaves_error_spans_and_nothing_hangs(
+    port: int, receiver: Receiver
+) -> None:
+    import ray
+
+    results: list[tuple[str, int, bytes]] = []
+    senders = [
+        threading.Thread(target=lambda: results.append(traced_post(port, "slow", 3.0)))
+        for _ in range(4)
+    ]
+    for sender in senders:
+        sender.start()
+    time.sleep(1.0)  # the four requests are in the child's replica, sleeping
+    (name,) = [
+        a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+        if "#Child#" in a["name"]
+    ]  # fmt: skip
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=False)
+    for sender in senders:
+        sender.join(90)
+        assert not sender.is_alive(), "a request hung after its replica was killed"
+    assert sorted(status for _, status, _ in results) == [500] * 4
+    for trace_id, _, _ in results:
+        spans = wait_for_trace(receiver.out_dir, trace_id, 3)
+        (ingress,) = [s for s in spans if s.kind.name == "SERVER"]  # the child's died with it
+        assert ingress.status_code.name == "ERROR"
+        assert ingress.attributes[semconv.HTTP_RESPONSE_STATUS_CODE] == 500
+    deadline = time.monotonic() + 60  # Serve replaces the replica; requests succeed again
+    while post(port, "double", [1.0], {}) != (200, b'{"y":[2.0]}'):
+        assert time.monotonic() < deadline, "the deployment did not recover"
+        time.sleep(0.5)
+
+
+def test_instrument_returns_a_traced_deployment_once_and_uninstrument_the_original() -> None:
+    from tests.server.ray_apps import Child
+
+    traced = otelkit.instrument(Child)
+    assert traced.func_or_class is not Child.func_or_class
+    assert traced.func_or_class.__mro__[1] is Child.func_or_class
+    assert traced.func_or_class.__name__ == "Child"
+    assert traced.ray_actor_options["num_cpus"] == 0  # the deployment's own options kept
+    assert "env_vars" in traced.ray_actor_options["runtime_env"]
+    assert otelkit.instrument(traced) is traced
+    assert otelkit.uninstrument(traced).func_or_class is Child.func_or_class
+    with pytest.raises(TypeError, match="send_context=False applies to one tritonclient"):
+        otelkit.instrument(Child, send_context=False)

@@ -7,6 +7,8 @@
     otelkit study show study.jsonl
     otelkit study compare before.jsonl after.jsonl
     otelkit study merge part-0.jsonl part-1.jsonl --out merged.jsonl
+    otelkit study slurm --parts 4 --dir parts -- --url gpu-node:8000 --model m --concurrency 250
+    otelkit study ray --parts 2 --dir parts -- --url gpu-node:8000 --model m --no-traces
 
 Exit status: 0 when every point was measured; 1 when a point failed (the message names it, the
 points done are in the file); 2 for a sweep or option that makes no sense; 130 after Ctrl-C.
@@ -17,16 +19,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from pathlib import Path
 from typing import Any
 
 from otelkit.errors import StudyError
 from otelkit.study.compare import compare, format_comparison
 from otelkit.study.load import Load
-from otelkit.study.point import merge_parts
-from otelkit.study.results import ResultsWriter, StudyResults, read_results
+from otelkit.study.parts import merge_files
+from otelkit.study.ray_tasks import run_on_ray
+from otelkit.study.results import read_results
 from otelkit.study.runner import Study, Tracing
 from otelkit.study.servers import Remote, Server, Triton
+from otelkit.study.slurm import write_slurm_files
 
 __all__ = ["add_arguments", "parse_sweep", "run"]
 
@@ -69,6 +72,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     merge = commands.add_parser("merge", help="merge client processes' parts into one file")
     merge.add_argument("parts", nargs="+", help="results files of the same sweep, run side by side")
     merge.add_argument("--out", required=True)
+    for name, help_text in (("slurm", "write a Slurm job array whose tasks drive the points"),
+                            ("ray", "drive the points with Ray tasks, then merge")):  # fmt: skip
+        parts = commands.add_parser(name, help=help_text)
+        parts.add_argument("--parts", type=int, required=True, help="client processes a point")
+        parts.add_argument("--dir", required=True, help="where the parts' files go")
+        parts.add_argument("--slot", type=float, default=30.0, help="seconds a point, at most")
+        parts.add_argument("--lead", type=float, default=None, help="seconds before the first")
+        parts.add_argument("run_args", nargs=argparse.REMAINDER, help="-- then `study run` args")
+    slurm = commands.choices["slurm"]
+    slurm.add_argument("--command", default="otelkit", help="how the nodes start otelkit")
+    slurm.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                       help="an extra #SBATCH option: --sbatch=--partition=cpu")  # fmt: skip
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
             )
             print(format_comparison(differences, unmatched, args.confidence))
             return 0
-        return _merge(args.parts, args.out)
+        if command == "merge":
+            print(merge_files(args.parts, args.out).summary())
+            return 0
+        return _parts(args)
     except StudyError as error:
         print(error, file=sys.stderr)
         return 2
@@ -168,28 +186,17 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _merge(paths: list[str], out: str) -> int:
-    """One results file from parts: point by point, throughputs summed, histograms merged."""
-    parts = [read_results(p) for p in paths]
-    first = parts[0]
-    counts = {len(p.points) for p in parts}
-    if len(counts) != 1:
-        raise StudyError(f"the parts hold different numbers of points: {sorted(counts)}")
-    merged = StudyResults({**first.header, "parts": [str(Path(p)) for p in paths]}, [])
-    for index, point in enumerate(first.points):
-        same = [p.points[index] for p in parts]
-        if any(p.params != point.params for p in same):
-            raise StudyError("the parts' points differ: not the same sweep", point=point.label)
-        combined = merge_parts(same)
-        combined.triton, combined.gpus, combined.traces = point.triton, point.gpus, point.traces
-        merged.points.append(combined)
-    bad = [p for p in parts if p.status != "complete"]
-    if bad:
-        merged.status, merged.message = bad[0].status, bad[0].message
-    merged.derive()
-    with ResultsWriter(out, merged.header) as writer:
-        for point in merged.points:
-            writer.point(point)
-        writer.finish(merged)
+def _parts(args: argparse.Namespace) -> int:
+    run_args = [a for a in args.run_args if a != "--"]
+    if args.study_command == "slurm":
+        written = write_slurm_files(
+            run_args, parts=args.parts, directory=args.dir, slot_s=args.slot,
+            lead_s=120.0 if args.lead is None else args.lead, command=args.command,
+            sbatch_options=args.sbatch,
+        )  # fmt: skip
+        print("\n".join(map(str, written)) + f"\nsubmit: {written[-1]}")
+        return 0
+    merged = run_on_ray(run_args, parts=args.parts, directory=args.dir, slot_s=args.slot,
+                        lead_s=15.0 if args.lead is None else args.lead)  # fmt: skip
     print(merged.summary())
     return 0 if merged.status == "complete" else 1

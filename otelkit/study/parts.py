@@ -80,6 +80,7 @@ def merge_files(paths: Sequence[str | Path], out: str | Path) -> StudyResults:
             raise StudyError("the parts' points differ: not the same sweep", point=point.label)
         combined = merge_parts(same)
         combined.triton, combined.gpus, combined.traces = point.triton, point.gpus, point.traces
+        combined.gpu_instances = point.gpu_instances
         merged.points.append(combined)
     bad = [p for p in parts if p.status != "complete"]
     if bad:

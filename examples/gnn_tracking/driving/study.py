@@ -139,9 +139,9 @@ def run_sweeps(plan: Plan, out: Path, events: Sequence[torch.Tensor], models: Mo
         return results
 
     done: dict[str, StudyResults] = {}
-    triton = KeptTriton(
-        Triton(REPOSITORY, models=STAGE_ORDER, env=MODELS_ENV, log_dir=out / "logs")
-    )
+    # ten stub processes loading torch take minutes on a loaded 2-core host: a long start
+    triton = KeptTriton(Triton(REPOSITORY, models=STAGE_ORDER, env=MODELS_ENV,
+                               log_dir=out / "logs", startup_timeout=600))  # fmt: skip
     try:
         if "options" in plan.sweeps:
             sweep: dict[str, list[Any]] = {"option": [o.number for o in OPTIONS],

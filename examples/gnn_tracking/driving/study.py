@@ -77,7 +77,7 @@ class Plan:
         """The shortened study the test suite runs: one Triton start (no instance sweep)."""
         return cls(seconds=0.6, warmup_s=0.3, instances=(1,), concurrency=(1, 2),
                    option_concurrency=(1,),
-                   batch_sizes=(1, 16), server_concurrency=(2,))  # fmt: skip
+                   batch_sizes=(1, 16), server_concurrency=(1, 2))  # fmt: skip
 
 
 class Reconstruction:
@@ -131,9 +131,9 @@ def run_sweeps(plan: Plan, out: Path, events: Sequence[torch.Tensor], models: Mo
     def embed_batch(params: Mapping[str, Any], endpoint: Endpoint) -> Reconstruction:
         return EmbedBatch(events, models, int(params["batch_size"]), endpoint)
 
-    def study(name: str, **options: Any) -> StudyResults:
+    def study(name: str, unit: str = "event", **options: Any) -> StudyResults:
         say(f"sweep {name}: {out / f'{name}.jsonl'}", started)
-        results = Study(load=load, tracing=tracing, out=out / f"{name}.jsonl", unit="event",
+        results = Study(load=load, tracing=tracing, out=out / f"{name}.jsonl", unit=unit,
                         tolerance=0.2, progress=True, **options).run()  # fmt: skip
         print(results.summary() + "\n", flush=True)
         return results
@@ -149,7 +149,9 @@ def run_sweeps(plan: Plan, out: Path, events: Sequence[torch.Tensor], models: Mo
             done["options"] = study("options", request=reconstruction, server=triton, sweep=sweep)
         if "batch" in plan.sweeps:
             sweep = {"batch_size": list(plan.batch_sizes)}
-            done["batch"] = study("batch", request=embed_batch, server=triton, sweep=sweep)
+            done["batch"] = study(
+                "batch", request=embed_batch, server=triton, sweep=sweep, unit="request"
+            )  # of batch_size events: T = N/ℓ in events/s
         if "servers" in plan.sweeps:
             with twin_process(receiver.traces_url, out / "logs" / "fastapi.log") as twin_url:
                 servers: dict[str, Server] = {"triton": triton, "fastapi": StudyRemote(twin_url)}

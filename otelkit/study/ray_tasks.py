@@ -23,6 +23,7 @@ from typing import Any
 
 from otelkit._core.extras import require
 from otelkit.errors import StudyError
+from otelkit.study.command import run_command
 from otelkit.study.parts import merge_files, part_arguments, part_path, schedule_start
 from otelkit.study.results import StudyResults
 
@@ -31,9 +32,7 @@ __all__ = ["run_on_ray", "run_part"]
 
 def run_part(args: Sequence[str]) -> int:
     """One part: ``otelkit study run`` with ``args`` in this process; its exit status."""
-    from otelkit.cli import main  # the command line is the part's interface, as under Slurm
-
-    return main(["study", "run", *args, "--quiet"])
+    return run_command([*args, "--quiet"])
 
 
 def run_on_ray(

@@ -25,7 +25,7 @@ from otelkit.study.compare import compare, format_comparison
 from otelkit.study.parts import merge_files
 from otelkit.study.ray_tasks import run_on_ray
 from otelkit.study.results import read_results
-from otelkit.study.slurm import write_slurm_files
+from otelkit.study.slurm import slurm_files, write_slurm_files
 
 __all__ = ["add_arguments", "parse_sweep", "run"]
 
@@ -89,11 +89,12 @@ def run(args: argparse.Namespace) -> int:
 def _parts(args: argparse.Namespace) -> int:
     run_args = [a for a in args.run_args if a != "--"]
     if args.study_command == "slurm":
-        written = write_slurm_files(
+        files = slurm_files(
             run_args, parts=args.parts, directory=args.dir, slot_s=args.slot,
             lead_s=120.0 if args.lead is None else args.lead, command=args.command,
             sbatch_options=args.sbatch,
         )  # fmt: skip
+        written = write_slurm_files(files, args.dir)
         print("\n".join(map(str, written)) + f"\nsubmit: {written[-1]}")
         return 0
     merged = run_on_ray(run_args, parts=args.parts, directory=args.dir, slot_s=args.slot,

@@ -23,7 +23,7 @@ when the queue is slow. The 1,000-thread client of the NERSC study is ``--parts 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from otelkit.errors import StudyError
@@ -96,19 +96,9 @@ def _up(directory: Path) -> str:
     return "/".join(".." for _ in directory.parts) or "."
 
 
-def write_slurm_files(
-    run_args: Sequence[str],
-    *,
-    parts: int,
-    directory: str | Path,
-    slot_s: float = 30.0,
-    lead_s: float = 120.0,
-    command: str = "otelkit",
-    sbatch_options: Sequence[str] = (),
-) -> list[Path]:
-    """``slurm_files`` written into ``directory`` (created), the submit script executable."""
-    files = slurm_files(run_args, parts=parts, directory=directory, slot_s=slot_s,
-                        lead_s=lead_s, command=command, sbatch_options=sbatch_options)  # fmt: skip
+def write_slurm_files(files: Mapping[str, str], directory: str | Path) -> list[Path]:
+    """``slurm_files``' files written into ``directory`` (created), the submit script
+    executable; their paths, the submit script last."""
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     written = []

@@ -46,7 +46,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 def bare(url: str, concurrency: int, seconds: float, warmup_s: float) -> tuple[float, float]:
     """Requests a second of the bare loop over the measured window, and its CPU seconds."""
-    stop = threading.Event()
+    stop, go = threading.Event(), threading.Event()
     counts = [0] * concurrency
     data = np.zeros((1, 16), dtype=np.float32)
 
@@ -54,6 +54,7 @@ def bare(url: str, concurrency: int, seconds: float, warmup_s: float) -> tuple[f
         client = httpclient.InferenceServerClient(url, network_timeout=60)
         tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
         tensor.set_data_from_numpy(data)
+        go.wait()  # the threads start together: a thread started among busy ones waits long
         while not stop.is_set():
             client.infer(MODEL, [tensor])
             counts[slot] += 1
@@ -62,6 +63,7 @@ def bare(url: str, concurrency: int, seconds: float, warmup_s: float) -> tuple[f
     threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in range(concurrency)]
     for thread in threads:
         thread.start()
+    go.set()
     time.sleep(warmup_s)
     done0, wall0, cpu0 = sum(counts), time.monotonic(), time.process_time()
     time.sleep(seconds)

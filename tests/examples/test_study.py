@@ -16,6 +16,7 @@ from tests.paths import ROOT
 pytestmark = pytest.mark.triton
 
 
+@pytest.mark.timeout(900)  # a Triton start takes minutes on a loaded 2-core host
 def test_make_study_writes_each_sweep_and_prints_its_verdicts(tmp_path: Path) -> None:
     stamp = tmp_path / "installed"  # the suite's environment is installed already
     stamp.touch()

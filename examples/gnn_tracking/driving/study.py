@@ -160,6 +160,8 @@ def run_sweeps(plan: Plan, out: Path, events: Sequence[torch.Tensor], models: Mo
                                         sweep=sweep)  # fmt: skip
         if "scaling" in plan.sweeps:  # last: Triton restarts once, with 2 instances
             sweep = {"instances": list(plan.instances), "concurrency": list(plan.concurrency)}
+            if len(plan.instances) == 1:  # along concurrency alone (strong scaling along it)
+                sweep.pop("instances")
             done["scaling"] = study("scaling", request=reconstruction, server=triton, sweep=sweep)
     finally:
         triton.stop()

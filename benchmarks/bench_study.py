@@ -131,7 +131,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0, help="measured per turn")
     parser.add_argument("--warmup", type=float, default=0.5)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 64])
     parser.add_argument("--threads", type=int, default=1000, help="the footprint's; 0: none")
     parser.add_argument("--footprint", choices=["bare", "study"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)

@@ -58,6 +58,12 @@ check: lint typecheck test
 demo: install
 	PYTHONPATH=examples $(PY) -m gnn_tracking.driving.demo $(DEMO_ARGS)
 
+# The seeds' performance studies on the reference deployment (`otelkit study`): results files
+# and verdicts in study-output/ (examples/gnn_tracking/driving/study.py; docs/study.md).
+.PHONY: study bench-study
+study: install
+	PYTHONPATH=examples $(PY) -m gnn_tracking.driving.study $(STUDY_ARGS)
+
 bench-receiver: install
 	$(PY) benchmarks/bench_receiver.py
 
@@ -84,5 +90,8 @@ bench-report: install
 bench-ray: install
 	$(PY) benchmarks/bench_ray.py
 
+bench-study: install
+	$(PY) benchmarks/bench_study.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces demo-output
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces demo-output study-output

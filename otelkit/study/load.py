@@ -182,15 +182,19 @@ class WindowClock:
         progress: Callable[[float, int], None] | None,
     ) -> None:
         self.load = load
-        self.started_at = time.perf_counter()
-        self.start = self.started_at + load.warmup_s
-        self.end = self.start + load.seconds if load.seconds is not None else math.inf
         self._on_start, self._on_end, self._progress = on_start, on_end, progress
         self.opened = self.closed = False
         self.cpu0 = self.cpu1 = 0.0
-        self.opened_at, self.closed_at = self.start, math.inf
+        self.begin()
         self.opened_epoch = 0.0
         self._last_progress = 0.0
+
+    def begin(self) -> None:
+        """The load begins now: the warm-up, then the measured window, count from here."""
+        self.started_at = time.perf_counter()
+        self.start = self.started_at + self.load.warmup_s
+        self.end = self.start + self.load.seconds if self.load.seconds is not None else math.inf
+        self.opened_at, self.closed_at = self.start, math.inf
 
     def _open(self) -> None:
         self.opened = True
@@ -295,8 +299,10 @@ def _closed(
     call: Call, load: Load, window: WindowClock, stop: threading.Event, records: list[RequestLog]
 ) -> None:
     tickets = Tickets(window, load.requests)
+    go = threading.Event()
 
     def worker(record: RequestLog) -> None:
+        go.wait()
         while not stop.is_set():
             begin = time.perf_counter()
             ticket = tickets.take(begin)
@@ -319,8 +325,14 @@ def _closed(
         threading.Thread(target=worker, args=(r,), name=f"otelkit-study-{n}", daemon=True)
         for n, r in enumerate(records)
     ]
-    for thread in threads:
-        thread.start()
+    try:
+        for thread in threads:
+            thread.start()
+        # the threads start together, the warm-up from then: a thread started among hundreds
+        # of busy ones waits long for the interpreter, and the window would open before they ran
+        window.begin()
+    finally:
+        go.set()  # after Ctrl-C too: no thread waits for ever
     _wait(threads, window, stop, records)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from opentelemetry import trace
 
 from otelkit import semconv
+from otelkit.study.gpu_instances import scrape_instances
 from otelkit.study.load import Load, LoadRun, drive
 from otelkit.study.point import Point
 from otelkit.study.servers import Endpoint
@@ -46,13 +47,15 @@ def measure_point(
     progress: Callable[[float, int], None] | None = None,
     traces_timeout_s: float = 10.0,
     before_load: Callable[[], None] = lambda: None,
+    gpu_metrics_url: str | None = None,
 ) -> Point:
     """One point at ``params``; a point whose requests all failed comes back ``failed``.
 
     ``traces_dir``: where the study's traces arrive, ``None`` when it does not trace.
     Raises ``StudyError`` (without the point's name) when the server or model is not there.
     ``before_load`` runs once the requests are ready, just before the load starts (a wait for
-    the point's slot in a shared schedule).
+    the point's slot in a shared schedule). ``gpu_metrics_url``: a page of otelkit's GPU
+    metrics, read for each model instance's GPU memory and utilisation at the window's end.
     """
     traced = traces_dir is not None
     workload.open(params, endpoint, traced=traced, ready_s=ready_s)
@@ -96,6 +99,11 @@ def measure_point(
         point.triton = difference(snapshots["before"], snapshots["after"])
         point.gpus = snapshots["after"].gpus
         point.triton = {m: _with_instances(f, endpoint, m) for m, f in point.triton.items()}
+    if gpu_metrics_url is not None:
+        try:
+            point.gpu_instances = scrape_instances(gpu_metrics_url)
+        except Exception as error:  # the figures are missing, the point is not lost
+            problems.append(f"GPU metrics at {gpu_metrics_url}: {error}")
     for problem in problems[:1]:
         _log.warning("otelkit study: point %s: %s", point.label, problem)
     if traced and point.sampled:

@@ -63,6 +63,8 @@ class Point:
     cpu_s: float = 0.0  # client processes' CPU time over the window
     triton: dict[str, ModelFigures] = field(default_factory=dict)
     gpus: dict[str, dict[str, float]] = field(default_factory=dict)
+    # per Triton model instance on a GPU (gpu_instances.py), when the study reads GPU metrics
+    gpu_instances: dict[str, dict[str, Any]] = field(default_factory=dict)
     traces: PointTraces | None = None
     sampled: int = 0  # measured requests whose trace was sampled
     parts: int = 1  # client processes that drove the point
@@ -141,6 +143,7 @@ class Point:
             "client_cpu": {"cpu_s": self.cpu_s, "cores": self.cpu_cores},
             "triton": {m: f.to_dict() for m, f in self.triton.items()},
             "gpus": self.gpus,
+            "gpu_instances": self.gpu_instances,
             "traces": self.traces.to_dict() if self.traces is not None else None,
             "sampled": self.sampled,
             "parts": self.parts,
@@ -167,6 +170,7 @@ class Point:
             cpu_s=float(data.get("client_cpu", {}).get("cpu_s", 0.0)),
             triton={m: ModelFigures.from_dict(f) for m, f in data.get("triton", {}).items()},
             gpus=dict(data.get("gpus", {})),
+            gpu_instances=dict(data.get("gpu_instances", {})),
             traces=PointTraces.from_dict(traces) if traces else None,
             sampled=int(data.get("sampled", 0)),
             parts=int(data.get("parts", 1)),

@@ -25,6 +25,7 @@ from otelkit.analysis.breakdown import TOTAL
 from otelkit.study import derived
 from otelkit.study.attribution import Verdict, verdicts
 from otelkit.study.derived import Row
+from otelkit.study.gpu_instances import per_model
 from otelkit.study.point import Point
 
 __all__ = ["ResultsWriter", "StudyResults", "read_results"]
@@ -109,6 +110,10 @@ def _point_line(point: Point, width: int) -> str:
         )[:3]
         top = ", ".join(f"{n} {ms:.2f}" for n, ms in parts)
         extra.append(f"{traces.traces} traces: {top} ms")
+    for model, gpu in per_model(point.gpu_instances).items():
+        share = f" ({gpu['memory_share']:.0%} of a GPU)" if "memory_share" in gpu else ""
+        extra.append(f"{model}: {gpu['instances']:.0f} on GPUs, "
+                     f"{gpu['memory_bytes'] / 2**30:.2f} GiB each{share}")  # fmt: skip
     return (
         f"{point.label:<{width}} {point.throughput:>10.1f} {point.latency_ms(0.5):>8.2f} "
         f"{point.latency_ms(0.9):>8.2f} {point.latency_ms(0.99):>8.2f} "

@@ -65,6 +65,8 @@ class Study:
     Client processes that drive the same points side by side (on one node or many: a Slurm job
     array, Ray tasks) share a schedule: point ``k`` starts at ``start_at + k * slot_s`` (epoch
     seconds) in each, and ``otelkit study merge`` makes one point of their parts.
+    ``gpu_metrics_url`` is a page of otelkit's GPU metrics (``otelkit gpu-exporter``): each
+    point then records GPU memory and utilisation per Triton model instance.
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class Study:
         timeout_s: float = 60.0,
         start_at: float | None = None,
         slot_s: float | None = None,
+        gpu_metrics_url: str | None = None,
     ) -> None:
         if (model is None) == (request is None):
             raise StudyError("give model (a model to call) or request (what one request does)")
@@ -96,6 +99,7 @@ class Study:
         if (start_at is None) != (slot_s is None) or (slot_s is not None and slot_s <= 0):
             raise StudyError("start_at and slot_s go together, slot_s above 0")
         self.start_at, self.slot_s = start_at, slot_s
+        self.gpu_metrics_url = gpu_metrics_url
         self.servers = {k: _server(v) for k, v in (servers or {}).items()}
         self.server = _server(server) if server is not None else None
         if self.server is None and not self.servers:
@@ -195,6 +199,7 @@ class Study:
                 index, params, workload=self.workload, endpoint=endpoint, load=self.load,
                 run_id=run_id, traces_dir=traces_dir, ready_s=getattr(server, "ready_s", 0.0),
                 progress=progress.tick, before_load=lambda: self._wait_for_slot(index),
+                gpu_metrics_url=self.gpu_metrics_url,
             )  # fmt: skip
         except StudyError as error:
             return Point(index, dict(params), status="failed", error=error.reason)

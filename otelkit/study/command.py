@@ -1,0 +1,135 @@
+"""``otelkit study run``: its arguments, the study they describe, and the run itself.
+
+The command line is also each part's interface when several client processes drive a point
+(a Slurm job array's tasks run it as a command, Ray tasks call ``run_command``).
+
+>>> parse_sweep(["instances=1,2", "option=ensemble"])
+{'instances': [1, 2], 'option': ['ensemble']}
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any
+
+from otelkit.errors import StudyError
+from otelkit.study.load import Load
+from otelkit.study.runner import Study, Tracing
+from otelkit.study.servers import Remote, Server, Triton
+
+__all__ = ["parse_sweep", "run_arguments", "run_command", "run_study"]
+
+
+def parse_value(text: str) -> Any:
+    """``4`` → 4, ``0.5`` → 0.5, anything else stays text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_sweep(items: list[str]) -> dict[str, list[Any]]:
+    """``["instances=1,2", "concurrency=1,4"]`` → ``{"instances": [1, 2], ...}``."""
+    sweep: dict[str, list[Any]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name or not values:
+            raise StudyError(f"--sweep takes NAME=V1,V2,...: not {item!r}")
+        sweep[name.strip()] = [parse_value(v.strip()) for v in values.split(",")]
+    return sweep
+
+
+def run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``otelkit study run``."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--triton", metavar="REPOSITORY", help="launch tritonserver on it")
+    where.add_argument("--url", help="host:port of a running KServe v2 server")
+    where.add_argument("--ray-serve", metavar="MODULE:BUILDER",
+                       help="deploy builder(params, env_vars) on a local Ray Serve")  # fmt: skip
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="the model to call, inputs made from its metadata")
+    what.add_argument("--request", metavar="MODULE:FACTORY",
+                      help="factory(params, endpoint) returning request(index)")  # fmt: skip
+    parser.add_argument("--metrics-url", help="the server's Prometheus page (Triton: :8002)")
+    parser.add_argument("--gpu-metrics-url", help="otelkit gpu-exporter's page: GPU per instance")
+    parser.add_argument("--reconfigure", help="command run between points, {instances} replaced")
+    parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=1, help="requests in flight")
+    parser.add_argument("--rate", type=float, help="open loop: Poisson arrivals a second")
+    parser.add_argument("--asyncio", action="store_true", help="closed loop on asyncio tasks")
+    parser.add_argument("--seconds", type=float, help="measured seconds a point (default 5)")
+    parser.add_argument("--requests", type=int, help="or measured requests a point")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds left out first")
+    parser.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2")
+    parser.add_argument(
+        "--traces-per-s", type=float, default=20.0, help="sampled requests a second"
+    )
+    parser.add_argument("--no-traces", action="store_true", help="send no trace context")
+    parser.add_argument("--receiver-port", type=int, default=0, help="the embedded receiver's")
+    parser.add_argument("--out", default="study.jsonl")
+    parser.add_argument("--unit", default="request", help="what a request is called: event")
+    parser.add_argument("--tolerance", type=float, default=0.1, help="knee and flatness, 0.1")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take")
+    parser.add_argument("--start-at", type=float, help="epoch seconds the first point starts at")
+    parser.add_argument("--slot", type=float, help="seconds from one point's start to the next")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _study(args: argparse.Namespace) -> Study:
+    server: Server
+    if args.triton:
+        server = Triton(args.triton)
+    elif args.ray_serve:
+        from otelkit.study.ray_serve import RayServe  # Ray only when asked for
+
+        server = RayServe(args.ray_serve)
+    else:
+        server = Remote(args.url, metrics_url=args.metrics_url, reconfigure=args.reconfigure)
+    load = Load(concurrency=args.concurrency, rate=args.rate, seconds=args.seconds,
+                requests=args.requests, warmup_s=args.warmup, asyncio=args.asyncio)  # fmt: skip
+    tracing = None if args.no_traces else Tracing(args.traces_per_s, port=args.receiver_port)
+    request = None
+    if args.request:
+        module, _, name = args.request.partition(":")
+        request = getattr(importlib.import_module(module), name)
+    return Study(
+        model=args.model, request=request, server=server, protocol=args.protocol,
+        batch_size=args.batch_size, load=load, sweep=parse_sweep(args.sweep), tracing=tracing,
+        out=args.out, unit=args.unit, tolerance=args.tolerance, progress=not args.quiet,
+        timeout_s=args.timeout, start_at=args.start_at, slot_s=args.slot,
+        gpu_metrics_url=args.gpu_metrics_url,
+    )  # fmt: skip
+
+
+def run_study(args: argparse.Namespace) -> int:
+    """Run the study ``args`` describe; the exit status (0, 1 a point failed, 130 Ctrl-C)."""
+    study = _study(args)  # a StudyError here is a usage error: exit 2
+    try:
+        results = study.run()
+    except StudyError as error:
+        if error.results is None:
+            raise
+        print(error.results.summary())
+        print(f"\n{error}\n(the points done are in {study.out})", file=sys.stderr)
+        return 1
+    print(results.summary())
+    if results.interrupted:
+        print(f"interrupted: the points done are in {study.out}", file=sys.stderr)
+        return 130
+    return 0
+
+
+def run_command(args: list[str]) -> int:
+    """``otelkit study run ARGS`` in this process; its exit status (2: a usage error)."""
+    parser = argparse.ArgumentParser(prog="otelkit study run")
+    run_arguments(parser)
+    try:
+        return run_study(parser.parse_args(args))
+    except StudyError as error:
+        print(error, file=sys.stderr)
+        return 2

@@ -162,6 +162,7 @@ RAY_SERVE_BATCH_SIZE = f"{PREFIX}.ray_serve.batch.size"
 STUDY_SPAN = f"{PREFIX}.study.request"
 STUDY_RUN = f"{PREFIX}.study.run"  # one id per study run: several runs may share a trace file
 STUDY_POINT = f"{PREFIX}.study.point"  # the point's index in its sweep
+STUDY_PARAM = f"{PREFIX}.study.param"  # + ".<name>": each of the point's parameters
 STUDY_PHASE = f"{PREFIX}.study.phase"  # warmup or measure: only measured requests are analysed
 STUDY_PHASE_WARMUP = "warmup"
 STUDY_PHASE_MEASURE = "measure"

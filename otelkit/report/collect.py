@@ -45,7 +45,8 @@ def group_label(key: tuple[str, ...], labels: Sequence[str]) -> str:
     """
     if not labels:
         return " ".join(key) or "all traces"
-    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(labels, key, strict=False))
+    named = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(labels, key, strict=False) if v]
+    return " ".join(named) or "all traces"
 
 
 @dataclass

@@ -12,7 +12,7 @@ import itertools
 import json
 import logging
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,8 @@ def measure_point(
     workload.open(params, endpoint, traced=traced, ready_s=ready_s)
     before_load()
     sampled = itertools.count()
-    call = _traced_call(workload, run_id, index, sampled) if traced else _bare_call(workload)
+    attributes = _root_attributes(run_id, index, params)
+    call = _traced_call(workload, attributes, sampled) if traced else _bare_call(workload)
     snapshots: dict[str, Snapshot] = {}
     problems: list[str] = []
 
@@ -82,7 +83,7 @@ def measure_point(
             if isinstance(workload, ModelCalls):
                 workload.connections = point_load.concurrency
             acall = (
-                _traced_acall(workload, run_id, index, sampled) if traced else _bare_acall(workload)
+                _traced_acall(workload, attributes, sampled) if traced else _bare_acall(workload)
             )
             run = drive_tasks(acall, point_load, on_window_start=scraper("before"),
                               on_window_end=scraper("after"), progress=progress,
@@ -115,21 +116,28 @@ def measure_point(
     return point
 
 
-Attributes = dict[str, str | int]
+Attributes = dict[str, str | int | float | bool]
 
 
-def _root_attributes(run_id: str, index: int) -> tuple[Attributes, Attributes]:
-    """The attributes of a request's root span in the warm-up, and in the measured window."""
+def _root_attributes(
+    run_id: str, index: int, params: Mapping[str, Any]
+) -> tuple[Attributes, Attributes]:
+    """The attributes of a request's root span in the warm-up, and in the measured window:
+    the point's parameters too, so that a trace reader (``otelkit report --group-by
+    otelkit.study.param.concurrency``) groups a study's traces by them."""
     warmup: Attributes = {semconv.STUDY_RUN: run_id, semconv.STUDY_POINT: index,
                           semconv.STUDY_PHASE: semconv.STUDY_PHASE_WARMUP}  # fmt: skip
+    for name, value in params.items():
+        if isinstance(value, str | int | float | bool):
+            warmup[f"{semconv.STUDY_PARAM}.{name}"] = value
     return warmup, {**warmup, semconv.STUDY_PHASE: semconv.STUDY_PHASE_MEASURE}
 
 
 def _traced_call(
-    workload: Workload, run_id: str, index: int, sampled: itertools.count[int]
+    workload: Workload, attributes: tuple[Attributes, Attributes], sampled: itertools.count[int]
 ) -> Callable[[int, bool], None]:
     tracer = trace.get_tracer("otelkit.study")
-    warmup, measure = _root_attributes(run_id, index)
+    warmup, measure = attributes
 
     def call(request: int, measured: bool) -> None:
         attributes = measure if measured else warmup
@@ -142,10 +150,10 @@ def _traced_call(
 
 
 def _traced_acall(
-    workload: Workload, run_id: str, index: int, sampled: itertools.count[int]
+    workload: Workload, attributes: tuple[Attributes, Attributes], sampled: itertools.count[int]
 ) -> Callable[[int, bool], Awaitable[None]]:
     tracer = trace.get_tracer("otelkit.study")
-    warmup, measure = _root_attributes(run_id, index)
+    warmup, measure = attributes
 
     async def call(request: int, measured: bool) -> None:
         attributes = measure if measured else warmup

@@ -55,3 +55,10 @@ def test_make_study_writes_each_sweep_and_prints_its_verdicts(tmp_path: Path) ->
     assert [p.params["concurrency"] for p in scaling.points] == [1, 2]
     assert scaling.figure("strong_scaling")
     assert list((out / "traces").glob("*.jsonl"))
+    # one page with every sweep and the traces grouped by the points' parameters
+    page = (out / "report.html").read_text()
+    assert f"report: {(out / 'report.html').resolve()}" in done.stdout
+    for name in results:
+        assert f'id="study-{name}"' in page
+    assert "concurrency=2" in page and "batch_size=16" in page and "server=fastapi" in page
+    assert "<script src=" not in page and 'href="http' not in page  # nothing fetched

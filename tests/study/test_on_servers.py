@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from otelkit import semconv
+from otelkit.analysis import load_spans
 from otelkit.analysis.breakdown import SERVER_QUEUE, TOTAL
 from otelkit.study import Load, Remote, Study, StudyResults, Tracing
 from otelkit.tritonserver import TritonServer
@@ -175,3 +177,8 @@ def test_asyncio_requests_are_traced_like_threaded_ones(
     assert traces is not None and traces.traces >= 15 and traces.incomplete == 0
     assert traces.calls_per_request == 1.0
     assert traces.components["server build_graph"].mean_ms >= 8.0
+    # each root carries the point's parameters, for readers that group by them
+    roots = [s for s in load_spans(tmp_path / "traced-tasks-files" / "traces")
+             if s.name == semconv.STUDY_SPAN]  # fmt: skip
+    assert len(roots) >= 15
+    assert {r.attributes[f"{semconv.STUDY_PARAM}.concurrency"] for r in roots} == {2}

@@ -8,10 +8,14 @@ Four sweeps with ``otelkit.study``, each into its own results file in ``--out``:
   step of each (ExaTrkX);
 - ``batch.jsonl``: the embedding model with 1 to 64 events' hits in one request: T = N/ℓ (SONIC);
 - ``servers.jsonl``: the whole pipeline on Triton against the FastAPI twin;
-- ``scaling.jsonl``: the ensemble (option 4) on Triton at 1 and 2 instances of every stage
-  model × 1 to 8 events in flight: ε = (Tᵢ/i)/T₁ and strong scaling (AthenaTriton).
+- ``scaling.jsonl``: the whole pipeline (option 4) at 1 and 2 instances × 1 to 8 events in
+  flight, on Triton (the ensemble, instances of every stage model) and on Ray Serve (replicas
+  of one deployment running the pipeline): ε = (Tᵢ/i)/T₁ and strong scaling (AthenaTriton),
+  and throughput against instances for the two servers side by side (NERSC).
 
-One Triton serves them all, restarted once (for 2 instances), last.
+One Triton serves them all, restarted once (for 2 instances); Ray Serve comes last
+(``--no-ray`` leaves it out). Then one HTML page, ``report.html``, shows every sweep's plots,
+verdicts and traces (``otelkit report``).
 
 Every point's events are traced at most ``--traces-per-s`` a second into one embedded receiver
 (``traces/``), so each point carries the breakdown of its sampled events; the verdicts of each
@@ -37,8 +41,10 @@ from gnn_tracking.physics.models import Models, load_models
 from gnn_tracking.serving.repository import REPOSITORY
 from gnn_tracking.serving.stages import FEATURES, STAGE_ORDER, STAGES
 from gnn_tracking.serving.twin import twin_process
+from otelkit import semconv
 from otelkit.errors import StudyError
 from otelkit.receiver import Receiver
+from otelkit.report import Report
 from otelkit.study import Load, Study, StudyResults, Tracing, Triton
 from otelkit.study import Remote as StudyRemote
 from otelkit.study.servers import Endpoint, Server
@@ -46,6 +52,11 @@ from otelkit.study.servers import Endpoint, Server
 __all__ = ["SWEEPS", "Plan", "main"]
 
 SWEEPS = ("options", "batch", "servers", "scaling")
+RAY_PIPELINE = "gnn_tracking.serving.ray_app:pipeline_app"  # option 4 as one deployment
+REPORT_GROUPS = tuple(
+    f"{semconv.STUDY_PARAM}.{name}"
+    for name in ("server", "option", "instances", "concurrency", "batch_size")
+)
 PROTOCOL: Literal["http", "grpc"] = (
     "http"  # gRPC with trace context crashes the bundled tritonserver 2.51 (known-issues)
 )
@@ -71,13 +82,14 @@ class Plan:
     server_concurrency: tuple[int, ...] = (1, 4)
     sweeps: tuple[str, ...] = SWEEPS
     traces_per_s: float = 20.0
+    ray: bool = True  # Ray Serve beside Triton in the scaling sweep
 
     @classmethod
     def quick(cls) -> Plan:
         """The shortened study the test suite runs: one Triton start (no instance sweep)."""
         return cls(seconds=0.6, warmup_s=0.3, instances=(1,), concurrency=(1, 2),
                    option_concurrency=(1,),
-                   batch_sizes=(1, 16), server_concurrency=(1, 2))  # fmt: skip
+                   batch_sizes=(1, 16), server_concurrency=(1, 2), ray=False)  # fmt: skip
 
 
 class Reconstruction:
@@ -162,7 +174,16 @@ def run_sweeps(plan: Plan, out: Path, events: Sequence[torch.Tensor], models: Mo
             sweep = {"instances": list(plan.instances), "concurrency": list(plan.concurrency)}
             if len(plan.instances) == 1:  # along concurrency alone (strong scaling along it)
                 sweep.pop("instances")
-            done["scaling"] = study("scaling", request=reconstruction, server=triton, sweep=sweep)
+            if plan.ray:  # NERSC's figure: the two servers' throughput against instances
+                from otelkit.study.ray_serve import RayServe  # Ray only when asked for
+
+                scaling = {"triton": triton, "ray": RayServe(RAY_PIPELINE, num_cpus=2)}
+                done["scaling"] = study("scaling", request=reconstruction, servers=scaling,
+                                        sweep={"server": list(scaling), **sweep})  # fmt: skip
+            else:
+                done["scaling"] = study(
+                    "scaling", request=reconstruction, server=triton, sweep=sweep
+                )
     finally:
         triton.stop()
     return done
@@ -198,13 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweeps", nargs="+", choices=SWEEPS, default=list(SWEEPS))
     parser.add_argument("--quick", action="store_true", help="the shortened study of the tests")
     parser.add_argument("--n-particles", type=int, default=40, help="event size (~10 hits each)")
+    parser.add_argument("--no-ray", action="store_true", help="Triton alone in the scaling sweep")
     args = parser.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan(seconds=args.seconds)
-    plan = replace(plan, sweeps=tuple(args.sweeps))
+    plan = replace(plan, sweeps=tuple(args.sweeps), ray=plan.ray and not args.no_ray)
     out: Path = args.out
     started = time.monotonic()
     torch.set_num_threads(1)  # the client's threads are its parallelism, as in the seeds
-    for stale in [out / "traces", out / "logs", *(out / f"{s}.jsonl" for s in SWEEPS)]:
+    stale_files = [out / "report.html", *(out / f"{s}.jsonl" for s in SWEEPS)]
+    for stale in [out / "traces", out / "logs", *stale_files]:
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     events, models = event_pool(32, args.n_particles), load_models()
@@ -222,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, results in done.items():
         for verdict in results.verdicts:
             print(f"{name} [{verdict.curve or 'all'}] {verdict.kind}: {verdict.sentence}")
+    page = Report.build([out / "traces"], [out / f"{name}.jsonl" for name in done],
+                        group_by=REPORT_GROUPS, root_name=semconv.STUDY_SPAN)  # fmt: skip
+    page.title = "make study: the reference deployment"
+    print(f"\nreport: {page.write_html(out / 'report.html').resolve()} (open it in a browser)")
     failed = [n for n, r in done.items() if r.status != "complete"]
     return 1 if failed else 0
 

@@ -19,7 +19,7 @@ replica (and one of its wait), each stage its ``otelkit.stage`` span.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from gnn_tracking.serving.triton_model import TORCH_THREADS
 from otelkit.server.ray_serve import instrument_deployment
 from otelkit.tritonserver import free_port
 
-__all__ = ["COMPOSED", "build_app", "ray_serve_app", "study_app"]
+__all__ = ["COMPOSED", "build_app", "pipeline_app", "ray_serve_app", "study_app"]
 
 COMPOSED = "tracking_composed"  # the five stage deployments chained through handles
 Arrays = Mapping[str, NDArray[Any]]
@@ -81,12 +81,14 @@ class Ingress:
         specs = [
             ModelSpec(s.name, s.inputs, s.outputs, self._caller(self.stages[s.name]))
             for s in STAGES.values()
+            if s.name in self.stages
         ]
         whole = ENSEMBLE_STAGE
         specs.append(
             ModelSpec(whole.name, whole.inputs, whole.outputs, self._caller(self.pipeline))
         )
-        specs.append(ModelSpec(COMPOSED, whole.inputs, whole.outputs, self._composed))
+        if set(self.stages) == set(STAGE_ORDER):
+            specs.append(ModelSpec(COMPOSED, whole.inputs, whole.outputs, self._composed))
         # instrumented too: FastAPI's own tracing stays off (otelkit's hook traces the request)
         return otelkit.instrument(create_app(specs, name="gnn-tracking-ray-serve"))
 
@@ -106,20 +108,32 @@ class Ingress:
         return {TRACK_LABELS: tensors[TRACK_LABELS]}
 
 
-def build_app(env_vars: Mapping[str, str] | None = None, *, replicas: int = 1) -> Any:
+def build_app(
+    env_vars: Mapping[str, str] | None = None,
+    *,
+    replicas: int = 1,
+    stages: Sequence[str] = STAGE_ORDER,
+) -> Any:
     """The application: every deployment instrumented, ``env_vars`` reaching each replica;
-    ``replicas`` of each stage and of the whole pipeline (the ingress has one)."""
+    ``replicas`` of each of ``stages`` and of the whole pipeline (the ingress has one).
+    ``stages=()`` deploys the whole pipeline alone: ``tracking``, option 4."""
     env = {"PYTHONPATH": os.pathsep.join([str(_EXAMPLES.parent), str(_EXAMPLES)])}
     env |= dict(env_vars or {})
     stage = instrument_deployment(StageModel, env).options(num_replicas=replicas)
-    stages = {name: stage.options(name=f"stage_{name}").bind(name) for name in STAGE_ORDER}
+    chosen = {name: stage.options(name=f"stage_{name}").bind(name) for name in stages}
     pipeline = stage.options(name="pipeline").bind(ENSEMBLE_STAGE.name)
-    return instrument_deployment(Ingress, env).bind(stages, pipeline)
+    return instrument_deployment(Ingress, env).bind(chosen, pipeline)
 
 
 def study_app(params: Mapping[str, Any], env_vars: Mapping[str, str]) -> Any:
     """``otelkit.study.ray_serve.RayServe``'s builder: ``instances`` replicas per stage."""
     return build_app(env_vars, replicas=int(params.get("instances") or 1))
+
+
+def pipeline_app(params: Mapping[str, Any], env_vars: Mapping[str, str]) -> Any:
+    """``RayServe``'s builder of the whole pipeline alone (option 4, ``tracking``), in
+    ``instances`` replicas: what ``make study`` sets beside Triton's ensemble (NERSC's figure)."""
+    return build_app(env_vars, replicas=int(params.get("instances") or 1), stages=())
 
 
 @contextmanager

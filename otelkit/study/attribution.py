@@ -134,6 +134,8 @@ def _capacity(point: Point, low: Point) -> tuple[str, str, float] | None:
     best: tuple[str, str, float] | None = None
     for model, stages in by_model.items():
         figures = point.triton.get(model)
+        if figures is not None and figures.ensemble:
+            continue  # its steps, models of their own, are judged instead
         instances = (figures.instances if figures else None) or point.params.get("instances", 1)
         capacity = figures.capacity_per_s(int(instances)) if figures else None
         if capacity is None:

@@ -188,11 +188,12 @@ def _with_instances(figures: Any, endpoint: Endpoint, model: str) -> Any:
         with urllib.request.urlopen(url, timeout=2.0) as response:
             config = json.loads(response.read())
         count = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
+        ensemble = config.get("platform") == "ensemble"
     except Exception:
         return figures
     from dataclasses import replace
 
-    return replace(figures, instances=count or None)
+    return replace(figures, instances=count or None, ensemble=ensemble)
 
 
 def _judge(point: Point, run: LoadRun) -> None:

@@ -136,6 +136,9 @@ class ModelFigures:
     request_ms: float
     pending: float  # requests waiting or running when the point ended
     instances: int | None = None  # from the model's configuration, when known
+    # An ensemble's compute time spans its steps, each a model of its own with its own
+    # instances working in a pipeline: the ensemble itself caps nothing (its steps do).
+    ensemble: bool = False
 
     @property
     def compute_ms(self) -> float:
@@ -159,7 +162,7 @@ class ModelFigures:
     def capacity_per_s(self, instances: int | None = None) -> float | None:
         """Requests a second the model's instances can serve at most, at this batching."""
         count = instances or self.instances
-        if not count or self.compute_ms <= 0 or not self.executions:
+        if self.ensemble or not count or self.compute_ms <= 0 or not self.executions:
             return None
         return count * self.requests_per_execution / (self.compute_ms / 1e3)
 

@@ -67,6 +67,7 @@ def figures(
     requests: int = 1000,
     per_execution: float = 1.0,
     instances: int | None = None,
+    ensemble: bool = False,
 ) -> ModelFigures:
     """Triton's figures of one model over a point."""
     executions = round(requests / per_execution)
@@ -82,6 +83,7 @@ def figures(
         request_ms=queue_ms + compute_ms,
         pending=0.0,
         instances=instances,
+        ensemble=ensemble,
     )
 
 

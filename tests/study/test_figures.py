@@ -167,6 +167,27 @@ def test_a_growing_queue_with_flat_stages_is_saturation_at_the_least_capacity() 
     )
 
 
+def test_an_ensemble_is_never_the_capacity_limit_its_slowest_step_is() -> None:
+    # Triton's ensemble "tracking" runs embed then gnn; its compute time spans both steps
+    # (14 ms), but the steps run as a pipeline in models of their own: gnn (12 ms, one
+    # instance) caps throughput at 83 events/s, not the ensemble's 1 / 14 ms = 71
+    stage_models = {"server embed": "embed", "server gnn": "gnn"}
+    low = make_point({"concurrency": 1}, 60.0, {"server embed": 2.0, "server gnn": 12.0,
+                     SERVER_QUEUE: 0.2}, stage_models=stage_models)  # fmt: skip
+    triton = {
+        "tracking": figures(14.0, 0.0, instances=None, ensemble=True),
+        "embed": figures(2.0, instances=1),
+        "gnn": figures(12.0, instances=1),
+    }
+    high = make_point({"concurrency": 8}, 80.0, {"server embed": 2.1, "server gnn": 12.2,
+                      SERVER_QUEUE: 60.0}, stage_models=stage_models, triton=triton,
+                      index=1)  # fmt: skip
+    verdict = attribute([low, high], "concurrency", unit="event")
+    assert verdict.kind == "saturated" and verdict.limit == "gnn"
+    assert verdict.sentence.endswith("the capacity of gnn (83 events/s)")
+    assert triton["tracking"].capacity_per_s() is None
+
+
 def test_growth_on_the_clients_side_says_the_client_limits() -> None:
     low = make_point({"rate": 100}, 100.0, {NETWORK: 0.5, CLIENT_OTHER: 0.2, "server m": 1.0})
     high = make_point(

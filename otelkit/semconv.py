@@ -146,6 +146,10 @@ CLIENT_ADDRESS = "client.address"
 NETWORK_PROTOCOL_VERSION = "network.protocol.version"
 # gRPC server spans (otelkit.server.grpc): rpc.system.name, rpc.method and server.* as above
 RPC_RESPONSE_STATUS_CODE = "rpc.response.status_code"  # the status name: OK, INTERNAL, ...
+# The codes that mean the server failed (the RPC conventions); others are the caller's error.
+RPC_SERVER_ERROR_CODES = (
+    "UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+)  # fmt: skip
 CLIENT_PORT = "client.port"
 
 # -- Ray Serve: deployments' requests, the wait before a replica took one, batched calls --------
@@ -224,8 +228,6 @@ HTTP_SERVER_DURATION = MetricSpec(
     "HTTP requests as the server saw them (OpenTelemetry HTTP server convention).",
     DURATION_BUCKETS_S,
 )  # fmt: skip
-# Not in SERVER_METRICS yet: no dashboard panel shows it (the dashboards' tests want one for
-# each metric there, proven against a real Prometheus).
 RPC_SERVER_DURATION = MetricSpec(
     "rpc.server.call.duration", "histogram", "s",
     "RPCs as the gRPC server saw them (OpenTelemetry RPC server convention).",
@@ -396,6 +398,7 @@ SERVER_METRICS: tuple[MetricSpec, ...] = (
     STAGE_IN_FLIGHT,
     STAGE_ERRORS,
     HTTP_SERVER_DURATION,
+    RPC_SERVER_DURATION,
     RAY_SERVE_CALL_DURATION,
 )
 CLIENT_METRICS: tuple[MetricSpec, ...] = (

@@ -94,6 +94,8 @@ def ray_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRay]:
         _metrics_export_port=metrics_port,
         _temp_dir=str(tmp_path_factory.mktemp("ray")),
         log_to_driver=False,
+        # Serve's proxy too imports code of this checkout (the gRPC servicer function)
+        runtime_env={"env_vars": {"PYTHONPATH": LocalRay.replica_env("")["PYTHONPATH"]}},
     )
     try:
         yield LocalRay(metrics_port=metrics_port)

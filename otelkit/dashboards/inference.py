@@ -30,6 +30,9 @@ _BY = [semconv.M_MODEL]
 _CLIENT = semconv.prometheus_name(semconv.CLIENT_DURATION)
 _HTTP = semconv.prometheus_name(semconv.HTTP_SERVER_DURATION)
 _HTTP_BY = [semconv.M_HTTP_METHOD, semconv.M_HTTP_ROUTE, semconv.M_HTTP_STATUS]
+_RPC = semconv.prometheus_name(semconv.RPC_SERVER_DURATION)
+_RPC_BY = [semconv.M_RPC_METHOD]
+_RPC_FAILED = f'{semconv.M_RPC_STATUS}=~"{"|".join(semconv.RPC_SERVER_ERROR_CODES)}"'
 
 
 def _rate(metric: str) -> str:
@@ -138,6 +141,31 @@ def _python_servers() -> list[Any]:
     ]  # fmt: skip
 
 
+def _grpc_servers() -> list[Any]:
+    rpc_quantiles = [
+        Q(quantile(q, f"{_RPC}_bucket", _RPC_BY, INSTANCE), f"{{{{rpc_method}}}} p{p}",
+          exemplar=True)
+        for q, p in ((0.5, 50), (0.95, 95), (0.99, 99))
+    ]  # fmt: skip
+    return [
+        timeseries("gRPC requests/s", [
+            Q(sum_by([*_RPC_BY, semconv.M_RPC_STATUS], rate(f"{_RPC}_count", INSTANCE)),
+              "{{rpc_method}} {{rpc_response_status_code}}"),
+        ], unit="reqps", width=8, description="RPCs Python gRPC servers answered, by method "
+          "and status (otelkit.server.grpc's interceptor)."),
+        timeseries("gRPC latency percentiles", rpc_quantiles, unit="s", width=8,
+                   description="p50/p95/p99 of each method as the server saw it; exemplars "
+                   "(dots) open their trace."),
+        timeseries("gRPC server errors/s", [
+            Q(sum_by([*_RPC_BY, semconv.M_RPC_STATUS],
+                     rate(f"{_RPC}_count", INSTANCE, _RPC_FAILED)),
+              "{{rpc_method}} {{rpc_response_status_code}}"),
+        ], unit="reqps", width=8, description="RPCs that ended with a code meaning the server "
+          "failed (INTERNAL, UNKNOWN, UNAVAILABLE, ...); a bad request (INVALID_ARGUMENT, "
+          "NOT_FOUND) is the caller's error and shows under requests/s only."),
+    ]  # fmt: skip
+
+
 def build(options: DashboardOptions) -> Any:
     """The *Inference service* dashboard as a grafanalib ``Dashboard``."""
     return dashboard(
@@ -151,6 +179,7 @@ def build(options: DashboardOptions) -> Any:
             ("Latency", _latency()),
             ("Load and saturation", _load()),
             ("Python model servers (FastAPI)", _python_servers()),
+            ("Python gRPC servers (KServe v2 gRPC)", _grpc_servers()),
             ("Ray Serve", ray_serve.inference_panels()),
         ],
     )  # fmt: skip

@@ -6,11 +6,12 @@ context and the time of the call are put on it, as the attribute ``_otelkit_carr
 ``tracing_context`` cannot carry it: Serve's router overwrites it with ``None`` unless Serve's
 own tracing records a span.
 
-The replica's side: ``HandleCall`` is one request a handle sent (a SERVER span parented on the
-carried context, a ``queued`` span from the call until the replica took it, the duration
-histogram); ``HttpCall`` is one request through Serve's HTTP proxy, traced by the code the
-FastAPI integration uses (spec-exact ``traceparent``, HTTP server conventions); ``BatchCall``
-is one ``@serve.batch`` call, linked to the span of every request in it.
+The replica's side: ``HandleCall`` is one request a handle or Serve's gRPC proxy sent (a SERVER
+span parented on the carried context or on the gRPC call's metadata, a ``queued`` span from
+the call until the replica took it, the duration histogram); ``HttpCall`` is one request
+through Serve's HTTP proxy, traced by the code the FastAPI integration uses (spec-exact
+``traceparent``, HTTP server conventions); ``BatchCall`` is one ``@serve.batch`` call, linked
+to the span of every request in it.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class HandleCall:
 
     def __init__(self, replica: Replica, metadata: Any) -> None:
         carried = getattr(metadata, CARRIER, None)
-        headers, sent_ns = carried if carried is not None else ({}, 0)
+        headers, sent_ns = carried if carried is not None else (_grpc_headers(metadata), 0)
         parent = extract(headers) if headers else Context()
         self.replica, self.method = replica, str(getattr(metadata, "call_method", "__call__"))
         now_ns = time.time_ns()
@@ -126,6 +127,15 @@ class HandleCall:
             span.end()
         except Exception:
             internal_error("ending a Ray Serve handle call's span")
+
+
+def _grpc_headers(metadata: Any) -> dict[str, str]:
+    """The trace context of a request through Serve's gRPC proxy: its gRPC metadata, which
+    Serve hands the replica (the proxy runs no otelkit, so nothing was carried)."""
+    context = getattr(metadata, "grpc_context", None)
+    if context is None:
+        return {}
+    return {key: value for key, value in context.invocation_metadata() if isinstance(value, str)}
 
 
 def _queued(parent: Context, sent_ns: int, now_ns: int, replica: Replica) -> None:

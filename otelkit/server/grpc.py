@@ -61,9 +61,7 @@ _RECORDER = SpanRecorder("otelkit.server.grpc", server=True)
 _DURATION = HOT.histogram(semconv.RPC_SERVER_DURATION, (semconv.M_RPC_METHOD, semconv.M_RPC_STATUS))
 _SERVER = SpanKind.SERVER
 _ABORT = grpc.aio.AbortError
-_SERVER_ERRORS = frozenset(
-    ("UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS")
-)
+_SERVER_ERRORS = frozenset(semconv.RPC_SERVER_ERROR_CODES)
 
 
 class _Ignored:

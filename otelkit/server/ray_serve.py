@@ -18,6 +18,8 @@ environment (``runtime_env``). Setting up installs, once per process, the hooks 
 - a ``DeploymentHandle.remote()`` call the caller's context, so the called replica's SERVER
   span, a span of the time the request waited before the replica took it, and the stage
   spans inside join the caller's trace;
+- a request through Serve's gRPC proxy a SERVER span on the ingress replica, parented on the
+  ``traceparent`` in the call's gRPC metadata;
 - an ``@serve.batch`` call one span linked to every request of the batch.
 
 The hooks wrap Serve's own methods (``DeploymentHandle._init_router_and_get_metadata``,

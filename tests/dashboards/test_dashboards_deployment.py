@@ -6,8 +6,9 @@ the FastAPI twin in its own process, this process as the instrumented client, an
 ``otelkit gpu-exporter`` processes replaying recorded GPUs (one with NVML read errors). A GPU
 exporter on a recording with a lost GPU and one with no GPU at all feed the "lost" and "without
 GPU" panels, and a scrape target that is down feeds "Targets down". Load runs through Triton and
-the twin, with failing requests among it, and through a Ray Serve application (Ray's own
-metrics and its replicas' otelkit metrics scraped too); then EVERY query of every panel is
+the twin, with failing requests among it, through a Ray Serve application (Ray's own
+metrics and its replicas' otelkit metrics scraped too) and through a KServe v2 gRPC server
+in this process (``otelkit.server.grpc``'s interceptor); then EVERY query of every panel is
 evaluated through Prometheus's HTTP API and must return a series — a query with an
 ``or vector(0)`` fallback also without it, so that the fallback cannot stand in for a missing
 series — and the trace ids of the latency histograms' exemplars must be traces the embedded
@@ -76,7 +77,7 @@ _FALLBACK = re.compile(r"\s+or\s+vector\(\s*0\s*\)\s*$")
 GPU_REPLAYS = ("h100x1.json", "h100x8.json", "a100x2-lost.json")
 LATENCY_HISTOGRAMS = (
     semconv.CLIENT_DURATION, semconv.STAGE_DURATION, semconv.HTTP_SERVER_DURATION,
-    semconv.RAY_SERVE_CALL_DURATION,
+    semconv.RAY_SERVE_CALL_DURATION, semconv.RPC_SERVER_DURATION,
 )  # fmt: skip
 SAMPLED = 0.25  # share of events traced: exemplars come only from sampled spans
 PANELS_TIMEOUT_S = 60.0
@@ -221,6 +222,53 @@ def ray_serve_under_load(receiver: Receiver) -> Iterator[list[str]]:
         serve.shutdown()
 
 
+@contextmanager
+def grpc_server_under_load() -> Iterator[None]:
+    """A KServe v2 gRPC server in this process, traced by ``server_interceptor()`` (its
+    metrics on this process's endpoint, the "client" job), called by an instrumented
+    ``tritonclient.grpc`` client until the block ends: a doubling model, and every third call
+    a failing one (``INTERNAL``, for the errors panel)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from gnn_tracking.serving.kserve import ModelSpec, TensorSpec
+    from gnn_tracking.serving.kserve_grpc import KServeServicer, grpc_server
+
+    from otelkit.server.grpc import server_interceptor
+
+    def fail(inputs: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("refused")
+
+    x, y = (TensorSpec(name, "FP32", (-1,)) for name in ("x", "y"))
+    models = [
+        ModelSpec("grpc_double", (x,), (y,), lambda inputs: {"y": inputs["x"] * 2}),
+        ModelSpec("grpc_fail", (x,), (y,), fail),
+    ]
+    port = free_port()
+    server = grpc_server(KServeServicer(models), port, interceptors=[server_interceptor()],
+                         workers=2)  # fmt: skip
+    client = otelkit.instrument(grpcclient.InferenceServerClient(f"127.0.0.1:{port}"))
+    data = grpcclient.InferInput("x", [2], "FP32")
+    data.set_data_from_numpy(np.ones(2, dtype=np.float32))
+    stop = threading.Event()
+
+    def load() -> None:
+        for number in itertools.count():
+            with contextlib.suppress(InferenceServerException):
+                client.infer("grpc_fail" if number % 3 == 2 else "grpc_double", [data])
+            if stop.wait(0.1):
+                return
+
+    sender = threading.Thread(target=load, name="grpc-load")
+    sender.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        sender.join(30)
+        client.close()
+        server.stop(1)
+
+
 def evaluated_queries(dashboards: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(dashboard, panel, PromQL) for every query of every panel, as Grafana would send it, and
     each query with an ``or vector(0)`` fallback once more without it."""
@@ -304,6 +352,7 @@ def test_every_panel_shows_the_running_reference_deployment(
             twin_process(receiver.traces_url, tmp_path / "twin.log",
                          metrics_port=twin_metrics_port) as twin_url,
             ray_serve_under_load(receiver) as ray_replicas,
+            grpc_server_under_load(),
             PrometheusServer(require_binary("prometheus"), jobs | {"ray-serve": ray_replicas},
                              tmp_path) as prometheus,
         ):  # fmt: skip

@@ -20,6 +20,7 @@ from otelkit import semconv
 from otelkit.analysis import Span, build_traces
 from otelkit.analysis.breakdown import SERVER_QUEUE, trace_components
 from otelkit.receiver import Receiver
+from otelkit.tritonserver import free_port
 from tests.support import LocalRay, TrackingServer, wait_for_trace
 
 pytest.importorskip("ray.serve")
@@ -33,14 +34,23 @@ def ray_receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]
 
 
 @pytest.fixture(scope="module")
-def ray_url(ray_local: LocalRay, ray_receiver: Receiver) -> Iterator[str]:
+def ray_grpc_url() -> str:
+    """Where Serve's gRPC proxy serves the KServe v2 gRPC service (started by ``ray_url``)."""
+    return f"127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def ray_url(ray_local: LocalRay, ray_receiver: Receiver, ray_grpc_url: str) -> Iterator[str]:
     from gnn_tracking.serving.ray_app import ray_serve_app
 
     otelkit.configure(
         service_name="gnn-tracking-ray-tests", traces_endpoint=ray_receiver.traces_url,
         bsp_schedule_delay_ms=50,
     )  # fmt: skip
-    with ray_serve_app(ray_receiver.traces_url, env_vars={"OTEL_BSP_SCHEDULE_DELAY": "50"}) as url:
+    with ray_serve_app(
+        ray_receiver.traces_url, env_vars={"OTEL_BSP_SCHEDULE_DELAY": "50"},
+        grpc_port=int(ray_grpc_url.rsplit(":", 1)[1]),
+    ) as url:  # fmt: skip
         yield url
     otelkit.shutdown()
 
@@ -57,20 +67,26 @@ def events() -> list[torch.Tensor]:
 
 @pytest.mark.triton
 def test_ray_serve_and_triton_give_the_same_track_labels(
-    ray_url: str, tracking_triton: TrackingServer, models: Models, events: list[torch.Tensor]
+    ray_url: str,
+    ray_grpc_url: str,
+    tracking_triton: TrackingServer,
+    models: Models,
+    events: list[torch.Tensor],
 ) -> None:
     from gnn_tracking.serving.ray_app import COMPOSED
 
-    ray, triton = Remote(ray_url, "http"), Remote(tracking_triton.server.http_url, "http")
+    triton = Remote(tracking_triton.server.http_url, "http")
+    rays = [Remote(ray_url, "http"), Remote(ray_grpc_url, "grpc")]  # HTTP and gRPC proxies
     composed = dataclasses.replace(ENSEMBLE_STAGE, name=COMPOSED)
     for features in events:
         expected = reconstruct(OPTIONS[0], features, models, None)
         assert torch.equal(reconstruct(OPTIONS[4], features, None, triton), expected)
-        assert torch.equal(reconstruct(OPTIONS[4], features, None, ray), expected)
-        assert torch.equal(reconstruct(OPTIONS[3], features, None, ray), expected)
-        assert torch.equal(ray.infer(composed, {FEATURES: features})[TRACK_LABELS], expected)
-    ray.close()
-    triton.close()
+        for ray in rays:
+            assert torch.equal(reconstruct(OPTIONS[4], features, None, ray), expected)
+            assert torch.equal(reconstruct(OPTIONS[3], features, None, ray), expected)
+            assert torch.equal(ray.infer(composed, {FEATURES: features})[TRACK_LABELS], expected)
+    for remote in [triton, *rays]:
+        remote.close()
 
 
 def spans_root(spans: list[Span]) -> Span:
@@ -121,3 +137,33 @@ def test_composed_deployments_trace_from_client_to_every_stage(
     (server,) = [s for s in spans if s.name == f"POST {route}"]
     assert server.attributes[semconv.RAY_SERVE_DEPLOYMENT] == "Ingress"
     assert server.attributes[semconv.HTTP_ROUTE] == route
+
+
+def test_a_grpc_call_through_serves_grpc_proxy_is_one_trace(
+    ray_url: str, ray_grpc_url: str, ray_receiver: Receiver, events: list[torch.Tensor]
+) -> None:
+    from gnn_tracking.serving.ray_app import COMPOSED
+
+    ray = Remote(ray_grpc_url, "grpc")
+    composed = dataclasses.replace(ENSEMBLE_STAGE, name=COMPOSED)
+    with trace.get_tracer("tests").start_as_current_span(ROOT_SPAN) as root:
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+        ray.infer(composed, {FEATURES: events[0]})
+    ray.close()
+    otelkit.flush()
+    spans = wait_for_trace(Path(ray_receiver.out_dir), trace_id, 3 + 3 * len(STAGE_ORDER))
+    expected = [
+        (0, ROOT_SPAN, "INTERNAL"),
+        (1, f"{semconv.RPC_METHOD_GRPC_INFER} {COMPOSED}", "CLIENT"),
+        (2, "Ingress.ModelInfer", "SERVER"),  # the proxy's call, parented on the gRPC metadata
+    ]
+    for name in STAGE_ORDER:
+        expected += [
+            (3, semconv.RAY_SERVE_QUEUE_SPAN, "INTERNAL"),
+            (3, f"stage_{name}.run", "SERVER"),
+            (4, name, "INTERNAL"),
+        ]
+    assert _tree(spans, trace_id) == expected
+    (server,) = [s for s in spans if s.name == "Ingress.ModelInfer"]
+    assert server.attributes[semconv.RAY_SERVE_DEPLOYMENT] == "Ingress"
+    assert server.attributes[semconv.RAY_SERVE_APPLICATION] == "gnn-tracking"

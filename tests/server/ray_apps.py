@@ -1,5 +1,6 @@
 """Ray Serve deployments for the tests: an HTTP ingress composed with a child and a batched
-deployment through handles. Their own module (not the test's) because replicas import it."""
+deployment through handles, and a KServe v2 ingress in front of a child. Their own module (not
+the test's) because replicas import it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import os
 from typing import Any
 
+import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
@@ -64,3 +66,32 @@ class Ingress:
         if action == "slow":
             return JSONResponse({"pid": await self.child.slow.remote(body["x"])})
         return JSONResponse({"y": await self.child.run.remote(body["x"])})
+
+
+@serve.deployment(ray_actor_options=NO_CPU, max_ongoing_requests=32)
+@serve.ingress()
+class KServeIngress:
+    """The KServe v2 HTTP protocol in front of ``Child``, so that an instrumented
+    ``tritonclient.http`` client calls it: models ``fail`` (``Child.fail``) and ``slow``
+    (``Child.slow``, its input the seconds to sleep, its output the replica's pid)."""
+
+    def __init__(self, child: DeploymentHandle) -> None:
+        self.child = child
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from gnn_tracking.serving.kserve import ModelSpec, TensorSpec, create_app
+
+        x = (TensorSpec("x", "FP32", (-1,)),)
+        models = [
+            ModelSpec("fail", x, (TensorSpec("y", "FP32", (-1,)),), self._fail),
+            ModelSpec("slow", x, (TensorSpec("pid", "INT64", (1,)),), self._slow),
+        ]
+        return otelkit.instrument(create_app(models, name="ray-tests-kserve"))
+
+    # on Starlette's thread pool (the KServe server runs ``infer`` there): they may block
+    def _fail(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return {"y": np.asarray(self.child.fail.remote(inputs["x"].tolist()).result())}
+
+    def _slow(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        pid = self.child.slow.remote(float(inputs["x"][0])).result()
+        return {"pid": np.asarray([pid], dtype=np.int64)}

@@ -26,6 +26,7 @@ from tests.support import LocalRay, wait_for_trace
 serve = pytest.importorskip("ray.serve")
 
 PREFIX = "/t"
+KSERVE_APP = "kserve"  # the KServe v2 ingress's application, on route "/"
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
 def port(ray_local: LocalRay, receiver: Receiver) -> Iterator[int]:
     """Serve's HTTP proxy on a free port, the three deployments instrumented behind it."""
     from otelkit.server.ray_serve import instrument_deployment
-    from tests.server.ray_apps import Batched, Child, Ingress
+    from tests.server.ray_apps import Batched, Child, Ingress, KServeIngress
 
     otelkit.configure(
         service_name="ray-tests-client", traces_endpoint=receiver.traces_url,
@@ -49,6 +50,11 @@ def port(ray_local: LocalRay, receiver: Receiver) -> Iterator[int]:
     env = ray_local.replica_env(receiver.traces_url, OTEL_SERVICE_NAME="ray-tests")
     child, batched = (instrument_deployment(d, env).bind() for d in (Child, Batched))
     serve.run(instrument_deployment(Ingress, env).bind(child, batched), route_prefix=PREFIX)
+    kserve_child = instrument_deployment(Child, env).bind()
+    serve.run(
+        instrument_deployment(KServeIngress, env).bind(kserve_child), name=KSERVE_APP,
+        route_prefix="/",
+    )  # fmt: skip
     yield bound
     serve.shutdown()
     otelkit.shutdown()
@@ -151,27 +157,80 @@ def _with_path(directory: Path, path: str) -> list[Span]:
     return [s for s in load_spans(directory) if s.attributes.get(semconv.URL_PATH) == path]
 
 
+def kserve_infer(port: int, model: str, x: list[float]) -> tuple[str, float, Exception | None]:
+    """One call of an instrumented ``tritonclient.http`` client to the KServe ingress, under a
+    root span: its trace id, the seconds it took and the error it raised, if any."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    client = otelkit.instrument(httpclient.InferenceServerClient(f"127.0.0.1:{port}"))
+    data = httpclient.InferInput("x", [len(x)], "FP32")
+    data.set_data_from_numpy(np.asarray(x, dtype=np.float32))
+    error: Exception | None = None
+    start = time.monotonic()
+    with trace.get_tracer("tests.ray").start_as_current_span("request") as root:
+        try:
+            client.infer(model, [data])
+        except Exception as raised:
+            error = raised
+    seconds = time.monotonic() - start
+    client.close()
+    otelkit.flush()
+    return f"{root.get_span_context().trace_id:032x}", seconds, error
+
+
+def assert_http_500(error: Exception | None) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    assert isinstance(error, InferenceServerException), error
+    assert str(error.status()) == "500", error
+
+
+def _ingress(spans: list[Span]) -> list[Span]:
+    return [s for s in spans if s.kind.name == "SERVER" and s.name.startswith("POST")]
+
+
+def assert_failed_at_both_ends(directory: Path, trace_id: str, model: str) -> list[Span]:
+    """The trace's CLIENT span and the ingress's SERVER span (its child) are both errors;
+    the trace's spans, once both arrived (the replicas' export in their own time)."""
+    deadline = time.monotonic() + 15
+    while not _ingress(spans := wait_for_trace(directory, trace_id, 2)):
+        assert time.monotonic() < deadline, f"no ingress span in {[s.name for s in spans]}"
+        time.sleep(0.1)
+    (client,) = [s for s in spans if s.kind.name == "CLIENT"]
+    (ingress,) = _ingress(spans)
+    assert (client.name, client.status_code.name) == (f"v2/models/infer {model}", "ERROR")
+    assert client.attributes[semconv.ERROR_TYPE] == "500"
+    assert ingress.parent_span_id == client.span_id
+    assert ingress.status_code.name == "ERROR"
+    assert ingress.attributes[semconv.HTTP_RESPONSE_STATUS_CODE] == 500
+    assert ingress.attributes[semconv.RAY_SERVE_APPLICATION] == KSERVE_APP
+    return spans
+
+
 def test_a_replica_that_raises_gives_error_spans_and_500_and_keeps_serving(
     port: int, receiver: Receiver
 ) -> None:
-    trace_id, status, _ = traced_post(port, "fail", [1.0])
-    assert status == 500
-    spans = wait_for_trace(receiver.out_dir, trace_id, 4)
-    failed = {s.name: s for s in spans if s.status_code.name == "ERROR"}
-    assert set(failed) == {f"POST {PREFIX}", "Child.fail"}
-    assert failed["Child.fail"].attributes[semconv.ERROR_TYPE] == "ValueError"
-    assert failed[f"POST {PREFIX}"].attributes[semconv.HTTP_RESPONSE_STATUS_CODE] == 500
+    trace_id, _, error = kserve_infer(port, "fail", [1.0])
+    assert "refused [1.0]" in str(error)
+    assert_http_500(error)
+    wait_for_trace(receiver.out_dir, trace_id, 5)
+    spans = assert_failed_at_both_ends(receiver.out_dir, trace_id, "fail")
+    failed = {s.name for s in spans if s.status_code.name == "ERROR"}
+    assert failed == {"v2/models/infer fail", "POST /v2/models/{model_name}/infer", "Child.fail"}
+    (child,) = [s for s in spans if s.name == "Child.fail"]
+    assert child.attributes[semconv.ERROR_TYPE] == "ValueError"
     assert post(port, "double", [1.0], {}) == (200, b'{"y":[2.0]}')
 
 
-def test_a_replica_killed_under_load_leaves_error_spans_and_nothing_hangs(
+def test_a_replica_killed_under_load_leaves_error_spans_at_both_ends_and_nothing_hangs(
     port: int, receiver: Receiver
 ) -> None:
     import ray
 
-    results: list[tuple[str, int, bytes]] = []
+    results: list[tuple[str, float, Exception | None]] = []
     senders = [
-        threading.Thread(target=lambda: results.append(traced_post(port, "slow", 3.0)))
+        threading.Thread(target=lambda: results.append(kserve_infer(port, "slow", [3.0])))
         for _ in range(4)
     ]
     for sender in senders:
@@ -179,21 +238,21 @@ def test_a_replica_killed_under_load_leaves_error_spans_and_nothing_hangs(
     time.sleep(1.0)  # the four requests are in the child's replica, sleeping
     (name,) = [
         a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-        if "#Child#" in a["name"]
+        if f"{KSERVE_APP}#Child#" in a["name"]
     ]  # fmt: skip
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=False)
     for sender in senders:
         sender.join(90)
         assert not sender.is_alive(), "a request hung after its replica was killed"
-    assert sorted(status for _, status, _ in results) == [500] * 4
-    for trace_id, _, _ in results:
-        spans = wait_for_trace(receiver.out_dir, trace_id, 3)
-        (ingress,) = [s for s in spans if s.kind.name == "SERVER"]  # the child's died with it
-        assert ingress.status_code.name == "ERROR"
-        assert ingress.attributes[semconv.HTTP_RESPONSE_STATUS_CODE] == 500
+    # each failed soon after the kill, not after its 3 s of sleep nor a client timeout
+    assert len(results) == 4 and all(seconds < 3.0 for _, seconds, _ in results), results
+    for _, _, error in results:
+        assert_http_500(error)
+    for trace_id, _, _ in results:  # the child's SERVER spans died with it
+        assert_failed_at_both_ends(receiver.out_dir, trace_id, "slow")
     deadline = time.monotonic() + 60  # Serve replaces the replica; requests succeed again
-    while post(port, "double", [1.0], {}) != (200, b'{"y":[2.0]}'):
-        assert time.monotonic() < deadline, "the deployment did not recover"
+    while (error := kserve_infer(port, "slow", [0.0])[2]) is not None:
+        assert time.monotonic() < deadline, f"the deployment did not recover: {error}"
         time.sleep(0.5)
 
 

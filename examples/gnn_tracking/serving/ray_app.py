@@ -33,6 +33,8 @@ from ray.serve.handle import DeploymentHandle
 import otelkit
 from gnn_tracking.physics.models import load_models
 from gnn_tracking.serving.kserve import ModelSpec, create_app
+from gnn_tracking.serving.kserve_grpc import KServeServicer
+from gnn_tracking.serving.ray_grpc import KServeGrpcMethods, grpc_options
 from gnn_tracking.serving.stages import (
     ENSEMBLE_STAGE,
     STAGE_ORDER,
@@ -69,15 +71,21 @@ class StageModel:
 
 @serve.deployment(ray_actor_options=_NO_CPU, max_ongoing_requests=32)
 @serve.ingress()
-class Ingress:
-    """The KServe v2 HTTP server, calling the stage and pipeline deployments by handle."""
+class Ingress(KServeGrpcMethods):
+    """The KServe v2 server, HTTP and (through Serve's gRPC proxy, when started with
+    ``ray_grpc.grpc_options``) gRPC, calling the stage and pipeline deployments by handle."""
 
     def __init__(
         self, stages: dict[str, DeploymentHandle[Any]], pipeline: DeploymentHandle[Any]
     ) -> None:
         self.stages, self.pipeline = stages, pipeline
+        self.grpc_servicer = KServeServicer(self._specs(), name="gnn-tracking-ray-serve")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
+        # instrumented too: FastAPI's own tracing stays off (otelkit's hook traces the request)
+        return otelkit.instrument(create_app(self._specs(), name="gnn-tracking-ray-serve"))
+
+    def _specs(self) -> list[ModelSpec]:
         specs = [
             ModelSpec(s.name, s.inputs, s.outputs, self._caller(self.stages[s.name]))
             for s in STAGES.values()
@@ -89,8 +97,7 @@ class Ingress:
         )
         if set(self.stages) == set(STAGE_ORDER):
             specs.append(ModelSpec(COMPOSED, whole.inputs, whole.outputs, self._composed))
-        # instrumented too: FastAPI's own tracing stays off (otelkit's hook traces the request)
-        return otelkit.instrument(create_app(specs, name="gnn-tracking-ray-serve"))
+        return specs
 
     @staticmethod
     def _caller(handle: DeploymentHandle[Any]) -> Any:
@@ -138,18 +145,28 @@ def pipeline_app(params: Mapping[str, Any], env_vars: Mapping[str, str]) -> Any:
 
 @contextmanager
 def ray_serve_app(
-    traces_url: str, *, env_vars: Mapping[str, str] | None = None, num_cpus: int = 2
+    traces_url: str,
+    *,
+    env_vars: Mapping[str, str] | None = None,
+    num_cpus: int = 2,
+    grpc_port: int | None = None,
 ) -> Iterator[str]:
-    """The application on Serve's HTTP proxy (a free port); yields its ``host:port``.
+    """The application on Serve's HTTP proxy (a free port); yields its ``host:port``. With
+    ``grpc_port``, Serve's gRPC proxy serves the KServe v2 gRPC service there too.
 
-    Starts a local Ray (``num_cpus``) unless one is connected, and stops what it started.
+    Starts a local Ray (``num_cpus``) unless one is connected, and stops what it started;
+    a connected Ray's workers need ``gnn_tracking`` importable for the gRPC proxy.
     Replicas export spans to ``traces_url`` and follow the caller's sampling decision.
     """
     import ray
 
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    if started:  # the proxy imports ray_grpc: the examples on every worker's path
+        path = {"PYTHONPATH": os.pathsep.join([str(_EXAMPLES.parent), str(_EXAMPLES)])}
+        ray.init(
+            num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+            runtime_env={"env_vars": path},
+        )  # fmt: skip
     port = free_port()
     env = {
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url,
@@ -158,7 +175,8 @@ def ray_serve_app(
         "OTEL_SERVICE_NAME": "gnn-tracking-ray-serve",
     } | dict(env_vars or {})
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        grpc = grpc_options(grpc_port) if grpc_port is not None else None
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, grpc_options=grpc)
         serve.run(build_app(env), name="gnn-tracking", route_prefix="/")
         yield f"127.0.0.1:{port}"
     finally:

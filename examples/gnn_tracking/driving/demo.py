@@ -9,8 +9,8 @@
    events identically;
 4. drives the five service options at each client concurrency (over HTTP by default; at most
    ``--traces-per-s`` events a second traced end to end, by otelkit's rate-limiting sampler),
-   then the whole pipeline as one model of the FastAPI twin (over HTTP and over gRPC) and of
-   Ray Serve (``--no-ray``);
+   then the whole pipeline as one model of the FastAPI twin and of Ray Serve (``--no-ray``),
+   each over HTTP and over gRPC (KServe v2 both ways);
 5. snapshots every ``/metrics`` page, stops the servers, and prints the per-stage time
    breakdown computed from the collected traces (``otelkit.analysis.breakdown``), the
    throughput per option, and where the traces and metrics went; writes the same traces as
@@ -33,6 +33,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -317,20 +318,31 @@ def _ray_serve_runs(
     reports: list[tuple[str, RunReport]],
     attempt: int,
 ) -> str | None:
-    """The whole pipeline as one model of Ray Serve (a local Ray on this machine's cores);
-    what differs from option 0's labels, if anything."""
+    """The whole pipeline as one model of Ray Serve (a local Ray on this machine's cores),
+    through Serve's HTTP proxy and then its gRPC proxy (KServe v2 over gRPC, as SONIC's
+    clients call); what differs from option 0's labels, if anything."""
     from gnn_tracking.serving.ray_app import ray_serve_app
 
     say("starting the pipeline on Ray Serve (a deployment per stage and one for the whole)...")
-    with ray_serve_app(receiver.traces_url) as url:
-        ray = Remote(url, "http")
-        problem = _check_labels(events[:4], models, ray)
-        say(f"Ray Serve: {problem}" if problem else "Ray Serve gives option 0's labels on 4 events")
-        for offset, threads in enumerate(args.threads):
-            report = _run(OPTIONS[4], events, threads, models, ray, "ray", args, attempt + offset)
-            reports.append(("4 one model, Ray Serve (HTTP)", report))
-        ray.close()
-    return f"Ray Serve: {problem}" if problem else None
+    grpc_port = free_port()
+    problems: list[str] = []
+    runs = 0
+    with ray_serve_app(receiver.traces_url, grpc_port=grpc_port) as url:
+        proxies: list[tuple[Literal["http", "grpc"], str, str]] = [
+            ("http", "HTTP", url), ("grpc", "gRPC", f"127.0.0.1:{grpc_port}")
+        ]  # fmt: skip
+        for protocol, title, where in proxies:
+            ray = Remote(where, protocol, timeout_s=30)
+            problem = _check_labels(events[:4], models, ray)
+            name = f"Ray Serve ({title})"
+            say(f"{name}: {problem}" if problem else f"{name} gives option 0's labels on 4 events")
+            problems += [f"{name}: {problem}"] if problem else []
+            for threads in args.threads:
+                report = _run(OPTIONS[4], events, threads, models, ray, "ray", args, attempt + runs)
+                reports.append((f"4 one model, {name}", report))
+                runs += 1
+            ray.close()
+    return "; ".join(problems) or None
 
 
 def _run(

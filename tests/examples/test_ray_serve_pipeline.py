@@ -99,32 +99,46 @@ def _tree(spans: list[Span], trace_id: str) -> list[tuple[int, str, str]]:
     return [(depth, span.name, span.kind.name) for depth, span in walked]
 
 
-def test_composed_deployments_trace_from_client_to_every_stage(
-    ray_url: str, ray_receiver: Receiver, events: list[torch.Tensor]
-) -> None:
+def _composed_trace(
+    ray: Remote, receiver: Receiver, features: torch.Tensor
+) -> tuple[str, list[Span]]:
+    """One event through the composed stage deployments, under a root span: its trace."""
     from gnn_tracking.serving.ray_app import COMPOSED
 
-    ray = Remote(ray_url, "http")
     composed = dataclasses.replace(ENSEMBLE_STAGE, name=COMPOSED)
     with trace.get_tracer("tests").start_as_current_span(ROOT_SPAN) as root:
         trace_id = f"{root.get_span_context().trace_id:032x}"
-        ray.infer(composed, {FEATURES: events[0]})
+        ray.infer(composed, {FEATURES: features})
     ray.close()
     otelkit.flush()
-    spans = wait_for_trace(Path(ray_receiver.out_dir), trace_id, 3 + 3 * len(STAGE_ORDER))
-    route = "/v2/models/{model_name}/infer"
-    expected = [
+    return trace_id, wait_for_trace(Path(receiver.out_dir), trace_id, 3 + 3 * len(STAGE_ORDER))
+
+
+def _composed_tree(client: str, server: str) -> list[tuple[int, str, str]]:
+    """The tree of ``_composed_trace``: client, the ingress, then each stage's wait, its
+    deployment's span and its stage span."""
+    from gnn_tracking.serving.ray_app import COMPOSED
+
+    tree = [
         (0, ROOT_SPAN, "INTERNAL"),
-        (1, f"v2/models/infer {COMPOSED}", "CLIENT"),
-        (2, f"POST {route}", "SERVER"),
+        (1, f"{client} {COMPOSED}", "CLIENT"),
+        (2, server, "SERVER"),
     ]
     for name in STAGE_ORDER:
-        expected += [
+        tree += [
             (3, semconv.RAY_SERVE_QUEUE_SPAN, "INTERNAL"),
             (3, f"stage_{name}.run", "SERVER"),
             (4, name, "INTERNAL"),
         ]
-    assert _tree(spans, trace_id) == expected
+    return tree
+
+
+def test_composed_deployments_trace_from_client_to_every_stage(
+    ray_url: str, ray_receiver: Receiver, events: list[torch.Tensor]
+) -> None:
+    route = "/v2/models/{model_name}/infer"
+    trace_id, spans = _composed_trace(Remote(ray_url, "http"), ray_receiver, events[0])
+    assert _tree(spans, trace_id) == _composed_tree("v2/models/infer", f"POST {route}")
     by_id = {span.span_id: span for span in spans}
     for span in spans:  # each child inside its parent, on this host's one clock
         parent = by_id.get(span.parent_span_id or "")
@@ -142,27 +156,9 @@ def test_composed_deployments_trace_from_client_to_every_stage(
 def test_a_grpc_call_through_serves_grpc_proxy_is_one_trace(
     ray_url: str, ray_grpc_url: str, ray_receiver: Receiver, events: list[torch.Tensor]
 ) -> None:
-    from gnn_tracking.serving.ray_app import COMPOSED
-
-    ray = Remote(ray_grpc_url, "grpc")
-    composed = dataclasses.replace(ENSEMBLE_STAGE, name=COMPOSED)
-    with trace.get_tracer("tests").start_as_current_span(ROOT_SPAN) as root:
-        trace_id = f"{root.get_span_context().trace_id:032x}"
-        ray.infer(composed, {FEATURES: events[0]})
-    ray.close()
-    otelkit.flush()
-    spans = wait_for_trace(Path(ray_receiver.out_dir), trace_id, 3 + 3 * len(STAGE_ORDER))
-    expected = [
-        (0, ROOT_SPAN, "INTERNAL"),
-        (1, f"{semconv.RPC_METHOD_GRPC_INFER} {COMPOSED}", "CLIENT"),
-        (2, "Ingress.ModelInfer", "SERVER"),  # the proxy's call, parented on the gRPC metadata
-    ]
-    for name in STAGE_ORDER:
-        expected += [
-            (3, semconv.RAY_SERVE_QUEUE_SPAN, "INTERNAL"),
-            (3, f"stage_{name}.run", "SERVER"),
-            (4, name, "INTERNAL"),
-        ]
+    trace_id, spans = _composed_trace(Remote(ray_grpc_url, "grpc"), ray_receiver, events[0])
+    # the proxy's call is parented on the gRPC metadata
+    expected = _composed_tree(semconv.RPC_METHOD_GRPC_INFER, "Ingress.ModelInfer")
     assert _tree(spans, trace_id) == expected
     (server,) = [s for s in spans if s.name == "Ingress.ModelInfer"]
     assert server.attributes[semconv.RAY_SERVE_DEPLOYMENT] == "Ingress"

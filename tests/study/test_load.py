@@ -45,7 +45,11 @@ def test_closed_loop_keeps_concurrency_in_flight_and_leaves_the_warmup_out() -> 
     assert 0.005 <= mean < 0.008
     assert run.window_s == pytest.approx(1.0, abs=0.05)
     warmup = [t for t, measured in seen if not measured]
-    assert warmup and max(warmup) < opened[0] <= min(t for t, m in seen if m)
+    first_measured = min(t for t, m in seen if m)
+    assert warmup and max(warmup) < first_measured
+    # the hook runs when the driving thread wakes at the window's start: a worker may take the
+    # first measured request a scheduler's latency before it (0.3 ms seen in a CI-like run)
+    assert abs(opened[0] - first_measured) < 0.05
     assert len(run.latencies_s) == sum(1 for _, m in seen if m)
     assert run.errors == {} and run.stopped is None
 

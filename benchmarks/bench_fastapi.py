@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import inspect
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from fastapi import FastAPI
+from medians import latency_summary  # benchmarks/, this script's directory
 
 import otelkit
 
@@ -87,9 +87,7 @@ def main() -> int:
     plain_ns, traced_ns = asyncio.run(run(args.requests))
     telemetry.flush()
     summary: dict[str, float] = {"requests": args.requests}
-    for name, durations in (("plain", plain_ns), ("instrumented", traced_ns)):
-        summary[f"{name}_p50_us"] = round(statistics.median(durations) / 1e3, 1)
-        summary[f"{name}_p99_us"] = round(statistics.quantiles(durations, n=100)[98] / 1e3, 1)
+    summary |= latency_summary({"plain": plain_ns, "instrumented": traced_ns})
     summary["overhead_p50_us"] = round(summary["instrumented_p50_us"] - summary["plain_p50_us"], 1)
     summary["spans_exported"] = telemetry.stats().get("exported", 0)
     otelkit.shutdown()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from medians import latency_summary  # benchmarks/, this script's directory
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import server_interceptor as contrib_interceptor
 
@@ -88,9 +88,7 @@ def main() -> int:
     durations = run(args.requests, ["plain", "otelkit", "contrib"])
     telemetry.flush()
     summary: dict[str, float] = {"requests": args.requests}
-    for name, values in durations.items():
-        summary[f"{name}_p50_us"] = round(statistics.median(values) / 1e3, 1)
-        summary[f"{name}_p99_us"] = round(statistics.quantiles(values, n=100)[98] / 1e3, 1)
+    summary |= latency_summary(durations)
     for name in ("otelkit", "contrib"):
         overhead = summary[f"{name}_p50_us"] - summary["plain_p50_us"]
         summary[f"{name}_overhead_p50_us"] = round(overhead, 1)

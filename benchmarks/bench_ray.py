@@ -17,7 +17,6 @@ import argparse
 import http.client
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from medians import latency_summary  # benchmarks/, this script's directory
 from ray import serve
 from starlette.requests import Request
 
@@ -118,9 +118,7 @@ def main() -> int:
         serve.shutdown()
         ray.shutdown()  # type: ignore[no-untyped-call]
     summary: dict[str, Any] = {"requests": args.requests, "sampler": args.sampler}
-    for name, durations in (("plain", plain_ns), ("instrumented", traced_ns)):
-        summary[f"{name}_p50_us"] = round(statistics.median(durations) / 1e3, 1)
-        summary[f"{name}_p99_us"] = round(statistics.quantiles(durations, n=100)[98] / 1e3, 1)
+    summary |= latency_summary({"plain": plain_ns, "instrumented": traced_ns})
     added = summary["instrumented_p50_us"] - summary["plain_p50_us"]
     summary["overhead_p50_us"] = round(added, 1)
     summary["overhead_ratio"] = round(added / summary["plain_p50_us"], 4)

@@ -9,6 +9,7 @@ but it does not say how the next run, in another state of the host, will come ou
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,3 +47,12 @@ def verdict(measured: float, interval: tuple[float, float], bound: float) -> dic
         "bound": bound, "measured": round(measured, 2),
         "interval95": [round(low, 2), round(high, 2)], "verdict": outcome,
     }  # fmt: skip
+
+
+def latency_summary(durations_ns: dict[str, Sequence[int]]) -> dict[str, float]:
+    """``<name>_p50_us`` and ``<name>_p99_us`` of each named series of request durations."""
+    summary: dict[str, float] = {}
+    for name, values in durations_ns.items():
+        summary[f"{name}_p50_us"] = round(statistics.median(values) / 1e3, 1)
+        summary[f"{name}_p99_us"] = round(statistics.quantiles(values, n=100)[98] / 1e3, 1)
+    return summary

@@ -267,30 +267,21 @@ def main(argv: list[str] | None = None) -> int:
                 grpc_port=twin_grpc_port,
             ) as twin_url:  # fmt: skip
                 twin = Remote(twin_url, "http")
-                for threads in args.threads:
-                    attempt = len(reports) + len(crashed_runs)
-                    report = _run(
-                        OPTIONS[4], events, threads, models, twin, "fastapi", args, attempt
-                    )
-                    reports.append(("4 one model, FastAPI twin (HTTP)", report))
-                twin.close()
+                _runs(twin, "fastapi", "4 one model, FastAPI twin (HTTP)", events, models, args,
+                      reports, len(crashed_runs))  # fmt: skip
                 say("the same twin over KServe v2 gRPC (the protocol SONIC's clients speak)...")
                 twin = Remote(f"127.0.0.1:{twin_grpc_port}", "grpc", timeout_s=10)
                 label_problem = label_problem or _check_labels(events[:4], models, twin)
-                for threads in args.threads:
-                    attempt = len(reports) + len(crashed_runs)
-                    report = _run(
-                        OPTIONS[4], events, threads, models, twin, "fastapi", args, attempt
-                    )
-                    reports.append(("4 one model, the twin over gRPC", report))
-                twin.close()
+                _runs(twin, "fastapi", "4 one model, the twin over gRPC", events, models, args,
+                      reports, len(crashed_runs))  # fmt: skip
                 _snapshot(
                     f"http://127.0.0.1:{twin_metrics_port}/metrics",
                     out / "metrics" / "fastapi.prom",
                 )
         if not args.no_ray and not gave_up:
-            attempt = len(reports) + len(crashed_runs)
-            ray_problem = _ray_serve_runs(receiver, events, models, args, reports, attempt)
+            ray_problem = _ray_serve_runs(
+                receiver, events, models, args, reports, len(crashed_runs)
+            )
             label_problem = label_problem or ray_problem
         _snapshot(server.metrics_url, out / "metrics" / "triton.prom")
         for offset, stage in enumerate(STAGE_ORDER, start=1):
@@ -316,7 +307,7 @@ def _ray_serve_runs(
     models: Models,
     args: argparse.Namespace,
     reports: list[tuple[str, RunReport]],
-    attempt: int,
+    crashed: int,
 ) -> str | None:
     """The whole pipeline as one model of Ray Serve (a local Ray on this machine's cores),
     through Serve's HTTP proxy and then its gRPC proxy (KServe v2 over gRPC, as SONIC's
@@ -326,7 +317,6 @@ def _ray_serve_runs(
     say("starting the pipeline on Ray Serve (a deployment per stage and one for the whole)...")
     grpc_port = free_port()
     problems: list[str] = []
-    runs = 0
     with ray_serve_app(receiver.traces_url, grpc_port=grpc_port) as url:
         proxies: list[tuple[Literal["http", "grpc"], str, str]] = [
             ("http", "HTTP", url), ("grpc", "gRPC", f"127.0.0.1:{grpc_port}")
@@ -337,12 +327,27 @@ def _ray_serve_runs(
             name = f"Ray Serve ({title})"
             say(f"{name}: {problem}" if problem else f"{name} gives option 0's labels on 4 events")
             problems += [f"{name}: {problem}"] if problem else []
-            for threads in args.threads:
-                report = _run(OPTIONS[4], events, threads, models, ray, "ray", args, attempt + runs)
-                reports.append((f"4 one model, {name}", report))
-                runs += 1
-            ray.close()
+            _runs(ray, "ray", f"4 one model, {name}", events, models, args, reports, crashed)
     return "; ".join(problems) or None
+
+
+def _runs(
+    remote: Remote,
+    server: str,
+    label: str,
+    events: list[torch.Tensor],
+    models: Models,
+    args: argparse.Namespace,
+    reports: list[tuple[str, RunReport]],
+    crashed: int,
+) -> None:
+    """The whole pipeline as one model of ``remote``, at each client concurrency; then the
+    client is closed. Each run is numbered after the runs so far (``crashed`` cut short)."""
+    for threads in args.threads:
+        attempt = len(reports) + crashed
+        report = _run(OPTIONS[4], events, threads, models, remote, server, args, attempt)
+        reports.append((label, report))
+    remote.close()
 
 
 def _run(

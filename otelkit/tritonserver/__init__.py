@@ -50,6 +50,7 @@ _ERROR_LINE = re.compile(r"^E\d{4} .*$", re.MULTILINE)
 _NOISE = ("CudaDriverHelper has not been initialized",)  # logged by every CPU-only start
 _STARTED = {"http": "Started HTTPService", "grpc": "Started GRPCInferenceService"}
 _STARTED_METRICS = "Started Metrics Service"
+_CRASH_HANDLER = re.compile(r"Signal \(\d+\) received\.?")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -196,6 +197,25 @@ class TritonServer:
             self._finalizer = None
         if proc is not None:
             _terminate(proc, timeout)
+
+    def failure(self) -> str | None:
+        """Why the server stopped serving by itself, or ``None`` while it serves (or was stopped).
+
+        A tritonserver that crashes logs ``Signal (N) received.`` from its own handler and may
+        then hang there instead of exiting (2.51 under traced load, upstream issue 7795): that
+        counts as a failure too, with the exit status when there is one."""
+        status = self._proc.poll() if self._proc is not None else None
+        handled = _CRASH_HANDLER.search(self._read_log()) if self._proc is not None else None
+        if status is None and handled is None:
+            return None
+        if status is None:
+            how = "hangs in its crash handler"
+        elif status < 0:
+            how = f"was killed by signal {-status} ({signal.strsignal(-status)})"
+        else:
+            how = f"exited with status {status}"
+        logged = f" after logging '{handled.group(0)}'" if handled else ""
+        return f"tritonserver {how}{logged} (log: {self.log_path})"
 
     def log_tail(self, lines: int = 50) -> str:
         """The last ``lines`` lines of the server's log."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -257,6 +258,31 @@ def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
     assert not [pid for pid in group if _alive(pid)]
     server.stop()  # idempotent
     assert "successfully unloaded 'identity_fp32'" in server.log_tail(200)
+
+
+def test_a_server_that_dies_by_itself_says_how(tmp_path: Path) -> None:
+    server = TritonServer(MODELS, log_path=tmp_path / "triton.log")
+
+    def failed(timeout: float = 15.0) -> str:
+        deadline = time.monotonic() + timeout
+        while (failure := server.failure()) is None:
+            assert time.monotonic() < deadline, "the dead server was not noticed"
+            time.sleep(0.05)
+        return failure
+
+    with server:
+        assert server.failure() is None
+        os.kill(server.pid or 0, signal.SIGSEGV)  # what tritonserver 2.51's tracing bug does
+        failure = failed()
+        assert "after logging 'Signal (11) received.'" in failure, failure
+        assert f"(log: {tmp_path / 'triton.log'})" in failure
+        server.stop(timeout=5)
+        assert server.failure() is None  # stopped on purpose: no failure
+
+        server.start()  # a new log: the crash above is not reported again
+        assert server.failure() is None
+        os.kill(server.pid or 0, signal.SIGKILL)  # the kernel's OOM killer, say
+        assert failed().startswith("tritonserver was killed by signal 9 (Killed) (log: ")
 
 
 def test_install_is_built_once_even_when_processes_race(tmp_path: Path) -> None:

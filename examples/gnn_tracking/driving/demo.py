@@ -76,18 +76,6 @@ def say(message: str) -> None:
     print(f"[{time.monotonic() - _T0:6.1f} s] {message}", flush=True)
 
 
-def _crashed(server: TritonServer) -> bool:
-    """Dead, or hung in its crash handler: a segfaulted tritonserver may never exit."""
-    if not server.running:
-        return True
-    try:
-        return "Signal (11)" in (
-            server.log_path.read_text(errors="replace") if server.log_path else ""
-        )
-    except OSError:
-        return False
-
-
 def url_of(server: TritonServer, protocol: str) -> str:
     return server.http_url if protocol == "http" else server.grpc_url
 
@@ -234,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             for threads in args.threads:
                 attempt = len(reports) + len(crashed_runs)
                 report = _run(option, events, threads, models, remote, "triton", args, attempt)
-                while _crashed(server):  # tritonserver 2.51's tracing crash (see UNTRACED)
+                # tritonserver 2.51's tracing crash (see UNTRACED)
+                while (failed := server.failure()) is not None:
                     restarts += 1
                     crashed_runs.add(str(attempt))
                     kept = out / f"triton-crash-{restarts}.log"
@@ -242,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                     if server.log_path is not None and server.log_path.exists():
                         shutil.copy(server.log_path, kept)  # the restart starts a new log
                     say(
-                        f"tritonserver died during option {option.number} at {threads} threads "
+                        f"during option {option.number} at {threads} threads, {failed} "
                         f"(2.51 segfaults under traced load, upstream issue 7795); its log is "
                         f"kept in {kept}; restart {restarts} of {MAX_RESTARTS}, the run again"
                     )

@@ -4,7 +4,8 @@ Every other component (Triton, Prometheus, uvicorn, Ray, Chromium) runs on CI's 
 skip there would hide a missing install. This covers each way a test can skip: ``pytest.skip``
 in a test or fixture, ``skip``/``skipif`` marks, and skips at collection (``importorskip`` or
 ``pytest.skip(allow_module_level=True)`` at the top of a module), which fail the collection.
-A GPU test therefore skips inside the test (marked ``gpu``), never at module level.
+A GPU test therefore skips inside the test (marked ``gpu``), never at module level. An expected
+failure (``pytest.xfail``: the component ran and met a known upstream bug) is not a skip.
 
 This module imports nothing of the tests' so that a pytester run can load it as its conftest.
 """
@@ -29,7 +30,9 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, None]:
     outcome = yield
     report = outcome.get_result()
-    if ON_CI and report.skipped and item.get_closest_marker("gpu") is None:
+    # an expected failure (pytest reports it as skipped, with ``wasxfail``) ran its component
+    expected_failure = hasattr(report, "wasxfail")
+    if ON_CI and report.skipped and not expected_failure and item.get_closest_marker("gpu") is None:
         report.outcome = "failed"
         report.longrepr = f"skipped under CI, where only GPU tests may skip: {_reason(report)}"
 

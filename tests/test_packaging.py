@@ -68,6 +68,7 @@ SKIPS = {
     ),
     "module level": 'pytest.skip("no lib", allow_module_level=True)\n\ndef test_x():\n    pass\n',
     "importorskip": 'pytest.importorskip("no_such_module_here")\n\ndef test_x():\n    pass\n',
+    "expected failure": 'def test_ran_and_met_a_known_bug():\n    pytest.xfail("upstream crash")\n',
 }
 
 
@@ -80,6 +81,7 @@ SKIPS = {
     ("module level", "true", "errors"),
     ("module level", "", "skipped"),
     ("importorskip", "true", "errors"),
+    ("expected failure", "true", "xfailed"),
 ])  # fmt: skip
 def test_under_ci_only_gpu_tests_may_skip(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, form: str, ci: str, outcome: str
@@ -90,7 +92,7 @@ def test_under_ci_only_gpu_tests_may_skip(
     pytester.makepyfile("import pytest\n\n" + SKIPS[form])
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(**{outcome: 1})
-    if outcome != "skipped":
+    if outcome not in ("skipped", "xfailed"):
         result.stdout.fnmatch_lines(["*under CI, where only GPU tests may skip*"])
 
 

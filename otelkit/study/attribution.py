@@ -6,7 +6,8 @@ of a curve to each higher one. Then one verdict per curve, from the lowest to th
 
 - **saturated**: the server queue grows most while the stages stay flat: the servers are busy
   all the time, and the capacity limit is the model (and, in it, the stage) with the least
-  throughput per instance, its instances and batching taken into account;
+  throughput per instance, its instances and batching taken into account, read at the point
+  where throughput peaks;
 - **contended**: a stage's own time grows most: it is slowed down by the load itself (a lock,
   a shared device, memory bandwidth), in the form of NERSC's finding, "build_graph: 1.8 → 5.6
   ms per event from 1 to 8 threads (×3.1) while the other stages stay within ±10 %: throughput
@@ -18,6 +19,8 @@ of a curve to each higher one. Then one verdict per curve, from the lowest to th
   instances busy.
 
 Without traces, Triton's queue and compute per request say saturated or contended per model.
+When throughput falls after its peak by more than the tolerance, the verdict says where it
+peaked and what it fell to: more load made things worse, not merely no better.
 """
 
 from __future__ import annotations
@@ -123,7 +126,8 @@ class _Words:
 
 
 def _capacity(point: Point, low: Point) -> tuple[str, str, float] | None:
-    """(limiting model, its largest stage, requests/s it can serve) at ``point``'s instances."""
+    """(limiting model, its largest stage, requests/s it can serve) at ``point``'s instances
+    and compute times (the stages' shares from ``low``'s traces)."""
     traces = low.traces
     by_model: dict[str, list[tuple[str, float]]] = {}
     if traces is not None:
@@ -157,10 +161,19 @@ def attribute(points: list[Point], axis: str, curve: str = "", *, unit: str = "r
     table = {p.label: growth(low, p) for p in points[1:]}
     found = knee([(p.params[axis], p.throughput) for p in points], tolerance)
     assert found is not None
+    # The capacity is read where throughput peaks: past the peak, instances that slow each
+    # other down inflate the compute time, and the capacity it gives falls below what was
+    # reached (on 2 cores: "plateaus at 46 events/s, the capacity of gnn (22 events/s)").
+    peak = max(points, key=lambda p: p.throughput)
     top_t = f"{found.highest:.0f} {unit}s/s"
-    throughput = (
-        f"throughput plateaus at {top_t}" if found.plateau else f"throughput reaches {top_t}"
-    )
+    if high.throughput < (1 - tolerance) * found.highest:
+        where = f"{peak.params[axis]} {_AXIS_WORDS.get(axis, axis)}"
+        throughput = (f"throughput peaks at {top_t} ({where}) and falls to "
+                      f"{high.throughput:.0f} at {high.params[axis]}")  # fmt: skip
+    elif found.plateau:
+        throughput = f"throughput plateaus at {top_t}"
+    else:
+        throughput = f"throughput reaches {top_t}"
     rows = table[high.label]
 
     def verdict(kind: Kind, limit: str | None, sentence: str) -> Verdict:
@@ -169,7 +182,7 @@ def attribute(points: list[Point], axis: str, curve: str = "", *, unit: str = "r
     if axis == "instances":
         return _instances(low, high, rows, words, verdict)
     if not rows:
-        return _without_traces(low, high, words, throughput, verdict)
+        return _without_traces(low, high, peak, words, throughput, verdict)
     total_low = low.component_ms(TOTAL) or 0.0
     total_high = high.component_ms(TOTAL) or 0.0
     top = rows[0]
@@ -182,7 +195,7 @@ def attribute(points: list[Point], axis: str, curve: str = "", *, unit: str = "r
     stages = [g for g in rows if is_stage(g.component)]
     if top.component == SERVER_QUEUE:
         flat = words.flat(_spread(stages), "the stages")
-        limit = _capacity(high, low)
+        limit = _capacity(peak, low)
         where = ""
         if limit is not None:
             model, stage, capacity = limit
@@ -257,7 +270,7 @@ def _instances(
 
 
 def _without_traces(
-    low: Point, high: Point, words: _Words, throughput: str, verdict: _Make
+    low: Point, high: Point, peak: Point, words: _Words, throughput: str, verdict: _Make
 ) -> Verdict:
     models = [m for m in high.triton if m in low.triton]
     if not models:
@@ -269,7 +282,8 @@ def _without_traces(
     queue, compute = grown[model]
     lo, hi = low.triton[model], high.triton[model]
     if queue >= compute:
-        capacity = hi.capacity_per_s(int(high.params.get("instances", 1)))
+        at_peak = peak.triton.get(model, hi)
+        capacity = at_peak.capacity_per_s(int(peak.params.get("instances", 1)))
         cap = f", the capacity of {model} ({capacity:.0f} {words.unit}s/s)" if capacity else ""
         return verdict("saturated", model, (
             f"{model} queue: {lo.queue_ms:.1f} → {hi.queue_ms:.1f} ms per {words.unit} "

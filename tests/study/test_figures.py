@@ -188,6 +188,38 @@ def test_an_ensemble_is_never_the_capacity_limit_its_slowest_step_is() -> None:
     assert triton["tracking"].capacity_per_s() is None
 
 
+def test_the_capacity_is_read_where_throughput_peaks_not_where_it_collapsed() -> None:
+    # one gnn instance: 20 ms -> 50 events/s at 2 threads, where throughput peaks at 46; at 8
+    # threads two processes thrash on the cores, gnn's compute grows to 45 ms and throughput
+    # falls to 21. Read there, the capacity (22/s) would be below the 46/s reached.
+    stage_models = {"server gnn": "gnn"}
+    curve = [(1, 30.0, 20.0, 0.2), (2, 46.0, 20.0, 20.0), (8, 21.0, 45.0, 300.0)]
+    points = [
+        make_point(
+            {"concurrency": n},
+            t,
+            {"server gnn": ms, SERVER_QUEUE: queue},
+            stage_models=stage_models,
+            triton={"gnn": figures(ms, queue, instances=1)},
+            index=i,
+        )
+        for i, (n, t, ms, queue) in enumerate(curve)
+    ]
+    verdict = attribute(points, "concurrency", unit="event")
+    assert (verdict.kind, verdict.limit) == ("saturated", "gnn")
+    assert verdict.sentence.endswith(
+        "the servers are saturated; throughput peaks at 46 events/s (2 threads) and falls to 21 "
+        "at 8, the capacity of gnn (50 events/s)"
+    )
+    # Triton's counters alone say the same
+    bare = [make_point(p.params, p.throughput, triton=p.triton, index=i)
+            for i, p in enumerate(points)]  # fmt: skip
+    assert attribute(bare, "concurrency", unit="event").sentence.endswith(
+        "throughput peaks at 46 events/s (2 threads) and falls to 21 at 8, the capacity of gnn "
+        "(50 events/s)"
+    )
+
+
 def test_growth_on_the_clients_side_says_the_client_limits() -> None:
     low = make_point({"rate": 100}, 100.0, {NETWORK: 0.5, CLIENT_OTHER: 0.2, "server m": 1.0})
     high = make_point(

@@ -18,10 +18,10 @@ import argparse
 import importlib
 import logging
 import sys
-from importlib import metadata
 
 from otelkit.config import OPTIONS, resolve
 from otelkit.errors import ConfigError
+from otelkit.resource import installed_version
 
 __all__ = ["main"]
 
@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otelkit", description="otelkit: observability for inference as a service"
     )
-    parser.add_argument("--version", action="version", version=metadata.version("otelkit"))
+    parser.add_argument("--version", action="version", version=installed_version("otelkit"))
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in _COMMANDS.items():

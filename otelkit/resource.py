@@ -27,7 +27,7 @@ from otelkit import semconv
 if TYPE_CHECKING:
     from otelkit.config import Settings
 
-__all__ = ["detect", "make_resource"]
+__all__ = ["detect", "installed_version", "make_resource"]
 
 _SLURM_VARIABLES = {
     "SLURM_JOB_ID": semconv.SLURM_JOB_ID,
@@ -86,13 +86,23 @@ def detect(
     return attributes
 
 
+def installed_version(distribution: str) -> str:
+    """``distribution``'s version, or ``"unknown"`` where it runs from a source tree that was
+    never installed (a checkout on ``PYTHONPATH``, a Triton model's stub): no metadata is no
+    reason to fail a process's telemetry."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def make_resource(settings: Settings) -> Resource:
     """The resource of every span and metric: detected, configured, then ``service.name``."""
     attributes: dict[str, Any] = {
         "telemetry.sdk.language": "python",
         "telemetry.sdk.name": "opentelemetry",
-        "telemetry.sdk.version": metadata.version("opentelemetry-sdk"),
-        semconv.TELEMETRY_DISTRO_VERSION: metadata.version("otelkit"),
+        "telemetry.sdk.version": installed_version("opentelemetry-sdk"),
+        semconv.TELEMETRY_DISTRO_VERSION: installed_version("otelkit"),
         **detect(),
         **settings.resource_attributes,
         semconv.SERVICE_NAME: settings.service_name,

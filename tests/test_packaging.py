@@ -5,14 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 import otelkit
-from otelkit._core.extras import require
+from otelkit._core.extras import locate, require
 from otelkit.analysis import load_spans
 from otelkit.errors import MissingExtraError
+from otelkit.resource import installed_version
 from tests import ci_skips
 
 pytest_plugins = ["pytester"]
@@ -26,6 +28,25 @@ def test_missing_extra_names_the_pip_line() -> None:
         "otelkit: GPU telemetry needs the 'otelkit_no_such_module' package: "
         "pip install 'otelkit[gpu]'"
     )
+
+
+def test_a_package_is_located_without_importing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "otelkit_test_located"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert locate("otelkit_test_located", extra="x", feature="y") == package
+    assert "otelkit_test_located" not in sys.modules
+    with pytest.raises(MissingExtraError, match=r"pip install 'otelkit\[pytriton\]'"):
+        locate("otelkit_no_such_package", extra="pytriton", feature="the tritonserver launcher")
+
+
+def test_a_source_tree_never_installed_still_has_a_version() -> None:
+    # a Triton model's stub imports otelkit from a checkout on PYTHONPATH: no metadata there
+    assert installed_version("otelkit-no-such-distribution") == "unknown"
+    assert installed_version("otelkit") == metadata.version("otelkit")
 
 
 def test_public_api_is_the_documented_list() -> None:

@@ -18,12 +18,12 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from otelkit.errors import StudyError
 from otelkit.receiver import Receiver
+from otelkit.resource import installed_version
 from otelkit.study.load import Load
 from otelkit.study.measure import measure_point
 from otelkit.study.point import Point, point_label
@@ -223,7 +223,7 @@ class Study:
         servers = {k: v.describe() for k, v in self.servers.items()}
         return {
             "run_id": run_id,
-            "otelkit_version": _version(),
+            "otelkit_version": installed_version("otelkit"),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "model": self.workload.model,
             "protocol": getattr(self.workload, "protocol", None),
@@ -271,10 +271,3 @@ def _done_text(point: Point, unit: str) -> str:
         f"{point.throughput:.1f} {unit}s/s, p50 {point.latency_ms(0.5):.2f} ms, "
         f"p99 {point.latency_ms(0.99):.2f} ms{errors}"
     )
-
-
-def _version() -> str:
-    try:
-        return metadata.version("otelkit")
-    except metadata.PackageNotFoundError:
-        return "unknown"

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from otelkit._core.extras import require
+from otelkit._core.extras import locate
 from otelkit.errors import TritonStartError
 
 __all__ = ["TritonInstall", "triton_install"]
@@ -67,8 +67,9 @@ def triton_install(cache_dir: Path | None = None) -> TritonInstall:
     >>> triton_install().binary.name
     'tritonserver'
     """
-    pytriton = require("pytriton", extra="pytriton", feature="the tritonserver launcher")
-    dist = Path(next(iter(pytriton.__path__))).resolve() / "tritonserver"
+    # located, not imported: only its files are needed, not its Python client's dependencies
+    pytriton = locate("pytriton", extra="pytriton", feature="the tritonserver launcher")
+    dist = pytriton.resolve() / "tritonserver"
     binary = dist / "bin" / "tritonserver"
     if not os.access(binary, os.X_OK):
         raise TritonStartError(

@@ -8,7 +8,6 @@ import signal
 import socket
 import threading
 import time
-import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -227,9 +226,7 @@ def test_startup_timeout_reports_the_log(tmp_path: Path) -> None:
 
 def test_missing_binary_or_stub_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "pytriton"
-    fake = types.ModuleType("pytriton")
-    fake.__path__ = [str(package)]
-    monkeypatch.setattr(_triton_install, "require", lambda *args, **kwargs: fake)
+    monkeypatch.setattr(_triton_install, "locate", lambda *args, **kwargs: package)
     with pytest.raises(TritonStartError, match="tritonserver binary not found") as info:
         triton_install(cache_dir=tmp_path)
     assert info.value.reason == "not_found"

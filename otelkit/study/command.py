@@ -57,6 +57,10 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-url", help="the server's Prometheus page (Triton: :8002)")
     parser.add_argument("--gpu-metrics-url", help="otelkit gpu-exporter's page: GPU per instance")
     parser.add_argument("--reconfigure", help="command run between points, {instances} replaced")
+    parser.add_argument(
+        "--restarts", type=int, default=0, help="times a point is measured again after the "
+        "server it launched failed (tritonserver 2.51's tracing crash)",
+    )  # fmt: skip
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=1, help="requests in flight")
@@ -102,7 +106,7 @@ def _study(args: argparse.Namespace) -> Study:
         batch_size=args.batch_size, load=load, sweep=parse_sweep(args.sweep), tracing=tracing,
         out=args.out, unit=args.unit, tolerance=args.tolerance, progress=not args.quiet,
         timeout_s=args.timeout, start_at=args.start_at, slot_s=args.slot,
-        gpu_metrics_url=args.gpu_metrics_url,
+        gpu_metrics_url=args.gpu_metrics_url, restarts=args.restarts,
     )  # fmt: skip
 
 

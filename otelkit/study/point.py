@@ -69,6 +69,8 @@ class Point:
     sampled: int = 0  # measured requests whose trace was sampled
     parts: int = 1  # client processes that drove the point
     started_at: float = 0.0  # when the measured window opened, seconds since the epoch
+    # why the server failed in earlier attempts at this point, each followed by a restart
+    restarts: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -148,6 +150,7 @@ class Point:
             "sampled": self.sampled,
             "parts": self.parts,
             "started_at": self.started_at,
+            "restarts": self.restarts,
             "windows": [[w.throughput, w.p50_ms, w.p99_ms] for w in self.windows],
             "histogram": self.histogram.to_dict(),
         }
@@ -175,6 +178,7 @@ class Point:
             sampled=int(data.get("sampled", 0)),
             parts=int(data.get("parts", 1)),
             started_at=float(data.get("started_at", 0.0)),
+            restarts=[str(r) for r in data.get("restarts", [])],
         )
 
 

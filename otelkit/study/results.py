@@ -110,6 +110,9 @@ def _point_line(point: Point, width: int) -> str:
         )[:3]
         top = ", ".join(f"{n} {ms:.2f}" for n, ms in parts)
         extra.append(f"{traces.traces} traces: {top} ms")
+    if point.restarts:
+        extra.append(f"measured again after {len(point.restarts)} server failure(s): "
+                     f"{point.restarts[-1].splitlines()[0]}")  # fmt: skip
     for model, gpu in per_model(point.gpu_instances).items():
         share = f" ({gpu['memory_share']:.0%} of a GPU)" if "memory_share" in gpu else ""
         extra.append(f"{model}: {gpu['instances']:.0f} on GPUs, "

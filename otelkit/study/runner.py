@@ -67,6 +67,11 @@ class Study:
     seconds) in each, and ``otelkit study merge`` makes one point of their parts.
     ``gpu_metrics_url`` is a page of otelkit's GPU metrics (``otelkit gpu-exporter``): each
     point then records GPU memory and utilisation per Triton model instance.
+
+    ``restarts``: a point cut short by the failure of a server the study launched (a crash of
+    Triton 2.51's tracer, say) is measured again on a restarted server, at most this often. The
+    point records each failure (``Point.restarts``); each server's log stays in the study's
+    files. 0 (the default): the failure ends the sweep.
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class Study:
         start_at: float | None = None,
         slot_s: float | None = None,
         gpu_metrics_url: str | None = None,
+        restarts: int = 0,
     ) -> None:
         if (model is None) == (request is None):
             raise StudyError("give model (a model to call) or request (what one request does)")
@@ -100,6 +106,9 @@ class Study:
             raise StudyError("start_at and slot_s go together, slot_s above 0")
         self.start_at, self.slot_s = start_at, slot_s
         self.gpu_metrics_url = gpu_metrics_url
+        if restarts < 0:
+            raise StudyError(f"restarts is a count, 0 or more, not {restarts}")
+        self.restarts = restarts
         self.servers = {k: _server(v) for k, v in (servers or {}).items()}
         self.server = _server(server) if server is not None else None
         if self.server is None and not self.servers:
@@ -156,7 +165,15 @@ class Study:
         writer = ResultsWriter(self.out, header)
         try:
             for index, params in enumerate(points):
-                point = self._point(index, params, run_id, traces_url, traces_dir, progress)
+                point, failed = self._point(index, params, run_id, traces_url, traces_dir,
+                                            progress)  # fmt: skip
+                restarts: list[str] = []
+                while failed and len(restarts) < self.restarts:
+                    restarts.append(point.error)
+                    progress.note(f"the server failed; restart {len(restarts)}")
+                    point, failed = self._point(index, params, run_id, traces_url, traces_dir,
+                                                progress)  # fmt: skip
+                point.restarts = restarts
                 results.points.append(point)
                 writer.point(point)
                 progress.done(index, point.label, _done_text(point, self.unit))
@@ -185,7 +202,8 @@ class Study:
     def _point(
         self, index: int, params: dict[str, Any], run_id: str, traces_url: str | None,
         traces_dir: Path | None, progress: Progress,
-    ) -> Point:  # fmt: skip
+    ) -> tuple[Point, bool]:  # fmt: skip
+        """The point measured, and whether the server failed during it."""
         label = point_label(params)
         server = self.servers[params["server"]] if "server" in params else self.server
         assert server is not None
@@ -201,14 +219,14 @@ class Study:
                 progress=progress.tick, before_load=lambda: self._wait_for_slot(index),
                 gpu_metrics_url=self.gpu_metrics_url,
             )  # fmt: skip
-        except StudyError as error:
-            return Point(index, dict(params), status="failed", error=error.reason)
+        except StudyError as error:  # every request failed, say: perhaps the server did
+            point = Point(index, dict(params), status="failed", error=error.reason)
         dead = server.failure()
         if dead is not None:
             why = f"; {point.error}" if point.error else ""
             point.status = "failed"
             point.error = f"the server died during the point: {dead.splitlines()[0]}{why}"
-        return point
+        return point, dead is not None
 
     def _wait_for_slot(self, index: int) -> None:
         if self.start_at is None or self.slot_s is None:

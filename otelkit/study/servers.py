@@ -64,7 +64,8 @@ class Server:
         raise NotImplementedError
 
     def failure(self) -> str | None:
-        """Why the server cannot serve any more (it died), or ``None``."""
+        """Why the server cannot serve any more (it died, or hangs after a crash), or ``None``;
+        its first line says it in one line. ``prepare`` starts a failed server afresh."""
         return None
 
     def close(self) -> None:
@@ -159,7 +160,7 @@ class Triton(Server):
     def prepare(self, params: Mapping[str, Any], traces_url: str | None) -> Endpoint:
         instances = params.get("instances")
         key = (instances, traces_url)
-        if self._server is None or key != self._key or not self._server.running:
+        if self._server is None or key != self._key or self._server.failure() is not None:
             self._restart(instances, traces_url)
             self._key = key
         assert self._server is not None
@@ -196,10 +197,10 @@ class Triton(Server):
 
     def failure(self) -> str | None:
         server = self._server
-        if server is None or server.running:
+        failure = server.failure() if server is not None else None
+        if server is None or failure is None:
             return None
-        tail = server.log_tail(20)
-        return f"tritonserver exited (log: {server.log_path}):\n{tail}"
+        return f"{failure}:\n{server.log_tail(20)}"
 
     def close(self) -> None:
         if self._server is not None:

@@ -33,6 +33,9 @@ def test_make_study_writes_each_sweep_and_prints_its_verdicts(tmp_path: Path) ->
     for name, result in results.items():
         assert result.status == "complete", name
         assert all(p.status == "ok" and p.failed == 0 and p.requests > 0 for p in result.points)
+        # a point is measured again only after tritonserver 2.51's crash (its handler's line)
+        restarts = [r for p in result.points for r in p.restarts]
+        assert all("after logging 'Signal (" in r for r in restarts), restarts
         assert bool(result.verdicts) == (name in ("servers", "scaling")), name  # along load
         for verdict in result.verdicts:
             assert f"{name} [{verdict.curve or 'all'}] {verdict.kind}: " in done.stdout

@@ -122,8 +122,8 @@ def test_a_sweep_value_that_makes_no_sense(
     assert results.points[0].triton["identity_fp32"].batch_size == pytest.approx(2, rel=0.01)
 
 
-def test_a_server_that_dies_mid_sweep(tmp_path: Path) -> None:
-    out = tmp_path / "study.jsonl"
+def _sweep_killed_during_its_second_point(out: Path, restarts: int) -> Study:
+    """A three-point sweep whose tritonserver is killed 1 s into its second point."""
     server = Triton(MODELS)
     sweep = Study(
         model="identity_fp32",
@@ -132,6 +132,7 @@ def test_a_server_that_dies_mid_sweep(tmp_path: Path) -> None:
         load=Load(seconds=3.0, warmup_s=0.2),
         out=out,
         progress=False,
+        restarts=restarts,
     )
 
     def kill_during_the_second_point() -> None:
@@ -141,18 +142,38 @@ def test_a_server_that_dies_mid_sweep(tmp_path: Path) -> None:
         assert server.server is not None and server.server.pid is not None
         os.killpg(server.server.pid, signal.SIGKILL)
 
-    killer = threading.Thread(target=kill_during_the_second_point, daemon=True)
-    killer.start()
+    threading.Thread(target=kill_during_the_second_point, daemon=True).start()
+    return sweep
+
+
+def test_a_server_that_dies_mid_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "study.jsonl"
+    sweep = _sweep_killed_during_its_second_point(out, restarts=0)
     with pytest.raises(StudyError) as caught:
         sweep.run()
-    killer.join(5)
     message = str(caught.value)
     assert message.startswith(
         "otelkit study: point concurrency=2: the server died during the point: tritonserver "
-        "exited (log: "
-    )
+        "was killed by signal 9 (Killed) (log: "
+    ), message
     assert caught.value.point == "concurrency=2"
     results = read_results(out)
     assert [p.status for p in results.points] == ["ok", "failed"]
     assert results.status == "failed" and results.message == message
     assert caught.value.results is not None and len(caught.value.results.points) == 2
+
+
+def test_a_point_cut_short_by_the_server_is_measured_again_on_a_restarted_one(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "study.jsonl"
+    results = _sweep_killed_during_its_second_point(out, restarts=1).run()
+    assert [p.status for p in results.points] == ["ok", "ok", "ok"]
+    assert [len(p.restarts) for p in results.points] == [0, 1, 0]
+    (failure,) = results.points[1].restarts
+    assert failure.startswith("the server died during the point: tritonserver was killed by")
+    assert results.points[1].requests > 0
+    assert read_results(out).points[1].restarts == [failure]  # kept in the file
+    assert "measured again after 1 server failure(s): the server died" in results.summary()
+    logs = sorted(p.name for p in (tmp_path / "study-files").glob("tritonserver-*.log"))
+    assert logs == ["tritonserver-1.log", "tritonserver-2.log"]  # the failed server's log kept

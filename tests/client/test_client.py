@@ -434,7 +434,7 @@ def test_256_threads_share_one_client_one_span_per_call(
     untraced_triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
 ) -> None:
     triton = untraced_triton
-    threads, calls = 256, 200
+    threads, calls = 256, 100
     tracer = trace.get_tracer("tests")
     with otelkit.instrument(client_for("grpc", triton)) as client:
 

@@ -1,4 +1,4 @@
-"""Traced load: 256 threads x 200 calls, over HTTP and over gRPC, against a Triton that traces
+"""Traced load: 256 threads x 100 calls, over HTTP and over gRPC, against a Triton that traces
 every request carrying a trace context, with the clients under the rate-limiting sampler.
 
 This is the load that crashes tritonserver 2.51 when every call is traced (upstream server
@@ -39,7 +39,7 @@ from tests.paths import MODELS
 pytestmark = pytest.mark.triton
 
 THREADS = 256
-CALLS = 200
+CALLS = 100
 RATE = 20.0  # traced calls per second, per client process
 TIMEOUT_S = 60.0  # a call under this load takes well under a second
 MODULES = {"http": httpclient, "grpc": grpcclient}
@@ -61,7 +61,7 @@ def traced_triton(sink: Receiver) -> Iterator[TritonServer]:
 
 
 def drive(protocol: str, server: TritonServer) -> tuple[int, list[Exception], float]:
-    """256 threads, 200 calls each; the calls answered correctly, the errors, the seconds.
+    """256 threads, 100 calls each; the calls answered correctly, the errors, the seconds.
 
     A thread stops calling once the server has failed (a crashed tritonserver may hang in its
     crash handler: calls to it would wait for their timeout one after another)."""

@@ -25,7 +25,7 @@ def test_a_closed_loop_point_on_triton_agrees_with_little_and_the_models_sleep(
     results = Study(
         model="sleep_fp32",
         server=remote(untraced_triton),
-        load=Load(seconds=3.0, warmup_s=0.6),
+        load=Load(seconds=5.0, warmup_s=0.6),
         sweep={"concurrency": [2]},
         out=tmp_path / "sleep.jsonl",
         progress=False,
@@ -42,7 +42,13 @@ def test_a_closed_loop_point_on_triton_agrees_with_little_and_the_models_sleep(
     assert sleep.executions * sleep.compute_ms / 1e3 == pytest.approx(point.seconds, rel=0.2)
     assert point.throughput == pytest.approx(sleep.requests_per_execution / 0.5, rel=0.2)
     assert abs(sleep.requests - point.requests) <= 2  # the same window, give or take in flight
-    assert point.latency_ms(0.5) == pytest.approx(sleep.request_ms, rel=0.2)
+    # Two threads either share an execution (0.5 s each) or take turns (1 s each): the latency is
+    # bimodal, so its median is either mode while Triton reports a mean. The means agree but for
+    # the window's edges, where the client and Triton may each count a request the other does not
+    # (seen: one 0.5 s request in six); two such requests bound the difference.
+    edge_ms = 2 * 500 / min(point.requests, sleep.requests)
+    assert abs(point.histogram.mean_s * 1e3 - sleep.request_ms) <= edge_ms + 20
+    assert 450 <= point.latency_ms(0.5) <= 1100
 
 
 def test_identity_points_agree_with_tritons_counters(

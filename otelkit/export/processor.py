@@ -70,6 +70,10 @@ class LossCounter:
             )  # fmt: skip
 
 
+#: The share of a shutdown's time kept for the exporter's own shutdown (at most a quarter).
+SHUTDOWN_RESERVE_S = 0.25
+
+
 class BatchExportProcessor(SpanProcessor):
     """Queues ended, sampled spans and exports them in batches from one worker thread."""
 
@@ -200,15 +204,20 @@ class BatchExportProcessor(SpanProcessor):
 
         The exporter's own shutdown (which may wait for an export in progress) gets what is
         left of the time, in a thread of its own, so a backend that never answers cannot hold
-        the process past the bound."""
+        the process past the bound. It is kept a share of the time (``SHUTDOWN_RESERVE_S``):
+        closing its channel ends an export stuck on such a backend (gRPC cancels the call), and
+        the worker is waited for once more so that the exporter's own report of that failure
+        comes before the count of what was lost, not after it."""
         if self._shutdown:
             return
-        deadline = time.monotonic() + timeout_millis / 1000
+        now = time.monotonic()
+        deadline = now + timeout_millis / 1000
+        reserve = min(SHUTDOWN_RESERVE_S, timeout_millis / 1000 / 4)
         self._shutdown = True
         worker = self._worker
         if worker is not None and worker.is_alive():
             self._wake.set()
-            worker.join(max(0.0, deadline - time.monotonic()))
+            worker.join(max(0.0, deadline - reserve - time.monotonic()))
         with self._counts:
             self._abandoned = True
             left = len(self._queue) + self.in_export
@@ -216,6 +225,8 @@ class BatchExportProcessor(SpanProcessor):
             self.in_export = 0
         self.loss.add(semconv.DROP_REASON_SHUTDOWN, left)
         within(deadline, self._exporter.shutdown, "span exporter shutdown")
+        if worker is not None and worker.is_alive():
+            worker.join(max(0.0, deadline - time.monotonic()))
         self.loss.log()
 
 

@@ -210,8 +210,7 @@ class BatchExportProcessor(SpanProcessor):
         comes before the count of what was lost, not after it."""
         if self._shutdown:
             return
-        now = time.monotonic()
-        deadline = now + timeout_millis / 1000
+        deadline = time.monotonic() + timeout_millis / 1000
         reserve = min(SHUTDOWN_RESERVE_S, timeout_millis / 1000 / 4)
         self._shutdown = True
         worker = self._worker

@@ -70,7 +70,7 @@ class LossCounter:
             )  # fmt: skip
 
 
-#: The share of a shutdown's time kept for the exporter's own shutdown (at most a quarter).
+#: Seconds of a shutdown's bound kept for the exporter's own shutdown (at most a quarter of it).
 SHUTDOWN_RESERVE_S = 0.25
 
 
@@ -204,7 +204,7 @@ class BatchExportProcessor(SpanProcessor):
 
         The exporter's own shutdown (which may wait for an export in progress) gets what is
         left of the time, in a thread of its own, so a backend that never answers cannot hold
-        the process past the bound. It is kept a share of the time (``SHUTDOWN_RESERVE_S``):
+        the process past the bound. It is kept the end of the bound (``SHUTDOWN_RESERVE_S``):
         closing its channel ends an export stuck on such a backend (gRPC cancels the call), and
         the worker is waited for once more so that the exporter's own report of that failure
         comes before the count of what was lost, not after it."""
@@ -213,10 +213,8 @@ class BatchExportProcessor(SpanProcessor):
         deadline = time.monotonic() + timeout_millis / 1000
         reserve = min(SHUTDOWN_RESERVE_S, timeout_millis / 1000 / 4)
         self._shutdown = True
-        worker = self._worker
-        if worker is not None and worker.is_alive():
-            self._wake.set()
-            worker.join(max(0.0, deadline - reserve - time.monotonic()))
+        self._wake.set()
+        self._join_worker(deadline - reserve)
         with self._counts:
             self._abandoned = True
             left = len(self._queue) + self.in_export
@@ -224,9 +222,14 @@ class BatchExportProcessor(SpanProcessor):
             self.in_export = 0
         self.loss.add(semconv.DROP_REASON_SHUTDOWN, left)
         within(deadline, self._exporter.shutdown, "span exporter shutdown")
+        self._join_worker(deadline)
+        self.loss.log()
+
+    def _join_worker(self, deadline: float) -> None:
+        """Wait for the worker thread to end, until ``deadline`` (monotonic) at the latest."""
+        worker = self._worker
         if worker is not None and worker.is_alive():
             worker.join(max(0.0, deadline - time.monotonic()))
-        self.loss.log()
 
 
 def within(deadline: float, work: Callable[[], object], what: str) -> bool:

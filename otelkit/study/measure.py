@@ -13,6 +13,7 @@ import json
 import logging
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,13 @@ from opentelemetry import trace
 
 from otelkit import semconv
 from otelkit.study.gpu_instances import scrape_instances
+from otelkit.study.host import CpuSample, HostUsage, host_cores, is_local, sample
 from otelkit.study.load import Load, LoadRun, drive
 from otelkit.study.point import Point
 from otelkit.study.servers import Endpoint
 from otelkit.study.tasks import drive_tasks
 from otelkit.study.traces import collect
-from otelkit.study.triton_metrics import Snapshot, difference, scrape
+from otelkit.study.triton_metrics import ModelFigures, Snapshot, difference, scrape
 from otelkit.study.workload import ModelCalls, Workload
 from otelkit.telemetry import flush
 
@@ -64,10 +66,15 @@ def measure_point(
     attributes = _root_attributes(run_id, index, params)
     call = _traced_call(workload, attributes, sampled) if traced else _bare_call(workload)
     snapshots: dict[str, Snapshot] = {}
+    cpu: dict[str, CpuSample] = {}
     problems: list[str] = []
+    # the host's cores are the server's only when it runs here; its own processes' CPU is
+    # read wherever the study started them
+    local = is_local(endpoint.http_url or endpoint.grpc_url)
 
     def scraper(moment: str) -> Callable[[], None]:
         def take() -> None:
+            cpu[moment] = sample(endpoint.server_pids)
             if endpoint.metrics_url is None:
                 return
             try:
@@ -99,7 +106,10 @@ def measure_point(
     if "before" in snapshots and "after" in snapshots:
         point.triton = difference(snapshots["before"], snapshots["after"])
         point.gpus = snapshots["after"].gpus
-        point.triton = {m: _with_instances(f, endpoint, m) for m, f in point.triton.items()}
+        point.triton = {m: _with_config(f, endpoint, m) for m, f in point.triton.items()}
+    if "before" in cpu and "after" in cpu:
+        usage = HostUsage.between(cpu["before"], cpu["after"], host_cores())
+        point.host = usage if local else HostUsage(0, None, usage.server_cores, usage.seconds)
     if gpu_metrics_url is not None:
         try:
             point.gpu_instances = scrape_instances(gpu_metrics_url)
@@ -179,8 +189,9 @@ def _bare_call(workload: Workload) -> Callable[[int, bool], None]:
     return call
 
 
-def _with_instances(figures: Any, endpoint: Endpoint, model: str) -> Any:
-    """Triton's figures with the model's instance count, read from its configuration."""
+def _with_config(figures: ModelFigures, endpoint: Endpoint, model: str) -> ModelFigures:
+    """Triton's figures with what the model's configuration says: its instances, whether it is
+    an ensemble, and its batching (the capacity model's parallelism and the batcher's delay)."""
     if endpoint.http_url is None:
         return figures
     url = f"http://{endpoint.http_url}/v2/models/{model}/config"
@@ -188,12 +199,16 @@ def _with_instances(figures: Any, endpoint: Endpoint, model: str) -> Any:
         with urllib.request.urlopen(url, timeout=2.0) as response:
             config = json.loads(response.read())
         count = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
-        ensemble = config.get("platform") == "ensemble"
-    except Exception:
+        batcher = config.get("dynamic_batching")
+        delay_ms = None
+        if isinstance(batcher, dict):
+            delay_ms = float(batcher.get("max_queue_delay_microseconds", 0)) / 1e3
+        return replace(
+            figures, instances=count or None, ensemble=config.get("platform") == "ensemble",
+            max_batch_size=int(config.get("max_batch_size", 0)), batch_delay_ms=delay_ms,
+        )  # fmt: skip
+    except Exception:  # the figures stand without the configuration
         return figures
-    from dataclasses import replace
-
-    return replace(figures, instances=count or None, ensemble=ensemble)
 
 
 def _judge(point: Point, run: LoadRun) -> None:

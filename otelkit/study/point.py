@@ -24,6 +24,7 @@ from typing import Any
 
 from otelkit.errors import StudyError
 from otelkit.study.histogram import LatencyHistogram
+from otelkit.study.host import HostUsage
 from otelkit.study.load import LoadRun
 from otelkit.study.traces import PointTraces
 from otelkit.study.triton_metrics import ModelFigures
@@ -71,6 +72,9 @@ class Point:
     started_at: float = 0.0  # when the measured window opened, seconds since the epoch
     # why the server failed in earlier attempts at this point, each followed by a restart
     restarts: list[str] = field(default_factory=list)
+    # the CPU the window used: the serving host's cores (when it is this host) and the
+    # server's processes (when the study started them)
+    host: HostUsage | None = None
 
     @property
     def label(self) -> str:
@@ -151,6 +155,7 @@ class Point:
             "parts": self.parts,
             "started_at": self.started_at,
             "restarts": self.restarts,
+            "host": self.host.to_dict() if self.host is not None else None,
             "windows": [[w.throughput, w.p50_ms, w.p99_ms] for w in self.windows],
             "histogram": self.histogram.to_dict(),
         }
@@ -179,6 +184,7 @@ class Point:
             parts=int(data.get("parts", 1)),
             started_at=float(data.get("started_at", 0.0)),
             restarts=[str(r) for r in data.get("restarts", [])],
+            host=HostUsage.from_dict(data["host"]) if data.get("host") else None,
         )
 
 

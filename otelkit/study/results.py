@@ -23,10 +23,10 @@ from typing import IO, Any
 
 from otelkit.analysis.breakdown import TOTAL
 from otelkit.study import derived
-from otelkit.study.attribution import Verdict, verdicts
 from otelkit.study.derived import Row
 from otelkit.study.gpu_instances import per_model
 from otelkit.study.point import Point
+from otelkit.study.verdicts import Verdict, verdicts
 
 __all__ = ["ResultsWriter", "StudyResults", "read_results"]
 
@@ -70,7 +70,7 @@ class StudyResults:
             *derived.offload_overhead(ok),
             *derived.knees(ok, tolerance),
         ]
-        self.verdicts = verdicts(ok, unit=unit, tolerance=tolerance)
+        self.verdicts = verdicts(self.points, unit=unit, tolerance=tolerance)
 
     def summary(self) -> str:
         """The terminal table: one line per point, the derived figures, the verdicts."""

@@ -42,6 +42,9 @@ class Endpoint:
     http_url: str | None = None
     grpc_url: str | None = None
     metrics_url: str | None = None
+    # the server's processes, when the study started them: their CPU (and their children's,
+    # a Triton's Python-backend stubs) is the server's demand on its host's cores
+    server_pids: tuple[int, ...] = ()
 
     def url(self, protocol: str) -> str:
         url = self.http_url if protocol == "http" else self.grpc_url
@@ -165,7 +168,8 @@ class Triton(Server):
             self._key = key
         assert self._server is not None
         server = self._server
-        return Endpoint(server.http_url, server.grpc_url, server.metrics_url)
+        pids = (server.pid,) if server.pid is not None else ()
+        return Endpoint(server.http_url, server.grpc_url, server.metrics_url, pids)
 
     def _restart(self, instances: int | None, traces_url: str | None) -> None:
         self.close()

@@ -139,6 +139,10 @@ class ModelFigures:
     # An ensemble's compute time spans its steps, each a model of its own with its own
     # instances working in a pipeline: the ensemble itself caps nothing (its steps do).
     ensemble: bool = False
+    # the configuration's batching: its largest batch (0: the model does not batch) and the
+    # dynamic batcher's longest wait for a fuller batch (None: no dynamic batcher)
+    max_batch_size: int = 0
+    batch_delay_ms: float | None = None
 
     @property
     def compute_ms(self) -> float:
@@ -153,6 +157,12 @@ class ModelFigures:
     @property
     def requests_per_execution(self) -> float:
         return self.requests / self.executions if self.executions else 0.0
+
+    @property
+    def demand_ms(self) -> float:
+        """Busy time of one instance per request: a batch's compute shared by its requests."""
+        rpe = self.requests_per_execution
+        return self.compute_ms / rpe if rpe else 0.0
 
     @property
     def saturation_ms(self) -> float:

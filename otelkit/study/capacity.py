@@ -1,0 +1,118 @@
+"""The capacity model of one point: every resource a request uses, with the operational laws.
+
+For each resource k, measured over the point's window (Denning and Buzen 1978; Lazowska et al.,
+*Quantitative System Performance*, chs. 3-5):
+
+- its parallelism m_k: a model's configured instances, the cores of the host that serves, 1 for
+  the client's Python threads (one GIL) or for a GPU;
+- its demand D_k: busy milliseconds per request of the study's unit, with its visits (a model
+  an event calls twice counts twice);
+- its utilisation U_k = X . D_k / m_k (the utilisation law), X the point's throughput; where
+  the resource reports its busy share itself (the host's cores from ``/proc/stat``, a GPU's
+  ``nv_gpu_utilization``), that is U_k, and D_k is derived from it.
+
+The bottleneck law, X <= m_k / D_k for every k, says what each resource allows at most: its
+``limit_per_s``. Which resource caps a curve, and why, is ``verdicts.py``'s question; this
+module only states each resource at one point.
+
+>>> from otelkit.study.histogram import LatencyHistogram
+>>> point = Point(0, {"concurrency": 1}, requests=500, seconds=5.0, cpu_s=2.0)
+>>> client = resources(point)["client cpu"]
+>>> client.demand_ms, client.servers, round(client.utilisation, 2), client.limit_per_s
+(4.0, 1, 0.4, 250.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from otelkit.study.point import Point
+
+__all__ = ["Resource", "ResourceKind", "resources"]
+
+#: instances: a model's (or a deployment's) instances; client: the client process's CPU under
+#: its GIL; cores: the serving host's cores; gpu: one GPU; stage: a traced stage of a model,
+#: whose parallelism is its model's instances (``None`` where no model says).
+ResourceKind = Literal["instances", "client", "cores", "gpu", "stage"]
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource at one point. ``demand_ms`` is busy ms per request, ``servers`` its m."""
+
+    key: str  # the same at every point of a study: "model gnn", "stage match", "host cores"
+    kind: ResourceKind
+    name: str  # as a sentence names it
+    servers: int | None
+    demand_ms: float
+    utilisation: float | None  # X . D / m; None where m is unknown
+    source: str  # where the demand was measured
+    model: str | None = None  # the model a stage runs in
+
+    @property
+    def limit_per_s(self) -> float | None:
+        """The bottleneck law's bound on throughput: m / D, requests per second."""
+        if not self.servers or self.demand_ms <= 0:
+            return None
+        return self.servers / (self.demand_ms / 1e3)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "kind": self.kind, "name": self.name, "servers": self.servers,
+                "demand_ms": self.demand_ms, "utilisation": self.utilisation,
+                "source": self.source, "model": self.model}  # fmt: skip
+
+
+def _utilisation(throughput: float, demand_ms: float, servers: int | None) -> float | None:
+    return throughput * demand_ms / 1e3 / servers if servers else None
+
+
+def _instances(point: Point, model: str) -> int:
+    figures = point.triton.get(model)
+    if figures is not None and figures.instances:
+        return figures.instances
+    return int(point.params.get("instances", 1))
+
+
+def resources(point: Point) -> dict[str, Resource]:
+    """Every resource of ``point`` that its figures show, by key."""
+    x = point.throughput
+    found: dict[str, Resource] = {}
+    if x <= 0:
+        return found
+
+    def add(key: str, kind: ResourceKind, name: str, servers: int | None, demand_ms: float,
+            source: str, utilisation: float | None = None, model: str | None = None) -> None:  # fmt: skip
+        if demand_ms <= 0:
+            return
+        if utilisation is None:
+            utilisation = _utilisation(x, demand_ms, servers)
+        found[key] = Resource(key, kind, name, servers, demand_ms, utilisation, source, model)
+
+    for model, figures in point.triton.items():
+        if figures.ensemble or not figures.executions:
+            continue  # an ensemble's steps are models of their own, judged instead
+        visits = figures.requests / point.requests if point.requests else 1.0
+        add(f"model {model}", "instances", model, _instances(point, model),
+            figures.demand_ms * visits, "Triton's compute counters")  # fmt: skip
+    traces = point.traces
+    if traces is not None:
+        for component, model in traces.stage_models.items():
+            ms = point.component_ms(component)
+            stage = component.split(" ", 1)[1]
+            servers = _instances(point, model) if model in point.triton else None
+            add(f"stage {stage}", "stage", stage, servers, ms or 0.0, "traces", model=model)
+    if point.cpu_s > 0 and point.requests:
+        processes = max(1, point.parts)
+        add("client cpu", "client", "the client's CPU", processes,
+            point.cpu_s * 1e3 / point.requests, "the client's CPU time")  # fmt: skip
+    host = point.host
+    if host is not None and host.cores and host.busy_cores is not None:
+        add("host cores", "cores", f"the host's {host.cores} cores", host.cores,
+            host.busy_cores * 1e3 / x, "/proc/stat", host.busy_cores / host.cores)  # fmt: skip
+    for uuid, gauges in point.gpus.items():
+        busy = gauges.get("utilization")
+        if busy is not None and busy > 0:
+            add(f"gpu {uuid}", "gpu", f"GPU {uuid[:12]}", 1, busy * 1e3 / x,
+                "nv_gpu_utilization", busy)  # fmt: skip
+    return found

@@ -1,0 +1,157 @@
+"""The CPU a point used: the whole host's cores, and the server's processes when the study
+knows them, read from ``/proc`` when the window opens and when it closes.
+
+The capacity model (``capacity.py``) needs the demand of every resource a request uses. The
+cores of the host that serves are one: a model with more busy instances than cores slows down
+as it is given more load, and only the host's CPU time says why. The host's figure counts
+every process on it (the client too, when it runs there): on a shared host that is what the
+cores are asked for. Where ``/proc`` cannot be read (not Linux), the figures are missing and
+the model goes without that resource.
+
+>>> before = CpuSample(busy_s=10.0, server_s=4.0, at=100.0)
+>>> after = CpuSample(busy_s=13.0, server_s=5.5, at=102.0)
+>>> usage = HostUsage.between(before, after, cores=2)
+>>> usage.busy_cores, usage.server_cores
+(1.5, 0.75)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CpuSample", "HostUsage", "is_local", "sample"]
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds at one moment: the host's busy time, and the server processes' time."""
+
+    busy_s: float | None
+    server_s: float | None
+    at: float
+
+
+@dataclass(frozen=True)
+class HostUsage:
+    """A window's CPU use: ``busy_cores`` of the host's ``cores``, ``server_cores`` of the
+    server's processes (``None`` when unknown), over ``seconds``."""
+
+    cores: int
+    busy_cores: float | None
+    server_cores: float | None
+    seconds: float
+
+    @classmethod
+    def between(cls, before: CpuSample, after: CpuSample, cores: int) -> HostUsage:
+        seconds = after.at - before.at
+
+        def rate(a: float | None, b: float | None) -> float | None:
+            if a is None or b is None or seconds <= 0 or b < a:
+                return None
+            return (b - a) / seconds
+
+        busy = rate(before.busy_s, after.busy_s)
+        return cls(cores, min(busy, cores) if busy is not None else None,
+                   rate(before.server_s, after.server_s), seconds)  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostUsage:
+        return cls(int(data["cores"]), data.get("busy_cores"), data.get("server_cores"),
+                   float(data.get("seconds", 0.0)))  # fmt: skip
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity), which a container's limit narrows."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _host_busy_s(stat: Path = _PROC / "stat") -> float | None:
+    """Seconds all cores spent busy since boot: every field of ``cpu`` but idle and iowait."""
+    try:
+        first = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    ticks = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICKS
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = list((_PROC / str(pid) / "task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _process_s(pid: int) -> float | None:
+    """User and system seconds of one process (all its threads), ``None`` once it is gone."""
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # the name may hold spaces and parentheses
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
+
+def _tree_s(roots: Iterable[int]) -> float | None:
+    """CPU seconds of ``roots`` and every process below them (a Triton and its Python stubs).
+
+    A child that exits within the window takes its time with it: the figure is for servers
+    whose processes live through the point, as a model's instances do."""
+    total, seen, queue = 0.0, set(), list(roots)
+    if not queue:
+        return None
+    while queue:
+        pid = queue.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        spent = _process_s(pid)
+        if spent is None:
+            continue
+        total += spent
+        queue += _children(pid)
+    return total
+
+
+def sample(server_pids: Iterable[int] = ()) -> CpuSample:
+    """The host's busy seconds and the server processes' CPU seconds, now."""
+    pids = list(server_pids)
+    return CpuSample(_host_busy_s(), _tree_s(pids) if pids else None, time.perf_counter())
+
+
+def is_local(url: str | None) -> bool:
+    """Whether ``host:port`` names this host (loopback, or one of its own names)."""
+    if not url:
+        return False
+    host = url.rsplit(":", 1)[0].strip("[]") if ":" in url else url
+    if host in ("localhost", socket.gethostname()):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -58,9 +58,16 @@ class Resource:
         return self.servers / (self.demand_ms / 1e3)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "kind": self.kind, "name": self.name, "servers": self.servers,
-                "demand_ms": self.demand_ms, "utilisation": self.utilisation,
-                "source": self.source, "model": self.model}  # fmt: skip
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "name": self.name,
+            "servers": self.servers,
+            "demand_ms": self.demand_ms,
+            "utilisation": self.utilisation,
+            "source": self.source,
+            "model": self.model,
+        }
 
 
 def _utilisation(throughput: float, demand_ms: float, servers: int | None) -> float | None:
@@ -81,8 +88,16 @@ def resources(point: Point) -> dict[str, Resource]:
     if x <= 0:
         return found
 
-    def add(key: str, kind: ResourceKind, name: str, servers: int | None, demand_ms: float,
-            source: str, utilisation: float | None = None, model: str | None = None) -> None:  # fmt: skip
+    def add(
+        key: str,
+        kind: ResourceKind,
+        name: str,
+        servers: int | None,
+        demand_ms: float,
+        source: str,
+        utilisation: float | None = None,
+        model: str | None = None,
+    ) -> None:
         if demand_ms <= 0:
             return
         if utilisation is None:
@@ -93,8 +108,14 @@ def resources(point: Point) -> dict[str, Resource]:
         if figures.ensemble or not figures.executions:
             continue  # an ensemble's steps are models of their own, judged instead
         visits = figures.requests / point.requests if point.requests else 1.0
-        add(f"model {model}", "instances", model, _instances(point, model),
-            figures.demand_ms * visits, "Triton's compute counters")  # fmt: skip
+        add(
+            f"model {model}",
+            "instances",
+            model,
+            _instances(point, model),
+            figures.demand_ms * visits,
+            "Triton's compute counters",
+        )
     traces = point.traces
     if traces is not None:
         for component, model in traces.stage_models.items():
@@ -104,15 +125,35 @@ def resources(point: Point) -> dict[str, Resource]:
             add(f"stage {stage}", "stage", stage, servers, ms or 0.0, "traces", model=model)
     if point.cpu_s > 0 and point.requests:
         processes = max(1, point.parts)
-        add("client cpu", "client", "the client's CPU", processes,
-            point.cpu_s * 1e3 / point.requests, "the client's CPU time")  # fmt: skip
+        add(
+            "client cpu",
+            "client",
+            "the client's CPU",
+            processes,
+            point.cpu_s * 1e3 / point.requests,
+            "the client's CPU time",
+        )
     host = point.host
     if host is not None and host.cores and host.busy_cores is not None:
-        add("host cores", "cores", f"the host's {host.cores} cores", host.cores,
-            host.busy_cores * 1e3 / x, "/proc/stat", host.busy_cores / host.cores)  # fmt: skip
+        add(
+            "host cores",
+            "cores",
+            f"the host's {host.cores} cores",
+            host.cores,
+            host.busy_cores * 1e3 / x,
+            "/proc/stat",
+            host.busy_cores / host.cores,
+        )
     for uuid, gauges in point.gpus.items():
         busy = gauges.get("utilization")
         if busy is not None and busy > 0:
-            add(f"gpu {uuid}", "gpu", f"GPU {uuid[:12]}", 1, busy * 1e3 / x,
-                "nv_gpu_utilization", busy)  # fmt: skip
+            add(
+                f"gpu {uuid}",
+                "gpu",
+                f"GPU {uuid[:12]}",
+                1,
+                busy * 1e3 / x,
+                "nv_gpu_utilization",
+                busy,
+            )
     return found

@@ -61,16 +61,24 @@ class HostUsage:
             return (b - a) / seconds
 
         busy = rate(before.busy_s, after.busy_s)
-        return cls(cores, min(busy, cores) if busy is not None else None,
-                   rate(before.server_s, after.server_s), seconds)  # fmt: skip
+        return cls(
+            cores,
+            min(busy, cores) if busy is not None else None,
+            rate(before.server_s, after.server_s),
+            seconds,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HostUsage:
-        return cls(int(data["cores"]), data.get("busy_cores"), data.get("server_cores"),
-                   float(data.get("seconds", 0.0)))  # fmt: skip
+        return cls(
+            int(data["cores"]),
+            data.get("busy_cores"),
+            data.get("server_cores"),
+            float(data.get("seconds", 0.0)),
+        )
 
 
 def host_cores() -> int:

@@ -204,9 +204,12 @@ def _with_config(figures: ModelFigures, endpoint: Endpoint, model: str) -> Model
         if isinstance(batcher, dict):
             delay_ms = float(batcher.get("max_queue_delay_microseconds", 0)) / 1e3
         return replace(
-            figures, instances=count or None, ensemble=config.get("platform") == "ensemble",
-            max_batch_size=int(config.get("max_batch_size", 0)), batch_delay_ms=delay_ms,
-        )  # fmt: skip
+            figures,
+            instances=count or None,
+            ensemble=config.get("platform") == "ensemble",
+            max_batch_size=int(config.get("max_batch_size", 0)),
+            batch_delay_ms=delay_ms,
+        )
     except Exception:  # the figures stand without the configuration
         return figures
 

@@ -41,14 +41,23 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from otelkit.analysis.breakdown import SERVER_QUEUE
-from otelkit.study.capacity import Resource, resources
+from otelkit.study.capacity import resources
 from otelkit.study.derived import LOAD_AXES, knee
 from otelkit.study.point import Point, point_label
 
 __all__ = ["Evidence", "Kind", "Verdict", "judge", "verdicts"]
 
-Kind = Literal["saturated", "contended", "client", "batching", "network", "rising",
-               "underloaded", "unknown", "failed"]  # fmt: skip
+Kind = Literal[
+    "saturated",
+    "contended",
+    "client",
+    "batching",
+    "network",
+    "rising",
+    "underloaded",
+    "unknown",
+    "failed",
+]
 _Make = Callable[..., "Verdict"]  # (kind, resource evidence, sentence, change)
 _AXIS_WORDS = {"concurrency": "threads", "rate": "requests/s", "instances": "instances"}
 
@@ -87,17 +96,33 @@ class Evidence:
         return self.servers / (self.low_ms / 1e3) if self.servers and self.low_ms > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "kind": self.kind, "name": self.name, "servers": self.servers,
-                "low_ms": self.low_ms, "peak_ms": self.peak_ms,
-                "utilisation": self.utilisation, "peak_per_s": self.peak_per_s,
-                "model": self.model, "load": self.load,
-                "limit_per_s": self.limit_per_s}  # fmt: skip
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "name": self.name,
+            "servers": self.servers,
+            "low_ms": self.low_ms,
+            "peak_ms": self.peak_ms,
+            "utilisation": self.utilisation,
+            "peak_per_s": self.peak_per_s,
+            "model": self.model,
+            "load": self.load,
+            "limit_per_s": self.limit_per_s,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Evidence:
-        return cls(data["key"], data["kind"], data["name"], data.get("servers"),
-                   float(data["low_ms"]), float(data["peak_ms"]), data.get("utilisation"),
-                   float(data["peak_per_s"]), data.get("model"))  # fmt: skip
+        return cls(
+            data["key"],
+            data["kind"],
+            data["name"],
+            data.get("servers"),
+            float(data["low_ms"]),
+            float(data["peak_ms"]),
+            data.get("utilisation"),
+            float(data["peak_per_s"]),
+            data.get("model"),
+        )
 
 
 @dataclass(frozen=True)
@@ -116,18 +141,34 @@ class Verdict:
     evidence: tuple[Evidence, ...] = field(default_factory=tuple)  # by U*, highest first
 
     def to_dict(self) -> dict[str, Any]:
-        return {"record": "verdict", "curve": self.curve, "axis": self.axis, "kind": self.kind,
-                "limit": self.limit, "resource": self.resource, "sentence": self.sentence,
-                "plateau_per_s": self.plateau_per_s, "predicted_per_s": self.predicted_per_s,
-                "change": self.change,
-                "evidence": [e.to_dict() for e in self.evidence]}  # fmt: skip
+        return {
+            "record": "verdict",
+            "curve": self.curve,
+            "axis": self.axis,
+            "kind": self.kind,
+            "limit": self.limit,
+            "resource": self.resource,
+            "sentence": self.sentence,
+            "plateau_per_s": self.plateau_per_s,
+            "predicted_per_s": self.predicted_per_s,
+            "change": self.change,
+            "evidence": [e.to_dict() for e in self.evidence],
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
-        return cls(data["curve"], data["axis"], data["kind"], data.get("limit"),
-                   data["sentence"], data.get("resource"), data.get("plateau_per_s"),
-                   data.get("predicted_per_s"), data.get("change", ""),
-                   tuple(Evidence.from_dict(e) for e in data.get("evidence", [])))  # fmt: skip
+        return cls(
+            data["curve"],
+            data["axis"],
+            data["kind"],
+            data.get("limit"),
+            data["sentence"],
+            data.get("resource"),
+            data.get("plateau_per_s"),
+            data.get("predicted_per_s"),
+            data.get("change", ""),
+            tuple(Evidence.from_dict(e) for e in data.get("evidence", [])),
+        )
 
 
 @dataclass(frozen=True)
@@ -154,12 +195,16 @@ class _Curve:
         top = self.per_s(self.peak.throughput)
         if self.high.throughput < (1 - self.tolerance) * self.peak.throughput:
             where = f"{self.peak.params[self.axis]} {_AXIS_WORDS.get(self.axis, self.axis)}"
-            return (f"throughput peaks at {top} ({where}) and falls to "
-                    f"{self.high.throughput:.0f} at {self.high.params[self.axis]}")  # fmt: skip
+            return (
+                f"throughput peaks at {top} ({where}) and falls to "
+                f"{self.high.throughput:.0f} at {self.high.params[self.axis]}"
+            )
         offered = self.high.params.get("rate")
         if offered and self.high.throughput < (1 - self.tolerance) * float(offered):
-            return (f"{self.span()} offered, at most {top} are served: at "
-                    f"{float(offered):.0f}/s the rest wait in the client's backlog")  # fmt: skip
+            return (
+                f"{self.span()} offered, at most {top} are served: at "
+                f"{float(offered):.0f}/s the rest wait in the client's backlog"
+            )
         return f"throughput {'plateaus at' if self.stopped else 'reaches'} {top} {self.span()}"
 
 
@@ -170,8 +215,19 @@ def _evidence(low: Point, peak: Point) -> list[Evidence]:
         first = at_low.get(key)
         if first is None:
             continue
-        rows.append(Evidence(key, top.kind, top.name, top.servers, first.demand_ms,
-                             top.demand_ms, top.utilisation, peak.throughput, top.model))  # fmt: skip
+        rows.append(
+            Evidence(
+                key,
+                top.kind,
+                top.name,
+                top.servers,
+                first.demand_ms,
+                top.demand_ms,
+                top.utilisation,
+                peak.throughput,
+                top.model,
+            )
+        )
     return rows
 
 
@@ -182,8 +238,19 @@ def _serial(rows: Sequence[Evidence], tolerance: float, floor_ms: float) -> list
     for row in rows:
         grew = row.peak_ms - row.low_ms
         if row.kind == "stage" and row.growth > 1 + tolerance and grew > floor_ms:
-            found.append(Evidence(f"lock {row.name}", "lock", row.name, 1, row.low_ms,
-                                  row.peak_ms, None, row.peak_per_s, row.model))  # fmt: skip
+            found.append(
+                Evidence(
+                    f"lock {row.name}",
+                    "lock",
+                    row.name,
+                    1,
+                    row.low_ms,
+                    row.peak_ms,
+                    None,
+                    row.peak_per_s,
+                    row.model,
+                )
+            )
     # a figure above 1 refutes the hypothesis: nothing that serves one at a time can do that
     return [e for e in found if (e.load or 0.0) <= 1 + tolerance]
 
@@ -201,17 +268,25 @@ def _batching(curve: _Curve) -> tuple[str, float, float] | None:
 
 
 def judge(
-    points: Sequence[Point], axis: str, curve: str = "", *, unit: str = "request",
+    points: Sequence[Point],
+    axis: str,
+    curve: str = "",
+    *,
+    unit: str = "request",
     tolerance: float = 0.1,
-) -> Verdict:  # fmt: skip
+) -> Verdict:
     """The verdict on one curve: ``points`` along ``axis``, at least two of them."""
     ordered = sorted(points, key=lambda p: p.params[axis])
     bad = [p for p in ordered if p.status != "ok"]
     if bad:
         named = ", ".join(f"{p.label} ({p.status}: {p.error or 'errors'})" for p in bad[:3])
-        return Verdict(curve, axis, "failed", None,
-                       f"no verdict: {len(bad)} of {len(ordered)} points did not measure "
-                       f"cleanly: {named}")  # fmt: skip
+        return Verdict(
+            curve,
+            axis,
+            "failed",
+            None,
+            f"no verdict: {len(bad)} of {len(ordered)} points did not measure cleanly: {named}",
+        )
     found = knee([(p.params[axis], p.throughput) for p in ordered], tolerance)
     assert found is not None
     peak = max(ordered, key=lambda p: p.throughput)
@@ -222,44 +297,72 @@ def judge(
     rows = _evidence(low, peak)
     floor = tolerance * low.histogram.mean_s * 1e3
     rows += _serial(rows, tolerance, floor)
-    candidates = sorted((r for r in rows if r.load is not None and r.kind != "stage"),
-                        key=lambda r: r.load or 0.0, reverse=True)  # fmt: skip
+    candidates = sorted(
+        (r for r in rows if r.load is not None and r.kind != "stage"),
+        key=lambda r: r.load or 0.0,
+        reverse=True,
+    )
     ranked = tuple(candidates + [r for r in rows if r not in candidates])
     top = candidates[0] if candidates else None
     at_limit = top is not None and (top.load or 0.0) >= 1 - 2 * tolerance
     # a resource at its limit stops throughput whatever the curve's shape says yet
     facts = _Curve(axis, unit, tolerance, low, peak, high, found.plateau or behind or at_limit)
 
-    def verdict(kind: Kind, top: Evidence | None, sentence: str, change: str = "", *,
-                predicted: bool = True, resource: str | None = None) -> Verdict:  # fmt: skip
+    def verdict(
+        kind: Kind,
+        top: Evidence | None,
+        sentence: str,
+        change: str = "",
+        *,
+        predicted: bool = True,
+        resource: str | None = None,
+    ) -> Verdict:
         """``predicted``: the bottleneck law's plateau from ``top``'s demand holds."""
         plateau = peak.throughput if facts.stopped else None
         limit = top.limit_per_s if top is not None and predicted else None
         kind_of = resource or (top.kind if top else None)
-        return Verdict(curve, axis, kind, top.name if top else None, sentence, kind_of,
-                       plateau, limit, change, ranked)  # fmt: skip
+        return Verdict(
+            curve,
+            axis,
+            kind,
+            top.name if top else None,
+            sentence,
+            kind_of,
+            plateau,
+            limit,
+            change,
+            ranked,
+        )
 
     if axis == "instances":
         return _instances(facts, top if at_limit else None, verdict)
     batcher = _batching(facts)
     if batcher is not None and not facts.stopped:
         model, queue, delay = batcher
-        return verdict("batching", None, (
-            f"{model}'s requests wait {queue:.1f} ms in its dynamic batcher, within its "
-            f"{delay:.0f} ms max_queue_delay, at {facts.low.label}: the latency is the "
-            f"batcher's, not load's; {facts.throughput()} as batches fill"),
-            "lower max_queue_delay for latency at light load; keep it for throughput")  # fmt: skip
+        return verdict(
+            "batching",
+            None,
+            (
+                f"{model}'s requests wait {queue:.1f} ms in its dynamic batcher, within its "
+                f"{delay:.0f} ms max_queue_delay, at {facts.low.label}: the latency is the "
+                f"batcher's, not load's; {facts.throughput()} as batches fill"
+            ),
+            "lower max_queue_delay for latency at light load; keep it for throughput",
+        )
     if top is None or not at_limit:
         # in a closed loop, a time per request that grows is a wait for something
         waits = axis == "concurrency" and (
-            high.histogram.mean_s > (1 + 2 * tolerance) * low.histogram.mean_s)  # fmt: skip
+            high.histogram.mean_s > (1 + 2 * tolerance) * low.histogram.mean_s
+        )
         if facts.stopped or waits:
             return _unexplained(facts, rows, top, verdict)
         nearest = ""
         if top is not None and top.limit_per_s is not None:
-            nearest = (f"; the nearest limit is {_resource_words(top)} at "
-                       f"{facts.per_s(top.limit_per_s)} (predicted, U* {top.load:.2f} at "
-                       f"{facts.peak.label})")  # fmt: skip
+            nearest = (
+                f"; the nearest limit is {_resource_words(top)} at "
+                f"{facts.per_s(top.limit_per_s)} (predicted, U* {top.load:.2f} at "
+                f"{facts.peak.label})"
+            )
         return verdict(
             "rising", top, (f"{facts.throughput()} and no resource is at its limit{nearest}")
         )
@@ -277,48 +380,78 @@ def _resource_words(row: Evidence) -> str:
 def _figures(row: Evidence, unit: str) -> str:
     """X, D, m and U of a resource at the peak, and how its demand changed with load."""
     used = f"U {row.utilisation:.2f}, " if row.utilisation is not None else ""
-    return (f"[{used}U* {row.load:.2f}; D {row.low_ms:.2f} → {row.peak_ms:.2f} ms per {unit} "
-            f"(×{row.growth:.1f}); m {row.servers}; X {row.peak_per_s:.0f}/s]")  # fmt: skip
+    return (
+        f"[{used}U* {row.load:.2f}; D {row.low_ms:.2f} → {row.peak_ms:.2f} ms per {unit} "
+        f"(×{row.growth:.1f}); m {row.servers}; X {row.peak_per_s:.0f}/s]"
+    )
 
 
 def _law(row: Evidence, facts: _Curve, servers: str, what: str = "") -> str:
     """The bottleneck law's bound from the lowest point, said as a prediction."""
     limit = row.limit_per_s or 0.0
-    return (f"{row.low_ms:.1f} ms{what} a {facts.unit} allows at most {facts.per_s(limit)} "
-            f"(predicted: {servers} / {row.low_ms:.1f} ms)")  # fmt: skip
+    return (
+        f"{row.low_ms:.1f} ms{what} per {facts.unit} allows at most {facts.per_s(limit)} "
+        f"(predicted: {servers} / {row.low_ms:.1f} ms)"
+    )
 
 
 def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
     unit = facts.unit
     seen = f"{facts.throughput()} {_figures(top, unit)}"
     if top.kind == "lock":
-        return verdict("contended", top, (
-            f"{top.name} serves one {unit} at a time (a lock or the GIL): held "
-            f"{_law(top, facts, '1')}; {seen}, while {top.name}'s time grows to "
-            f"{top.peak_ms:.1f} ms waiting for it"),
-            f"shorten or split what {top.name} holds; more instances will not help")  # fmt: skip
+        limit = facts.per_s(top.limit_per_s or 0.0)
+        return verdict(
+            "contended",
+            top,
+            (
+                f"{top.name} serves one {unit} at a time (a lock or the GIL): held "
+                f"{top.low_ms:.1f} ms per {unit}, it allows at most {limit} (predicted: 1 / "
+                f"{top.low_ms:.1f} ms); {seen}, while {top.name}'s time grows to "
+                f"{top.peak_ms:.1f} ms waiting for it"
+            ),
+            f"shorten or split what {top.name} holds; more instances will not help",
+        )
     if top.kind == "cores":
-        return verdict("contended", top, (
-            f"{top.name} are busy: {_law(top, facts, f'{top.servers} cores', ' of CPU')}; {seen}, "
-            "while what runs on them waits for a core"),
+        return verdict(
+            "contended",
+            top,
+            (
+                f"{top.name} are busy: "
+                f"{_law(top, facts, f'{top.servers} cores', ' of CPU')}; {seen}, "
+                "while what runs on them waits for a core"
+            ),
             "fewer busy instances than cores, less CPU per request, or more hosts; more "
-            "instances will not help")  # fmt: skip
+            "instances will not help",
+        )
     if top.kind == "client":
-        return verdict("client", top, (
-            f"{top.name} is the limit: in one process (Python's GIL: one core at a time) "
-            f"{_law(top, facts, str(top.servers), ' of CPU')}; {seen}"),
+        return verdict(
+            "client",
+            top,
+            (
+                f"{top.name} is the limit: in one process (Python's GIL: one core at a time) "
+                f"{_law(top, facts, str(top.servers), ' of CPU')}; {seen}"
+            ),
             "more client processes, or less Python work per request; more threads and more "
-            "server instances will not help")  # fmt: skip
+            "server instances will not help",
+        )
     servers = f"{top.servers} instance{'s' if top.servers != 1 else ''}"
     grew = "" if top.growth <= 1 + facts.tolerance else ", and its demand grew with load"
     if top.kind == "instances":
-        return verdict("saturated", top, (
-            f"{top.name}'s {servers} {'is' if top.servers == 1 else 'are'} busy all the "
-            f"time{grew}: {_law(top, facts, servers)}; {seen}"),
-            f"more instances of {top.name}, or batching")  # fmt: skip
-    return verdict("saturated", top, (
-        f"{top.name} is busy all the time{grew}: {_law(top, facts, '1')}; {seen}"),
-        "a faster GPU, more GPUs, or less GPU work per request")  # fmt: skip
+        return verdict(
+            "saturated",
+            top,
+            (
+                f"{top.name}'s {servers} {'is' if top.servers == 1 else 'are'} busy all the "
+                f"time{grew}: {_law(top, facts, servers)}; {seen}"
+            ),
+            f"more instances of {top.name}, or batching",
+        )
+    return verdict(
+        "saturated",
+        top,
+        (f"{top.name} is busy all the time{grew}: {_law(top, facts, '1')}; {seen}"),
+        "a faster GPU, more GPUs, or less GPU work per request",
+    )
 
 
 def _unexplained(
@@ -326,26 +459,41 @@ def _unexplained(
 ) -> Verdict:
     """Throughput stopped while no measured resource is at its limit."""
     unit = facts.unit
-    busiest = (f"; the busiest measured is {_resource_words(top)} at U* {top.load:.2f}"
-               if top is not None else "")  # fmt: skip
+    busiest = (
+        f"; the busiest measured is {_resource_words(top)} at U* {top.load:.2f}"
+        if top is not None
+        else ""
+    )
     grown = sorted(
         (r for r in rows if r.kind in ("stage", "instances") and r.growth > 1 + facts.tolerance),
-        key=lambda r: r.peak_ms - r.low_ms, reverse=True,
-    )  # fmt: skip
+        key=lambda r: r.peak_ms - r.low_ms,
+        reverse=True,
+    )
     if grown:
         row = grown[0]
         where = f" in {row.model}" if row.model and row.model != row.name else ""
-        return verdict("contended", row, (
-            f"{row.name}{where}: {row.low_ms:.1f} → {row.peak_ms:.1f} ms per {unit} "
-            f"(×{row.growth:.1f}); {facts.throughput()}, because {row.name} waits for a "
-            f"resource the study does not measure (a lock, the GIL, memory bandwidth, a "
-            f"device){busiest}"),
-            f"trace {row.name}'s stages to find what it waits for; more instances will not "
-            "help", predicted=False, resource="unmeasured")  # fmt: skip
-    return verdict("unknown", None, (
-        f"{facts.throughput()} while no measured resource is at its limit and "
-        f"no demand grows{busiest}: the limit lies outside what the study measures (the "
-        "network, a proxy, the client's host)"))  # fmt: skip
+        return verdict(
+            "contended",
+            row,
+            (
+                f"{row.name}{where}: {row.low_ms:.1f} → {row.peak_ms:.1f} ms per {unit} "
+                f"(×{row.growth:.1f}); {facts.throughput()}, because {row.name} waits for a "
+                f"resource the study does not measure (a lock, the GIL, memory bandwidth, a "
+                f"device){busiest}"
+            ),
+            f"trace {row.name}'s stages to find what it waits for; more instances will not help",
+            predicted=False,
+            resource="unmeasured",
+        )
+    return verdict(
+        "unknown",
+        None,
+        (
+            f"{facts.throughput()} while no measured resource is at its limit and "
+            f"no demand grows{busiest}: the limit lies outside what the study measures (the "
+            "network, a proxy, the client's host)"
+        ),
+    )
 
 
 def _instances(facts: _Curve, top: Evidence | None, verdict: _Make) -> Verdict:
@@ -353,8 +501,10 @@ def _instances(facts: _Curve, top: Evidence | None, verdict: _Make) -> Verdict:
     low, high, unit = facts.low, facts.high, facts.unit
     n_low, n_high = low.params["instances"], high.params["instances"]
     epsilon = (high.throughput / n_high) / (low.throughput / n_low) if low.throughput else 0.0
-    trend = (f"throughput {low.throughput:.0f} → {high.throughput:.0f} {unit}s/s "
-             f"{facts.span()} (ε = {epsilon:.2f})")  # fmt: skip
+    trend = (
+        f"throughput {low.throughput:.0f} → {high.throughput:.0f} {unit}s/s "
+        f"{facts.span()} (ε = {epsilon:.2f})"
+    )
     if epsilon >= 1 - facts.tolerance:
         return verdict("rising", None, f"{trend}: more instances pay")
     if top is not None and top.kind != "instances":
@@ -364,9 +514,12 @@ def _instances(facts: _Curve, top: Evidence | None, verdict: _Make) -> Verdict:
     load = f" ({concurrency} in flight)" if concurrency else ""
     queue = high.component_ms(SERVER_QUEUE)
     waits = f"; requests still queue {queue:.1f} ms" if queue else ""
-    return verdict("underloaded", None, (
-        f"{trend}: the load{load} does not keep more instances busy{waits}"),
-        "more load (threads, client processes) before more instances")  # fmt: skip
+    return verdict(
+        "underloaded",
+        None,
+        (f"{trend}: the load{load} does not keep more instances busy{waits}"),
+        "more load (threads, client processes) before more instances",
+    )
 
 
 def verdicts(

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from typing import Any
+
 import pytest
 
-from otelkit.analysis.breakdown import CLIENT_OTHER, NETWORK, SERVER_OTHER, SERVER_QUEUE
+from otelkit.analysis.breakdown import NETWORK
 from otelkit.study import derived
-from otelkit.study.attribution import attribute, verdicts
+from otelkit.study.host import HostUsage
+from otelkit.study.point import Point
+from otelkit.study.verdicts import Verdict, judge, verdicts
 from tests.study.conftest import figures, make_point
 
 
@@ -106,198 +112,235 @@ def test_knee_refuses_a_tolerance_that_makes_no_sense() -> None:
 
 
 # -- verdicts ----------------------------------------------------------------------------------
+# Synthetic points whose figures obey Little's law (latency = in flight / throughput) and whose
+# Triton counters cover the same requests: the laws decide as they do on measured points
+# (tests/study/test_truth_table.py holds the real deployments).
 
 
-def nersc_curve() -> list:
-    """NERSC's finding: graph building slows down under load, the other stages do not."""
+def point(
+    params: dict[str, Any],
+    throughput: float,
+    components: dict[str, float] | None = None,
+    *,
+    models: dict[str, tuple[float, int]] | None = None,
+    queue_ms: float = 0.1,
+    index: int = 0,
+    **options: Any,
+) -> Point:
+    """A point at ``throughput`` whose Triton ``models`` are (compute ms, instances)."""
+    in_flight = params.get("concurrency", 1)
+    triton = {
+        name: figures(ms, queue_ms, instances=n, requests=round(throughput * 10))
+        for name, (ms, n) in (models or {}).items()
+    }
+    latency = options.pop("latency_ms", 1e3 * in_flight / throughput)
+    cpu_s = options.pop("cpu_s", 0.0)  # the client's CPU seconds over the 10 s window
+    found = make_point(
+        params, throughput, components, triton=triton, index=index, latency_ms=latency, **options
+    )
+    found.cpu_s = cpu_s
+    return found
+
+
+def test_nerscs_curve_names_the_stage_that_waits_for_something_unmeasured() -> None:
+    # NERSC's finding: graph building slows down under load while the other stages do not, and
+    # no resource the study measures is busy: the stage is named, its wait left unnamed
     stages = {"server embed": 0.8, "server filter": 2.2, "server gnn": 12.0}
     graph = [(1, 1.8, 60.0), (2, 2.5, 110.0), (4, 4.0, 145.0), (8, 5.6, 150.0)]
-    return [
-        make_point(
-            {"concurrency": n}, t, {**stages, "server build_graph": ms, SERVER_QUEUE: 0.1}, index=i
+    curve = [
+        point(
+            {"concurrency": n},
+            t,
+            {**stages, "server build_graph": ms},
+            index=i,
+            stage_models={"server build_graph": "graph"},
         )
         for i, (n, ms, t) in enumerate(graph)
     ]
-
-
-def test_a_stage_that_grows_with_load_is_named_contended_in_nerscs_words() -> None:
-    (verdict,) = verdicts(nersc_curve(), unit="event")
-    assert verdict.kind == "contended"
-    assert verdict.limit == "build_graph"
-    assert verdict.sentence == (
-        "build_graph: 1.8 → 5.6 ms per event from 1 to 8 threads (×3.1) while the other stages "
-        "stay within ±10 %: throughput plateaus at 150 events/s because build_graph is contended"
+    (verdict,) = verdicts(curve, unit="event")
+    assert (verdict.kind, verdict.limit, verdict.resource) == (
+        "contended",
+        "build_graph",
+        "unmeasured",
     )
-    # the growth of every component, from the lowest point to each higher one
-    assert set(verdict.growth) == {"concurrency=2", "concurrency=4", "concurrency=8"}
-    top = {g.component: (g.low_ms, g.high_ms) for g in verdict.growth["concurrency=8"]}
-    assert top["server build_graph"] == (1.8, 5.6)
-    assert top["server gnn"] == (12.0, 12.0)
-
-
-def test_a_growing_queue_with_flat_stages_is_saturation_at_the_least_capacity() -> None:
-    # embed: 2 ms, 1 instance -> 500/s; gnn: 12 ms, 2 instances, 1.5 requests an execution
-    # -> 250/s: gnn limits, though embed's share per instance is smaller
-    stage_models = {"server embed": "embed", "server gnn": "gnn"}
-    low = make_point(
-        {"concurrency": 1},
-        70.0,
-        {"server embed": 2.0, "server gnn": 12.0, SERVER_QUEUE: 0.2},
-        stage_models=stage_models,
+    assert verdict.sentence.startswith(
+        "build_graph in graph: 1.8 → 5.6 ms per event (×3.1); throughput plateaus at 150 "
+        "events/s from 1 to 8 threads, because build_graph waits for a resource the study does "
+        "not measure"
     )
-    triton = {
-        "embed": figures(2.0, instances=1),
-        "gnn": figures(12.0, per_execution=1.5, instances=2),
-    }
-    high = make_point(
-        {"concurrency": 16},
-        245.0,
-        {"server embed": 2.1, "server gnn": 12.5, SERVER_QUEUE: 40.0},
-        stage_models=stage_models,
-        triton=triton,
+    assert verdict.predicted_per_s is None  # nothing measured gives the wait's capacity
+    assert verdict.plateau_per_s == 150.0
+
+
+def test_the_least_capacity_saturates_whatever_the_queue_does() -> None:
+    # embed: 2 ms on 1 instance -> 500/s; gnn: 8 ms on 2 instances -> 250/s. The queue grows
+    # by (N-1) service times in a closed loop: it is a symptom, never the verdict's reason.
+    models = {"embed": (2.0, 1), "gnn": (8.0, 2)}
+    low = point({"concurrency": 1}, 95.0, models=models)
+    high = point({"concurrency": 16}, 245.0, models=models, queue_ms=55.0, index=1)
+    verdict = judge([low, high], "concurrency", unit="event")
+    assert (verdict.kind, verdict.resource, verdict.limit) == ("saturated", "instances", "gnn")
+    assert verdict.predicted_per_s == pytest.approx(250.0)
+    assert verdict.plateau_per_s == 245.0
+    assert verdict.sentence.startswith(
+        "gnn's 2 instances are busy all the time: 8.0 ms per event allows at most 250 events/s "
+        "(predicted: 2 instances / 8.0 ms)"
+    )
+    assert [e.name for e in verdict.evidence[:2]] == ["gnn", "embed"]
+    assert verdict.change == "more instances of gnn, or batching"
+
+
+def test_an_ensemble_is_never_the_limit_its_slowest_step_is() -> None:
+    low = point({"concurrency": 1}, 60.0, models={"embed": (2.0, 1), "gnn": (12.0, 1)})
+    low.triton["tracking"] = figures(14.0, 0.0, ensemble=True, requests=600)
+    high = point(
+        {"concurrency": 8},
+        82.0,
+        models={"embed": (2.0, 1), "gnn": (12.0, 1)},
+        queue_ms=60.0,
         index=1,
     )
-    verdict = attribute([low, high], "concurrency", unit="event")
-    assert verdict.kind == "saturated"
-    assert verdict.limit == "gnn"
-    assert verdict.sentence == (
-        "server queue: 0.2 → 40.0 ms per event from 1 to 16 threads while the stages stay within "
-        "±10 %: the servers are saturated; throughput reaches 245 events/s, the capacity of gnn "
-        "(250 events/s)"
-    )
+    high.triton["tracking"] = figures(14.0, 0.0, ensemble=True, requests=820)
+    verdict = judge([low, high], "concurrency", unit="event")
+    assert (verdict.kind, verdict.limit) == ("saturated", "gnn")
+    assert verdict.predicted_per_s == pytest.approx(1000 / 12)
+    assert "tracking" not in {e.name for e in verdict.evidence}
 
 
-def test_an_ensemble_is_never_the_capacity_limit_its_slowest_step_is() -> None:
-    # Triton's ensemble "tracking" runs embed then gnn; its compute time spans both steps
-    # (14 ms), but the steps run as a pipeline in models of their own: gnn (12 ms, one
-    # instance) caps throughput at 83 events/s, not the ensemble's 1 / 14 ms = 71
-    stage_models = {"server embed": "embed", "server gnn": "gnn"}
-    low = make_point({"concurrency": 1}, 60.0, {"server embed": 2.0, "server gnn": 12.0,
-                     SERVER_QUEUE: 0.2}, stage_models=stage_models)  # fmt: skip
-    triton = {
-        "tracking": figures(14.0, 0.0, instances=None, ensemble=True),
-        "embed": figures(2.0, instances=1),
-        "gnn": figures(12.0, instances=1),
-    }
-    high = make_point({"concurrency": 8}, 80.0, {"server embed": 2.1, "server gnn": 12.2,
-                      SERVER_QUEUE: 60.0}, stage_models=stage_models, triton=triton,
-                      index=1)  # fmt: skip
-    verdict = attribute([low, high], "concurrency", unit="event")
-    assert verdict.kind == "saturated" and verdict.limit == "gnn"
-    assert verdict.sentence.endswith("the capacity of gnn (83 events/s)")
-    assert triton["tracking"].capacity_per_s() is None
-
-
-def test_the_capacity_is_read_where_throughput_peaks_not_where_it_collapsed() -> None:
-    # one gnn instance: 20 ms -> 50 events/s at 2 threads, where throughput peaks at 46; at 8
-    # threads two processes thrash on the cores, gnn's compute grows to 45 ms and throughput
-    # falls to 21. Read there, the capacity (22/s) would be below the 46/s reached.
-    stage_models = {"server gnn": "gnn"}
-    curve = [(1, 30.0, 20.0, 0.2), (2, 46.0, 20.0, 20.0), (8, 21.0, 45.0, 300.0)]
-    points = [
-        make_point(
+def test_a_stage_that_serves_one_at_a_time_is_named_and_more_instances_are_not_advised() -> None:
+    # NERSC's shape on 4 instances: prep 2 ms, match 6 ms under a lock every instance shares
+    def at(n: int, t: float, match_ms: float, index: int) -> Point:
+        return point(
             {"concurrency": n},
             t,
-            {"server gnn": ms, SERVER_QUEUE: queue},
-            stage_models=stage_models,
-            triton={"gnn": figures(ms, queue, instances=1)},
-            index=i,
+            {"server prep": 2.0, "server match": match_ms},
+            models={"locked": (2.0 + match_ms, 4)},
+            index=index,
+            stage_models={"server prep": "locked", "server match": "locked"},
         )
-        for i, (n, t, ms, queue) in enumerate(curve)
-    ]
-    verdict = attribute(points, "concurrency", unit="event")
-    assert (verdict.kind, verdict.limit) == ("saturated", "gnn")
-    assert verdict.sentence.endswith(
-        "the servers are saturated; throughput peaks at 46 events/s (2 threads) and falls to 21 "
-        "at 8, the capacity of gnn (50 events/s)"
-    )
-    # Triton's counters alone say the same
-    bare = [make_point(p.params, p.throughput, triton=p.triton, index=i)
-            for i, p in enumerate(points)]  # fmt: skip
-    assert attribute(bare, "concurrency", unit="event").sentence.endswith(
-        "throughput peaks at 46 events/s (2 threads) and falls to 21 at 8, the capacity of gnn "
-        "(50 events/s)"
-    )
+
+    verdict = judge([at(1, 110.0, 6.0, 0), at(8, 160.0, 22.0, 1)], "concurrency")
+    assert (verdict.kind, verdict.resource, verdict.limit) == ("contended", "lock", "match")
+    assert verdict.predicted_per_s == pytest.approx(1000 / 6)
+    assert "more instances will not help" in verdict.change
+    # the instances' U* is 160 x 8 ms / 4 = 0.32: not what caps it
+    instances = next(e for e in verdict.evidence if e.key == "model locked")
+    assert instances.load == pytest.approx(0.32)
 
 
-def test_growth_on_the_clients_side_says_the_client_limits() -> None:
-    low = make_point({"rate": 100}, 100.0, {NETWORK: 0.5, CLIENT_OTHER: 0.2, "server m": 1.0})
-    high = make_point(
-        {"rate": 800}, 420.0, {NETWORK: 6.0, CLIENT_OTHER: 0.3, "server m": 1.05}, index=1
-    )
-    verdict = attribute([low, high], "rate")
-    assert (verdict.kind, verdict.limit) == ("client", NETWORK)
-    assert verdict.sentence.startswith(
-        "network + offload: 0.5 → 6.0 ms per request from 100 to 800 requests/s (×12.0) while "
-        "the stages stay within ±10 %"
-    )
+def test_a_stage_that_grew_beyond_what_one_at_a_time_allows_is_no_lock() -> None:
+    # 4 instances burning 10 ms of CPU on 2 cores: compute doubles, but 176/s x 11 ms = 1.9
+    # requests at a time: no lock does that; the cores (U 1.0) do
+    def at(n: int, t: float, ms: float, busy: float, index: int) -> Point:
+        found = point(
+            {"concurrency": n},
+            t,
+            {"server compute": ms},
+            models={"cores": (ms, 4)},
+            index=index,
+            stage_models={"server compute": "cores"},
+        )
+        found.host = HostUsage(2, busy, None, 10.0)
+        return found
+
+    verdict = judge([at(1, 85.0, 11.0, 0.98, 0), at(8, 176.0, 22.7, 2.0, 1)], "concurrency")
+    assert (verdict.kind, verdict.resource) == ("contended", "cores")
+    # the lock hypothesis is refuted: 176/s x 11 ms is 1.9 requests at a time
+    assert [e.key for e in verdict.evidence if e.kind == "lock"] == []
+    assert verdict.predicted_per_s == pytest.approx(2 / (0.98 / 85.0))
+    assert "more instances will not help" in verdict.change
 
 
-def test_growth_outside_the_stages_blames_the_servers_own_work() -> None:
-    low = make_point({"concurrency": 1}, 90.0, {SERVER_OTHER: 1.0, "server m": 9.0})
-    high = make_point({"concurrency": 4}, 110.0, {SERVER_OTHER: 20.0, "server m": 9.1}, index=1)
-    verdict = attribute([low, high], "concurrency")
-    assert (verdict.kind, verdict.limit) == ("contended", SERVER_OTHER)
+def test_a_client_busy_with_its_own_work_is_the_limit_not_the_network() -> None:
+    # the wait for the GIL lies between the client's span and the server's: network + offload
+    # grows, but the client's own CPU (9.5 ms a request, one core) is what the laws name
+    low = point({"concurrency": 1}, 96.0, {NETWORK: 0.5, "server m": 1.0}, cpu_s=9.1)
+    high = point({"concurrency": 8}, 104.0, {NETWORK: 46.0, "server m": 1.0}, cpu_s=9.9, index=1)
+    verdict = judge([low, high], "concurrency")
+    assert (verdict.kind, verdict.resource) == ("client", "client")
+    assert verdict.predicted_per_s == pytest.approx(96.0 / 0.91, rel=1e-3)
+    assert "more threads" in verdict.change
+
+
+def test_a_dynamic_batchers_delay_is_the_batchers_not_contention() -> None:
+    def at(n: int, t: float, queue: float, index: int) -> Point:
+        found = point({"concurrency": n}, t, models={"m": (2.0, 1)}, queue_ms=queue, index=index)
+        found.triton["m"] = replace(found.triton["m"], batch_delay_ms=20.0, max_batch_size=8)
+        return found
+
+    verdict = judge([at(1, 45.0, 19.8, 0), at(2, 88.0, 19.5, 1)], "concurrency")
+    assert verdict.kind == "batching"
+    assert "within its 20 ms max_queue_delay" in verdict.sentence
+
+
+def test_without_traces_the_configured_instances_give_the_capacity() -> None:
+    # 4 instances of a 10 ms model: 100 -> 398 requests/s is rising, its capacity 400/s, not
+    # the 100/s one instance would give
+    low = point({"concurrency": 1}, 100.0, models={"m": (10.0, 4)})
+    high = point({"concurrency": 4}, 398.0, models={"m": (10.0, 4)}, index=1)
+    verdict = judge([low, high], "concurrency")
+    assert verdict.kind in ("rising", "saturated")
+    assert verdict.predicted_per_s == pytest.approx(400.0)
+
+
+def test_an_open_loop_falling_behind_its_rate_is_not_rising() -> None:
+    # 800/s offered, 420/s served: latency from the scheduled time grows 2 -> 2,000 ms
+    low = point({"rate": 100}, 100.0, models={"m": (2.3, 1)}, latency_ms=2.0)
+    high = point({"rate": 800}, 420.0, models={"m": (2.3, 1)}, latency_ms=2000.0, index=1)
+    verdict = judge([low, high], "rate")
+    assert (verdict.kind, verdict.limit) == ("saturated", "m")
+    assert "800/s the rest wait in the client's backlog" in verdict.sentence
+    assert verdict.predicted_per_s == pytest.approx(1000 / 2.3)
 
 
 def test_flat_time_per_request_means_nothing_caps_throughput_yet() -> None:
-    low = make_point({"concurrency": 1}, 100.0, {"server m": 9.0, SERVER_QUEUE: 0.1})
-    high = make_point({"concurrency": 2}, 198.0, {"server m": 9.3, SERVER_QUEUE: 0.2}, index=1)
-    verdict = attribute([low, high], "concurrency")
+    low = point({"concurrency": 1}, 100.0, models={"m": (9.0, 4)})
+    high = point({"concurrency": 2}, 198.0, models={"m": (9.1, 4)}, index=1)
+    verdict = judge([low, high], "concurrency")
     assert verdict.kind == "rising"
-    assert "nothing caps it within the sweep" in verdict.sentence
+    assert verdict.plateau_per_s is None
+    assert "no resource is at its limit; the nearest limit is m's 4 instances at 444" in (
+        verdict.sentence
+    )
 
 
-def test_along_instances_the_verdict_follows_epsilon() -> None:
-    comps = {"server m": 10.0, SERVER_QUEUE: 30.0}
+def test_along_instances_the_verdict_follows_epsilon_and_the_cores() -> None:
     pays = [
-        make_point({"instances": 1}, 95.0, comps),
-        make_point({"instances": 2}, 186.0, {"server m": 10.1, SERVER_QUEUE: 10.0}, index=1),
+        point({"instances": 1}, 95.0, models={"m": (10.0, 1)}),
+        point({"instances": 2}, 186.0, models={"m": (10.1, 2)}, index=1),
     ]
-    assert attribute(pays, "instances").sentence == (
+    assert judge(pays, "instances").sentence == (
         "throughput 95 → 186 requests/s from 1 to 2 instances (ε = 0.98): more instances pay"
     )
     idle = [
-        make_point({"instances": 1, "concurrency": 1}, 95.0, {"server m": 10.0}),
-        make_point({"instances": 2, "concurrency": 1}, 94.0, {"server m": 10.2}, index=1),
+        point({"instances": 1, "concurrency": 1}, 95.0, models={"m": (10.0, 1)}),
+        point({"instances": 2, "concurrency": 1}, 94.0, models={"m": (10.2, 2)}, index=1),
     ]
-    assert attribute(idle, "instances").kind == "underloaded"
-    shared = [
-        make_point({"instances": 1}, 95.0, {"server m": 10.0, SERVER_QUEUE: 30.0}),
-        make_point({"instances": 2}, 120.0, {"server m": 16.0, SERVER_QUEUE: 8.0}, index=1),
+    assert judge(idle, "instances").kind == "underloaded"
+    cores = [
+        point({"instances": 2}, 170.0, models={"m": (11.0, 2)}),
+        point({"instances": 4}, 176.0, models={"m": (22.0, 4)}, index=1),
     ]
-    found = attribute(shared, "instances")
-    assert (found.kind, found.limit) == ("contended", "m")
-    busy = [
-        make_point({"instances": 1}, 95.0, {"server m": 10.0, SERVER_QUEUE: 30.0}),
-        make_point(
-            {"instances": 2},
-            150.0,
-            {"server m": 10.5, SERVER_OTHER: 1.5, SERVER_QUEUE: 12.0},
-            index=1,
-        ),
-    ]
-    found = attribute(busy, "instances")
-    assert (found.kind, found.limit) == ("contended", SERVER_OTHER)
-    assert found.sentence.endswith(
-        "(ε = 0.79) while requests still queue 12.0 ms for an instance: the instances are busy "
-        "and slow each other down (a shared CPU, GPU or memory bandwidth)"
-    )
+    for found, busy in zip(cores, (1.9, 2.0), strict=True):
+        found.host = HostUsage(2, busy, None, 10.0)
+    verdict = judge(cores, "instances")
+    assert (verdict.kind, verdict.resource) == ("contended", "cores")
+    assert verdict.sentence.startswith("throughput 170 → 176 requests/s from 2 to 4 instances")
 
 
-def test_without_traces_tritons_counters_decide() -> None:
-    low = make_point({"concurrency": 1}, 95.0, triton={"m": figures(10.0, 0.1)})
-    high = make_point(
-        {"concurrency": 8}, 99.0, triton={"m": figures(10.1, 70.0, instances=1)}, index=1
-    )
-    verdict = attribute([low, high], "concurrency")
-    assert (verdict.kind, verdict.limit) == ("saturated", "m")
-    assert verdict.sentence.endswith("the capacity of m (99 requests/s)")
-    bare = [make_point({"concurrency": 1}, 95.0), make_point({"concurrency": 8}, 99.0, index=1)]
-    assert attribute(bare, "concurrency").kind == "unknown"
-
-
-def test_failed_points_and_single_points_make_no_curve() -> None:
+def test_a_curve_with_failed_points_says_so_instead_of_a_verdict() -> None:
     failed = make_point({"concurrency": 8}, 0.0, index=1)
-    failed.status = "failed"
-    assert verdicts([make_point({"concurrency": 1}, 95.0), failed]) == []
+    failed.status, failed.error = "failed", "the server died"
+    (verdict,) = verdicts([make_point({"concurrency": 1}, 95.0), failed])
+    assert verdict.kind == "failed"
+    assert verdict.sentence == (
+        "no verdict: 1 of 2 points did not measure cleanly: concurrency=8 (failed: the server died)"
+    )
+    assert verdicts([make_point({"concurrency": 1}, 95.0)]) == []  # one point is no curve
+
+
+def test_a_verdict_survives_the_results_file() -> None:
+    low = point({"concurrency": 1}, 95.0, models={"gnn": (8.0, 2), "embed": (2.0, 1)})
+    high = point({"concurrency": 16}, 245.0, models={"gnn": (8.0, 2), "embed": (2.0, 1)}, index=1)
+    verdict = judge([low, high], "concurrency")
+    assert Verdict.from_dict(json.loads(json.dumps(verdict.to_dict()))) == verdict

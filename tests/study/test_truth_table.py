@@ -49,8 +49,13 @@ def truth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TruthServer]:
         "OTEL_BSP_SCHEDULE_DELAY": "200",
     }
     # every request that carries a context is traced (the study's sampled share), no other
-    with TritonServer(TRUTH / "models", trace_url=url, trace_rate=1_000_000, env=env,
-                      log_path=files / "tritonserver.log") as server:  # fmt: skip
+    with TritonServer(
+        TRUTH / "models",
+        trace_url=url,
+        trace_rate=1_000_000,
+        env=env,
+        log_path=files / "tritonserver.log",
+    ) as server:
         yield TruthServer(server, port)
 
 
@@ -93,8 +98,11 @@ def assert_predicted(verdict: Verdict, results: StudyResults) -> None:
 def test_a_models_busy_instance_is_saturated(truth: TruthServer, tmp_path: Path) -> None:
     results = study(truth, tmp_path, model="saturated", sweep={"concurrency": [1, 4]})
     verdict = only(results)
-    assert (verdict.kind, verdict.resource, verdict.limit) == ("saturated", "instances",
-                                                              "saturated")  # fmt: skip
+    assert (verdict.kind, verdict.resource, verdict.limit) == (
+        "saturated",
+        "instances",
+        "saturated",
+    )
     assert_predicted(verdict, results)
     assert verdict.predicted_per_s == pytest.approx(100, rel=0.1)  # 1 instance / 10 ms
 
@@ -102,8 +110,11 @@ def test_a_models_busy_instance_is_saturated(truth: TruthServer, tmp_path: Path)
 def test_the_slow_step_of_an_ensemble_is_saturated(truth: TruthServer, tmp_path: Path) -> None:
     results = study(truth, tmp_path, model="pipeline", sweep={"concurrency": [1, 4]})
     verdict = only(results)
-    assert (verdict.kind, verdict.resource, verdict.limit) == ("saturated", "instances",
-                                                              "step_slow")  # fmt: skip
+    assert (verdict.kind, verdict.resource, verdict.limit) == (
+        "saturated",
+        "instances",
+        "step_slow",
+    )
     assert_predicted(verdict, results)
 
 
@@ -134,8 +145,9 @@ class BusyClient(Workload):
     def __init__(self) -> None:
         self.calls = ModelCalls("light")
 
-    def open(self, params: Mapping[str, Any], endpoint: Endpoint, *, traced: bool,
-             ready_s: float) -> None:  # fmt: skip
+    def open(
+        self, params: Mapping[str, Any], endpoint: Endpoint, *, traced: bool, ready_s: float
+    ) -> None:
         self.calls.open(params, endpoint, traced=traced, ready_s=ready_s)
 
     def __call__(self, index: int) -> None:
@@ -176,8 +188,7 @@ def test_dynamic_batching_under_light_load_is_the_batchers_wait(
 def test_without_traces_a_busy_instance_is_still_saturated(
     truth: TruthServer, tmp_path: Path
 ) -> None:
-    results = study(truth, tmp_path, model="saturated", sweep={"concurrency": [1, 4]},
-                    traced=False)  # fmt: skip
+    results = study(truth, tmp_path, model="saturated", sweep={"concurrency": [1, 4]}, traced=False)
     verdict = only(results)
     assert (verdict.kind, verdict.limit) == ("saturated", "saturated")
     assert_predicted(verdict, results)
@@ -186,8 +197,7 @@ def test_without_traces_a_busy_instance_is_still_saturated(
 def test_without_traces_a_lock_is_named_as_a_wait_inside_the_model(
     truth: TruthServer, tmp_path: Path
 ) -> None:
-    results = study(truth, tmp_path, model="locked", sweep={"concurrency": [1, 8]},
-                    traced=False)  # fmt: skip
+    results = study(truth, tmp_path, model="locked", sweep={"concurrency": [1, 8]}, traced=False)
     verdict = only(results)
     # Triton's counters see the model's compute grow, not which part of it waits: the model is
     # named, and more instances are not advised; no plateau can be predicted from the lowest

@@ -1,4 +1,4 @@
-"""The plots of a study's results: scaling, latency, attribution, saturation, GPUs.
+"""The plots of a study's results: scaling, latency, utilisation, attribution, saturation, GPUs.
 
 Read through ``otelkit.study``'s results API (``StudyResults``: its points, derived rows and
 verdicts), so the page says what ``otelkit study show`` says. A plot appears only when its data
@@ -17,6 +17,7 @@ from typing import Any
 from otelkit.analysis.breakdown import TOTAL
 from otelkit.report.charts import Chart, line_chart
 from otelkit.study import Point, StudyResults
+from otelkit.study.capacity import resources
 from otelkit.study.derived import LOAD_AXES, curves
 
 __all__ = ["axis_title", "study_charts", "swept"]
@@ -63,6 +64,7 @@ def study_charts(results: StudyResults, prefix: str = "study") -> list[Chart]:
     charts += _derived(results, prefix)
     load_axis = next(iter(swept(ok)), None)
     if load_axis is not None:
+        charts += _utilisation(results, ok, prefix)
         charts += _attribution(results, ok, prefix)
         charts += _saturation_and_gpus(ok, load_axis, prefix)
     return charts
@@ -114,6 +116,43 @@ def _derived(results: StudyResults, prefix: str) -> list[Chart]:
         name = f"{prefix}-{figure.replace('_', '-')}"
         charts.append(line_chart(name, title, rows, ("at", x_title), ("value", y_title),
                                  rule_y=ideal))  # fmt: skip
+    return charts
+
+
+def _utilisation(results: StudyResults, ok: list[Point], prefix: str) -> list[Chart]:
+    """Per verdict: each resource's utilisation U = X.D/m along its curve, the bottleneck in
+    bold, the plateau measured beside the one predicted (the utilisation and bottleneck laws)."""
+    charts = []
+    unit = str(results.header.get("unit", "request"))
+    for n, verdict in enumerate(results.verdicts):
+        members = curves(ok, verdict.axis).get(verdict.curve, [])
+        locks = [e for e in verdict.evidence if e.kind == "lock"]
+        rows: list[dict[str, Any]] = []
+        for p in members:
+            at = p.params[verdict.axis]
+            for resource in resources(p).values():
+                if resource.utilisation is not None and resource.kind != "stage":
+                    rows.append({verdict.axis: at, "U": round(resource.utilisation, 4),
+                                 "resource": resource.name})  # fmt: skip
+            for lock in locks:  # one at a time: its hold, the low-load time, at this X
+                rows.append({verdict.axis: at, "U": round(p.throughput * lock.low_ms / 1e3, 4),
+                             "resource": f"{lock.name} (one at a time)"})  # fmt: skip
+        if not rows:
+            continue
+        limit = verdict.limit
+        if verdict.resource == "lock":
+            limit = f"{limit} (one at a time)"
+        measured = (f"plateau measured {verdict.plateau_per_s:.0f} {unit}s/s"
+                    if verdict.plateau_per_s else "no plateau within the sweep")  # fmt: skip
+        predicted = (f"; predicted m/D from the lowest point {verdict.predicted_per_s:.0f} "
+                     f"{unit}s/s (derived)" if verdict.predicted_per_s else "")  # fmt: skip
+        title = f"Utilisation of each resource ({_series(verdict.curve)}): {verdict.kind}"
+        charts.append(line_chart(
+            f"{prefix}-utilisation-{n}", title, rows,
+            (verdict.axis, axis_title(verdict.axis)), ("U", "utilisation U = X·D/m"),
+            series="resource", highlight=limit, rule_y=1.0,
+            note=f"{measured}{predicted}. {verdict.kind}: {verdict.sentence}",
+        ))  # fmt: skip
     return charts
 
 

@@ -44,7 +44,7 @@ class Resource:
     key: str  # the same at every point of a study: "model gnn", "stage match", "host cores"
     kind: ResourceKind
     name: str  # as a sentence names it
-    servers: int | None
+    servers: float | None  # instances, cores (less what other processes take), 1
     demand_ms: float
     utilisation: float | None  # X . D / m; None where m is unknown
     source: str  # where the demand was measured
@@ -70,7 +70,7 @@ class Resource:
         }
 
 
-def _utilisation(throughput: float, demand_ms: float, servers: int | None) -> float | None:
+def _utilisation(throughput: float, demand_ms: float, servers: float | None) -> float | None:
     return throughput * demand_ms / 1e3 / servers if servers else None
 
 
@@ -92,7 +92,7 @@ def resources(point: Point) -> dict[str, Resource]:
         key: str,
         kind: ResourceKind,
         name: str,
-        servers: int | None,
+        servers: float | None,
         demand_ms: float,
         source: str,
         utilisation: float | None = None,
@@ -135,15 +135,30 @@ def resources(point: Point) -> dict[str, Resource]:
         )
     host = point.host
     if host is not None and host.cores and host.busy_cores is not None:
-        add(
-            "host cores",
-            "cores",
-            f"the host's {host.cores} cores",
-            host.cores,
-            host.busy_cores * 1e3 / x,
-            "/proc/stat",
-            host.busy_cores / host.cores,
-        )
+        # The request's own CPU is the client's and the server's; what other processes take
+        # of the cores is not the request's demand but fewer cores left for it.
+        own = host.server_cores + point.cpu_cores if host.server_cores is not None else None
+        if own is not None and own > 0:
+            others = min(max(0.0, host.busy_cores - own), host.cores - 0.5)
+            add(
+                "host cores",
+                "cores",
+                f"the host's {host.cores} cores",
+                host.cores - others,
+                own * 1e3 / x,
+                "the client's and the server's CPU time",
+                host.busy_cores / host.cores,
+            )
+        else:
+            add(
+                "host cores",
+                "cores",
+                f"the host's {host.cores} cores",
+                host.cores,
+                host.busy_cores * 1e3 / x,
+                "/proc/stat",
+                host.busy_cores / host.cores,
+            )
     for uuid, gauges in point.gpus.items():
         busy = gauges.get("utilization")
         if busy is not None and busy > 0:

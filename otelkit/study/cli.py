@@ -1,10 +1,12 @@
-"""``otelkit study``: run a sweep, show a results file, compare two, merge client parts.
+"""``otelkit study``: run a sweep, show a results file, predict a change, compare two, merge
+client parts.
 
     otelkit study run --triton tests/models --model sleep_fp32 \\
         --sweep instances=1,2 --sweep concurrency=1,2,4 --seconds 5 --out study.jsonl
     otelkit study run --url gpu-node:8000 --metrics-url http://gpu-node:8002/metrics \\
         --model exatrkx --rate 50 --sweep batch_size=1,4,16 --out batch.jsonl
     otelkit study show study.jsonl
+    otelkit study predict study.jsonl --set sleep_fp32.instances=2 --confirm
     otelkit study compare before.jsonl after.jsonl
     otelkit study merge part-0.jsonl part-1.jsonl --out merged.jsonl
     otelkit study slurm --parts 4 --dir parts -- --url gpu-node:8000 --model m --concurrency 250
@@ -20,7 +22,13 @@ import argparse
 import sys
 
 from otelkit.errors import StudyError
-from otelkit.study.command import parse_sweep, run_arguments, run_study
+from otelkit.study.command import (
+    parse_sweep,
+    predict_arguments,
+    predict_study,
+    run_arguments,
+    run_study,
+)
 from otelkit.study.compare import compare, format_comparison
 from otelkit.study.parts import merge_files
 from otelkit.study.ray_tasks import run_on_ray
@@ -36,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show = commands.add_parser("show", help="print a results file's table and verdicts")
     show.add_argument("results", help="a results file (JSON Lines)")
     show.add_argument("--derive", action="store_true", help="compute figures and verdicts again")
+    predict_arguments(
+        commands.add_parser(
+            "predict", help="what a change would give, from the measured demands (derived)"
+        )
+    )
     both = commands.add_parser("compare", help="two results files: each change with an interval")
     both.add_argument("before")
     both.add_argument("after")
@@ -68,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
                 results.derive()
             print(results.summary())
             return 0
+        if command == "predict":
+            return predict_study(args)
         if command == "compare":
             differences, unmatched = compare(
                 read_results(args.before), read_results(args.after), args.confidence

@@ -12,10 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from otelkit.errors import StudyError
 from otelkit.study.load import Load
+from otelkit.study.predict import Prediction
+from otelkit.study.results import StudyResults, read_results
 from otelkit.study.runner import Study, Tracing
 from otelkit.study.servers import Remote, Server, Triton
 
@@ -48,19 +52,28 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--triton", metavar="REPOSITORY", help="launch tritonserver on it")
     where.add_argument("--url", help="host:port of a running KServe v2 server")
-    where.add_argument("--ray-serve", metavar="MODULE:BUILDER",
-                       help="deploy builder(params, env_vars) on a local Ray Serve")  # fmt: skip
+    where.add_argument(
+        "--ray-serve",
+        metavar="MODULE:BUILDER",
+        help="deploy builder(params, env_vars) on a local Ray Serve",
+    )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", help="the model to call, inputs made from its metadata")
-    what.add_argument("--request", metavar="MODULE:FACTORY",
-                      help="factory(params, endpoint) returning request(index)")  # fmt: skip
+    what.add_argument(
+        "--request",
+        metavar="MODULE:FACTORY",
+        help="factory(params, endpoint) returning request(index)",
+    )
     parser.add_argument("--metrics-url", help="the server's Prometheus page (Triton: :8002)")
     parser.add_argument("--gpu-metrics-url", help="otelkit gpu-exporter's page: GPU per instance")
     parser.add_argument("--reconfigure", help="command run between points, {instances} replaced")
     parser.add_argument(
-        "--restarts", type=int, default=0, help="times a point is measured again after the "
+        "--restarts",
+        type=int,
+        default=0,
+        help="times a point is measured again after the "
         "server it launched failed (tritonserver 2.51's tracing crash)",
-    )  # fmt: skip
+    )
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=1, help="requests in flight")
@@ -94,20 +107,38 @@ def _study(args: argparse.Namespace) -> Study:
         server = RayServe(args.ray_serve)
     else:
         server = Remote(args.url, metrics_url=args.metrics_url, reconfigure=args.reconfigure)
-    load = Load(concurrency=args.concurrency, rate=args.rate, seconds=args.seconds,
-                requests=args.requests, warmup_s=args.warmup, asyncio=args.asyncio)  # fmt: skip
+    load = Load(
+        concurrency=args.concurrency,
+        rate=args.rate,
+        seconds=args.seconds,
+        requests=args.requests,
+        warmup_s=args.warmup,
+        asyncio=args.asyncio,
+    )
     tracing = None if args.no_traces else Tracing(args.traces_per_s, port=args.receiver_port)
     request = None
     if args.request:
         module, _, name = args.request.partition(":")
         request = getattr(importlib.import_module(module), name)
     return Study(
-        model=args.model, request=request, server=server, protocol=args.protocol,
-        batch_size=args.batch_size, load=load, sweep=parse_sweep(args.sweep), tracing=tracing,
-        out=args.out, unit=args.unit, tolerance=args.tolerance, progress=not args.quiet,
-        timeout_s=args.timeout, start_at=args.start_at, slot_s=args.slot,
-        gpu_metrics_url=args.gpu_metrics_url, restarts=args.restarts,
-    )  # fmt: skip
+        model=args.model,
+        request=request,
+        server=server,
+        protocol=args.protocol,
+        batch_size=args.batch_size,
+        load=load,
+        sweep=parse_sweep(args.sweep),
+        tracing=tracing,
+        out=args.out,
+        unit=args.unit,
+        tolerance=args.tolerance,
+        progress=not args.quiet,
+        timeout_s=args.timeout,
+        start_at=args.start_at,
+        slot_s=args.slot,
+        gpu_metrics_url=args.gpu_metrics_url,
+        restarts=args.restarts,
+    )
 
 
 def run_study(args: argparse.Namespace) -> int:
@@ -137,3 +168,108 @@ def run_command(args: list[str]) -> int:
     except StudyError as error:
         print(error, file=sys.stderr)
         return 2
+
+
+def predict_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", help="a results file (JSON Lines)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="changes",
+        required=True,
+        metavar="RESOURCE.SETTING=N",
+        help="gnn.instances=2, gnn.replicas=2, host.cores=4, client.processes=2",
+    )
+    parser.add_argument("--at", default=None, help="loads to predict at (1,8,32): the curve's")
+    parser.add_argument(
+        "--confirm",
+        action="store_true",
+        help="measure the changed deployment beside the prediction (a Triton the study launched)",
+    )
+    parser.add_argument("--out", default=None, help="the confirming study's results file")
+    parser.add_argument("--seconds", type=float, default=None, help="measured seconds a point")
+
+
+def predict_study(args: argparse.Namespace) -> int:
+    """``otelkit study predict``: the prediction, and with ``--confirm`` the measurement."""
+    results = read_results(args.results)
+    loads = [float(v) for v in parse_sweep([f"at={args.at}"])["at"]] if args.at else None
+    unit = str(results.header.get("unit", "request"))
+    predictions = results.predict(args.changes, loads=loads)
+    if not predictions:
+        raise StudyError("no curve along concurrency or rate in the results to predict")
+    for prediction in predictions:
+        print(prediction.summary(unit))
+    if not args.confirm:
+        return 0
+    out = Path(args.out or Path(args.results).with_suffix(".confirm.jsonl"))
+    for prediction in predictions:
+        measured = confirm(results, prediction, out=out, seconds=args.seconds)
+        print(compare_prediction(prediction, measured, unit))
+    return 0
+
+
+def confirm(
+    results: StudyResults, prediction: Prediction, *, out: Path, seconds: float | None = None
+) -> StudyResults:
+    """The changed deployment measured at the prediction's loads: a model's instances changed
+    on a Triton the study launched, the rest of the study as it was."""
+    header = results.header
+    server = header.get("server") or {}
+    if server.get("kind") != "triton":
+        raise StudyError(
+            "--confirm changes and restarts a Triton the study launched (study run --triton); "
+            "for another server, make the change and run the study again"
+        )
+    if header.get("model") is None:
+        raise StudyError("--confirm calls the study's model: this study called a function")
+    if any(set(c) - {"instances", "replicas"} for c in prediction.changes.values()) or (
+        len({c.get("instances", c.get("replicas")) for c in prediction.changes.values()}) != 1
+    ):
+        raise StudyError(
+            "--confirm measures one instance count set on models: the host's cores "
+            "and the client's processes are not the study's to change"
+        )
+    count = next(iter(prediction.changes.values())).get("instances")
+    count = count or next(iter(prediction.changes.values()))["replicas"]
+    base = results.point(**_params(prediction.base))
+    sweep: dict[str, list[Any]] = {k: [v] for k, v in base.params.items() if k != prediction.axis}
+    sweep["instances"] = [count]
+    sweep[prediction.axis] = [
+        p.load if prediction.axis == "rate" else int(p.load) for p in prediction.points
+    ]
+    load = Load(**{k: v for k, v in header["load"].items() if k in Load.__dataclass_fields__})
+    if seconds is not None:
+        load = replace(load, seconds=seconds, requests=None)
+    study = Study(
+        model=str(header["model"]),
+        server=Triton(server["repository"], models=sorted(prediction.changes)),
+        protocol=str(header.get("protocol") or "http"),
+        load=load,
+        sweep=sweep,
+        tracing=None,
+        out=out,
+        unit=str(header.get("unit", "request")),
+        progress=False,
+    )
+    return study.run()
+
+
+def _params(label: str) -> dict[str, Any]:
+    return {k: parse_value(v) for k, _, v in (w.partition("=") for w in label.split())}
+
+
+def compare_prediction(prediction: Prediction, measured: StudyResults, unit: str) -> str:
+    """Predicted against measured, load by load."""
+    lines = [f"confirmed [{prediction.curve or 'all'}]: predicted (derived) against measured"]
+    for predicted in prediction.points:
+        load = predicted.load if prediction.axis == "rate" else int(predicted.load)
+        point = measured.point(**{prediction.axis: load})
+        ratio = point.throughput / predicted.throughput if predicted.throughput else 0.0
+        lines.append(
+            f"  {prediction.axis}={predicted.load:g}: predicted "
+            f"{predicted.throughput:.0f}, measured {point.throughput:.0f} {unit}s/s "
+            f"(measured / predicted {ratio:.2f})"
+        )
+    return "\n".join(lines)

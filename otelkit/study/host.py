@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuSample", "HostUsage", "is_local", "sample"]
+__all__ = ["CpuSample", "HostUsage", "is_local", "listening_pids", "sample"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PROC = Path("/proc")
@@ -163,3 +163,40 @@ def is_local(url: str | None) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (_PROC / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{inode}]")
+    return inodes
+
+
+def listening_pids(url: str | None) -> tuple[int, ...]:
+    """The processes of this host listening on ``url``'s port: a server the study did not
+    start but that runs here (its children, a Triton's stubs, are counted with it)."""
+    if not url or ":" not in url:
+        return ()
+    try:
+        inodes = _listening_inodes(int(url.rsplit(":", 1)[1]))
+    except ValueError:
+        return ()
+    found = []
+    for entry in _PROC.iterdir() if inodes else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            links = {os.readlink(fd) for fd in (entry / "fd").iterdir()}
+        except OSError:
+            continue
+        if links & inodes:
+            found.append(int(entry.name))
+    return tuple(found)

@@ -21,7 +21,14 @@ from opentelemetry import trace
 
 from otelkit import semconv
 from otelkit.study.gpu_instances import scrape_instances
-from otelkit.study.host import CpuSample, HostUsage, host_cores, is_local, sample
+from otelkit.study.host import (
+    CpuSample,
+    HostUsage,
+    host_cores,
+    is_local,
+    listening_pids,
+    sample,
+)
 from otelkit.study.load import Load, LoadRun, drive
 from otelkit.study.point import Point
 from otelkit.study.servers import Endpoint
@@ -70,11 +77,13 @@ def measure_point(
     problems: list[str] = []
     # the host's cores are the server's only when it runs here; its own processes' CPU is
     # read wherever the study started them
-    local = is_local(endpoint.http_url or endpoint.grpc_url)
+    url = endpoint.http_url or endpoint.grpc_url
+    local = is_local(url)
+    pids = endpoint.server_pids or (listening_pids(url) if local else ())
 
     def scraper(moment: str) -> Callable[[], None]:
         def take() -> None:
-            cpu[moment] = sample(endpoint.server_pids)
+            cpu[moment] = sample(pids)
             if endpoint.metrics_url is None:
                 return
             try:

@@ -16,7 +16,7 @@ Notebooks read it with ``read_results`` or line by line with ``json``.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -26,6 +26,7 @@ from otelkit.study import derived
 from otelkit.study.derived import Row
 from otelkit.study.gpu_instances import per_model
 from otelkit.study.point import Point
+from otelkit.study.predict import Prediction, parse_changes, predict
 from otelkit.study.verdicts import Verdict, verdicts
 
 __all__ = ["ResultsWriter", "StudyResults", "read_results"]
@@ -72,6 +73,23 @@ class StudyResults:
         ]
         self.verdicts = verdicts(self.points, unit=unit, tolerance=tolerance)
 
+    def predict(
+        self,
+        changes: Mapping[str, Mapping[str, int]] | Sequence[str],
+        *,
+        loads: Sequence[float] | None = None,
+    ) -> list[Prediction]:
+        """Throughput and latency along each curve if ``changes`` were made, derived from the
+        lowest point's demands by mean value analysis (``otelkit.study.predict``).
+
+        >>> results.predict(["gnn.instances=2"])  # doctest: +SKIP
+        >>> results.predict({"host": {"cores": 8}}, loads=[16, 32])  # doctest: +SKIP
+        """
+        if not isinstance(changes, Mapping):
+            changes = parse_changes(list(changes))
+        tolerance = float(self.header.get("tolerance", 0.1))
+        return predict(self.points, changes, loads=loads, tolerance=tolerance)
+
     def summary(self) -> str:
         """The terminal table: one line per point, the derived figures, the verdicts."""
         unit = str(self.header.get("unit", "request"))
@@ -87,7 +105,10 @@ class StudyResults:
             lines += [_row_line(row) for row in self.derived]
         if self.verdicts:
             lines.append("")
-            lines += [f"verdict [{v.curve or 'all'}] {v.kind}: {v.sentence}" for v in self.verdicts]
+            for v in self.verdicts:
+                lines.append(f"verdict [{v.curve or 'all'}] {v.kind}: {v.sentence}")
+                if v.change:
+                    lines.append(f"  what to change: {v.change}")
         if self.status != "complete":
             lines += ["", f"study {self.status}: {self.message}"]
         return "\n".join(lines)

@@ -72,7 +72,7 @@ class Evidence:
     key: str
     kind: str
     name: str
-    servers: int | None
+    servers: float | None
     low_ms: float
     peak_ms: float
     utilisation: float | None  # measured at the peak: X . D_peak / m, or read directly
@@ -371,10 +371,15 @@ def judge(
 
 def _resource_words(row: Evidence) -> str:
     if row.kind == "instances":
-        return f"{row.name}'s {row.servers} instance{'s' if row.servers != 1 else ''}"
+        return f"{row.name}'s {_m(row.servers)} instance{'s' if row.servers != 1 else ''}"
     if row.kind == "lock":
         return f"{row.name} (one at a time)"
     return row.name
+
+
+def _m(servers: float | None) -> str:
+    """A parallelism as a sentence says it: 4, or 1.7 cores left by other processes."""
+    return f"{round(servers or 0.0, 1):g}"
 
 
 def _figures(row: Evidence, unit: str) -> str:
@@ -382,7 +387,7 @@ def _figures(row: Evidence, unit: str) -> str:
     used = f"U {row.utilisation:.2f}, " if row.utilisation is not None else ""
     return (
         f"[{used}U* {row.load:.2f}; D {row.low_ms:.2f} → {row.peak_ms:.2f} ms per {unit} "
-        f"(×{row.growth:.1f}); m {row.servers}; X {row.peak_per_s:.0f}/s]"
+        f"(×{row.growth:.1f}); m {_m(row.servers)}; X {row.peak_per_s:.0f}/s]"
     )
 
 
@@ -417,7 +422,7 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
             top,
             (
                 f"{top.name} are busy: "
-                f"{_law(top, facts, f'{top.servers} cores', ' of CPU')}; {seen}, "
+                f"{_law(top, facts, f'{_m(top.servers)} cores', ' of CPU')}; {seen}, "
                 "while what runs on them waits for a core"
             ),
             "fewer busy instances than cores, less CPU per request, or more hosts; more "
@@ -429,12 +434,12 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
             top,
             (
                 f"{top.name} is the limit: in one process (Python's GIL: one core at a time) "
-                f"{_law(top, facts, str(top.servers), ' of CPU')}; {seen}"
+                f"{_law(top, facts, _m(top.servers), ' of CPU')}; {seen}"
             ),
             "more client processes, or less Python work per request; more threads and more "
             "server instances will not help",
         )
-    servers = f"{top.servers} instance{'s' if top.servers != 1 else ''}"
+    servers = f"{_m(top.servers)} instance{'s' if top.servers != 1 else ''}"
     grew = "" if top.growth <= 1 + facts.tolerance else ", and its demand grew with load"
     if top.kind == "instances":
         return verdict(

@@ -8,7 +8,8 @@ by ``;``:
 - ``spin``: burns ``ms`` of its own thread's CPU time (a busy core: under contention for the
   host's cores it takes longer by the clock);
 - ``lock``: sleeps ``ms`` holding an exclusive ``flock`` on the file ``OTELKIT_TRUTH_LOCK``,
-  which every instance (a process of its own) opens: one request at a time across instances.
+  which every instance (a process of its own) opens (a file in the temporary folder by
+  default): one request at a time across instances.
 
 With ``per_execution`` set to ``true`` the stages run once per execution (a batch), not once
 per request. Each model's ``1/model.py`` imports ``TritonPythonModel`` from here (the server's
@@ -18,6 +19,7 @@ per request. Each model's ``1/model.py`` imports ``TritonPythonModel`` from here
 import fcntl
 import json
 import os
+import tempfile
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -49,7 +51,8 @@ class TritonPythonModel:
         self.per_execution = per_execution == "true"
         self.lock = None
         if any(kind == "lock" for _, kind, _ in self.stages):
-            self.lock = open(os.environ["OTELKIT_TRUTH_LOCK"], "a")  # noqa: SIM115
+            default = os.path.join(tempfile.gettempdir(), "otelkit-truth.lock")
+            self.lock = open(os.environ.get("OTELKIT_TRUTH_LOCK", default), "a")  # noqa: SIM115
 
     def _run(self, name, kind, seconds):
         with otelkit.stage(name):

@@ -1,0 +1,285 @@
+"""What-if: the throughput and latency a changed deployment would give, from measured demands.
+
+The model is built from the lowest point of a curve (the demands a request has when nothing
+waits) and solved by mean value analysis (Reiser and Lavenberg, 1980) for a closed loop of N
+requests in flight:
+
+- each model is a station with its instances as servers (Seidmann's approximation: a station
+  of m servers and demand D is a queue of demand D/m and a delay of D(m-1)/m);
+- a stage that the verdict found serving one request at a time (a lock) is a station of one
+  server, taken out of its model's demand;
+- what the request spends outside the stations (the client, the network) is think time Z;
+- the resources that every station shares (the host's cores, the client's CPU under its GIL, a
+  GPU) bound throughput from above, X <= m / D: when a change lifts the first limit, the next
+  one takes over.
+
+An open loop at rate λ gets min(λ, every bound). Every figure here is *derived*, never measured:
+``otelkit study predict --confirm`` measures the changed deployment beside the prediction.
+
+>>> stations = [Station("gnn", 10.0, 1)]
+>>> [round(x) for x, _ in closed_loop(stations, think_ms=0.0, loads=[1, 2, 8])]
+[100, 100, 100]
+>>> [round(x) for x, _ in closed_loop([Station("gnn", 10.0, 2)], 0.0, [1, 2, 8])]
+[100, 200, 200]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from otelkit.errors import StudyError
+from otelkit.study.capacity import resources
+from otelkit.study.derived import LOAD_AXES
+from otelkit.study.point import Point, point_label
+from otelkit.study.verdicts import Evidence, judge
+
+__all__ = ["Prediction", "Station", "closed_loop", "parse_changes", "predict"]
+
+#: what may be changed: a model's instances (replicas, for Ray Serve), the host's cores and the
+#: client's processes (each with a GIL of its own)
+_SETTINGS = ("instances", "replicas", "cores", "processes")
+
+
+@dataclass(frozen=True)
+class Station:
+    """A resource a request queues for: ``demand_ms`` per request on ``servers`` servers."""
+
+    name: str
+    demand_ms: float
+    servers: float
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """One load's predicted throughput (requests/s), mean latency and limiting resource."""
+
+    load: float
+    throughput: float
+    latency_ms: float
+    limit: str
+
+
+@dataclass
+class Prediction:
+    """A curve's prediction under ``changes``, from the demands of the point ``base``."""
+
+    curve: str
+    axis: str
+    base: str
+    changes: dict[str, dict[str, int]]
+    points: list[Predicted] = field(default_factory=list)
+
+    def summary(self, unit: str = "request") -> str:
+        changed = ", ".join(f"{r}.{k}={v}" for r, c in self.changes.items() for k, v in c.items())
+        lines = [
+            f"predicted [{self.curve or 'all'}] with {changed or 'no change'} "
+            f"(derived from {self.base}'s demands, mean value analysis):"
+        ]
+        for p in self.points:
+            lines.append(
+                f"  {self.axis}={p.load:g}: {p.throughput:.0f} {unit}s/s, mean "
+                f"{p.latency_ms:.1f} ms, limited by {p.limit}"
+            )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "record": "prediction",
+            "curve": self.curve,
+            "axis": self.axis,
+            "base": self.base,
+            "changes": self.changes,
+            "derived": True,
+            "points": [p.__dict__ for p in self.points],
+        }
+
+
+def parse_changes(settings: Sequence[str]) -> dict[str, dict[str, int]]:
+    """``["gnn.instances=2", "host.cores=4"]`` as ``{"gnn": {"instances": 2}, ...}``.
+
+    >>> parse_changes(["gnn.instances=2", "client.processes=4"])
+    {'gnn': {'instances': 2}, 'client': {'processes': 4}}
+    """
+    changes: dict[str, dict[str, int]] = {}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        resource, _, what = name.rpartition(".")
+        if not resource or what not in _SETTINGS or not value.strip().isdigit():
+            raise StudyError(
+                f"--set {setting!r}: give RESOURCE.SETTING=N, SETTING one of "
+                f"{', '.join(_SETTINGS)} (gnn.instances=2, host.cores=4, client.processes=2)"
+            )
+        count = int(value)
+        if count < 1:
+            raise StudyError(f"--set {setting!r}: a count is 1 or more")
+        changes.setdefault(resource, {})["replicas" if what == "replicas" else what] = count
+    return changes
+
+
+def closed_loop(
+    stations: Sequence[Station], think_ms: float, loads: Sequence[int]
+) -> list[tuple[float, float]]:
+    """(throughput per s, response ms) at each ``loads`` in flight: exact MVA over the
+    stations, each of several servers split by Seidmann's approximation."""
+    queues = [(s.demand_ms / s.servers) for s in stations]
+    delay = sum(s.demand_ms * (s.servers - 1) / s.servers for s in stations)
+    wanted, found = set(loads), {}
+    length = [0.0] * len(queues)
+    for n in range(1, max(loads, default=0) + 1):
+        times = [d * (1 + q) for d, q in zip(queues, length, strict=True)]
+        response = delay + sum(times)
+        x = n / (think_ms + response)  # per ms
+        length = [x * t for t in times]
+        if n in wanted:
+            found[n] = (x * 1e3, response)
+    return [found[n] for n in loads]
+
+
+def _changed(
+    resource: str, what: str, base: float, changes: Mapping[str, Mapping[str, int]]
+) -> float:
+    settings = changes.get(resource, {})
+    if what == "instances":
+        return float(settings.get("instances", settings.get("replicas", base)))
+    return float(settings.get(what, base))
+
+
+def _model(
+    low: Point, evidence: Sequence[Evidence], changes: Mapping[str, Mapping[str, int]]
+) -> tuple[list[Station], list[Station], float]:
+    """(queueing stations, shared bounds, think ms) from the lowest point's demands."""
+    locks = {e.model: e for e in evidence if e.kind == "lock" and e.model}
+    stations, bounds = [], []
+    for row in evidence:
+        if row.kind == "instances":
+            servers = _changed(row.name, "instances", row.servers or 1, changes)
+            held = locks.get(row.name)
+            demand = row.low_ms - (held.low_ms if held else 0.0)
+            stations.append(Station(row.name, max(demand, 0.0), servers))
+            if held is not None:
+                stations.append(Station(f"{held.name} (one at a time)", held.low_ms, 1))
+        elif row.kind == "lock" and row.model not in {e.name for e in evidence}:
+            stations.append(Station(f"{row.name} (one at a time)", row.low_ms, 1))
+        elif row.kind == "cores":
+            cores = _changed("host", "cores", row.servers or 1, changes)
+            bounds.append(
+                Station(
+                    row.name if cores == row.servers else f"the host's {cores:g} cores",
+                    row.low_ms,
+                    cores,
+                )
+            )
+        elif row.kind == "client":
+            processes = _changed("client", "processes", row.servers or 1, changes)
+            bounds.append(Station("the client's CPU", row.low_ms, processes))
+        elif row.kind == "gpu":
+            bounds.append(Station(row.name, row.low_ms, row.servers or 1))
+    response_ms = low.histogram.mean_s * 1e3
+    in_flight = float(low.params.get("concurrency", 1))
+    # Little's law on the lowest point: its cycle is N / X; what the stations do not hold is
+    # the think time (the client's work, the network), which a change leaves as it is
+    cycle_ms = in_flight / low.throughput * 1e3 if low.throughput else response_ms
+    think = max(0.0, cycle_ms - sum(s.demand_ms for s in stations))
+    return [s for s in stations if s.demand_ms > 0], bounds, think
+
+
+def predict(
+    points: Sequence[Point],
+    changes: Mapping[str, Mapping[str, int]],
+    *,
+    loads: Sequence[float] | None = None,
+    tolerance: float = 0.1,
+) -> list[Prediction]:
+    """One prediction per curve along concurrency or rate among ``points`` under ``changes``,
+    at the curve's loads (or ``loads``)."""
+    ok = [p for p in points if p.status == "ok"]
+    known = {e for p in ok for e in p.triton} | {"host", "client"}
+    for resource in changes:
+        if resource not in known:
+            raise StudyError(
+                f"no resource {resource!r} in the study: its models are "
+                f"{', '.join(sorted(known - {'host', 'client'})) or 'none'}; host, client"
+            )
+    found = []
+    for axis in LOAD_AXES[:2]:
+        grouped: dict[str, list[Point]] = {}
+        for point in ok:
+            if axis in point.params:
+                others = {k: v for k, v in point.params.items() if k != axis}
+                grouped.setdefault(point_label(others) if others else "", []).append(point)
+        for curve, members in grouped.items():
+            members.sort(key=lambda p: p.params[axis])
+            verdict = judge(members, axis, curve, tolerance=tolerance) if len(members) > 1 else None
+            evidence = verdict.evidence if verdict else _single(members[0])
+            stations, bounds, think = _model(members[0], evidence, changes)
+            at = list(loads) if loads is not None else [p.params[axis] for p in members]
+            prediction = Prediction(
+                curve, axis, members[0].label, {k: dict(v) for k, v in changes.items()}
+            )
+            prediction.points = _solve(stations, bounds, think, axis, at)
+            found.append(prediction)
+    return found
+
+
+def _single(point: Point) -> tuple[Evidence, ...]:
+    return tuple(
+        Evidence(
+            r.key,
+            r.kind,
+            r.name,
+            r.servers,
+            r.demand_ms,
+            r.demand_ms,
+            r.utilisation,
+            point.throughput,
+            r.model,
+        )
+        for r in resources(point).values()
+    )
+
+
+def _solve(
+    stations: list[Station], bounds: list[Station], think: float, axis: str, loads: list[float]
+) -> list[Predicted]:
+    every = stations + bounds
+    caps = [(s.servers / s.demand_ms * 1e3, s.name) for s in every if s.demand_ms > 0]
+    out = []
+    if axis == "concurrency":
+        solved = [x for x, _ in closed_loop(stations, think, [int(n) for n in loads])]
+        for n, x in zip(loads, solved, strict=True):
+            cap, name = min(caps, default=(float("inf"), "nothing measured"))
+            if x < cap:  # the stations' own queueing: the busiest one limits
+                name = (
+                    max(stations, key=lambda s: s.demand_ms / s.servers).name
+                    if stations
+                    else "the think time"
+                )
+            throughput = min(x, cap)
+            out.append(Predicted(n, throughput, n / throughput * 1e3, name))  # Little's law
+        return out
+    for rate in loads:
+        cap, name = min(caps, default=(float("inf"), "nothing measured"))
+        throughput = min(float(rate), cap)
+        out.append(
+            Predicted(
+                rate,
+                throughput,
+                _open_latency(stations, think, throughput),
+                name if throughput < rate else "the rate",
+            )
+        )
+    return out
+
+
+def _open_latency(stations: list[Station], think: float, rate: float) -> float:
+    """The mean response of an open network at ``rate`` a second (each station M/M/1 on its
+    share D/m, plus the delay D(m-1)/m): infinite once a station is full."""
+    total = think
+    for s in stations:
+        busy = rate * s.demand_ms / 1e3 / s.servers
+        if busy >= 1:
+            return float("inf")
+        total += s.demand_ms / s.servers / (1 - busy) + s.demand_ms * (s.servers - 1) / s.servers
+    return total

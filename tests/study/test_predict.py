@@ -1,0 +1,107 @@
+"""What-if predictions: mean value analysis over the measured demands, and ``--confirm``
+measuring the changed deployment on a real Triton beside the prediction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from otelkit.cli import main
+from otelkit.errors import StudyError
+from otelkit.study import Load, Study, StudyResults, Triton
+from otelkit.study.predict import Station, closed_loop, parse_changes
+from tests.paths import TESTS
+
+TRUTH_MODELS = TESTS / "study" / "truth" / "models"
+
+
+def test_mean_value_analysis_meets_the_asymptotes() -> None:
+    # one 10 ms station and 5 ms of think time: X(1) = 1 / 15 ms; X(N) -> 1 / 10 ms
+    (one, many) = closed_loop([Station("m", 10.0, 1)], 5.0, [1, 50])
+    assert one == (pytest.approx(1000 / 15), pytest.approx(10.0))
+    assert many[0] == pytest.approx(100.0, rel=1e-3)
+    assert many[1] == pytest.approx(50 / 100.0 * 1e3 - 5.0, rel=1e-3)  # Little's law
+    # two stations in tandem: the slower one's 1 / D caps it, the other adds its time
+    (x,) = [x for x, _ in closed_loop([Station("a", 2.0, 1), Station("b", 6.0, 1)], 0.0, [64])]
+    assert x == pytest.approx(1000 / 6.0, rel=1e-3)
+
+
+def test_changes_are_read_and_checked() -> None:
+    assert parse_changes(["gnn.replicas=3", "host.cores=8"]) == {
+        "gnn": {"replicas": 3},
+        "host": {"cores": 8},
+    }
+    for bad in ("gnn=2", "gnn.threads=2", "gnn.instances=zero", "gnn.instances=0"):
+        with pytest.raises(StudyError, match="--set"):
+            parse_changes([bad])
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The truth table's saturated and cores models alone: a Triton that starts quickly."""
+    root = tmp_path_factory.mktemp("predict-models")
+    for name in ("saturated", "cores"):
+        (root / name).symlink_to(TRUTH_MODELS / name)
+    return root
+
+
+def measure(repository: Path, model: str, out: Path, concurrency: list[int]) -> StudyResults:
+    return Study(
+        model=model,
+        server=Triton(repository),
+        load=Load(seconds=2.0, warmup_s=0.5),
+        sweep={"instances": [1], "concurrency": concurrency},
+        out=out,
+        progress=False,
+    ).run()
+
+
+@pytest.mark.triton
+def test_a_second_instance_is_predicted_and_confirmed(
+    repository: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = measure(repository, "saturated", tmp_path / "one.jsonl", [1, 4])
+    (prediction,) = results.predict(["saturated.instances=2"])
+    at_four = prediction.points[-1]
+    # two 10.5 ms instances and four threads: nearly 2 / D
+    assert at_four.throughput == pytest.approx(2 / (results.points[0].triton["saturated"]
+                                                   .demand_ms / 1e3), rel=0.1)  # fmt: skip
+    assert at_four.limit == "saturated"
+    code = main(["study", "predict", str(tmp_path / "one.jsonl"), "--set",
+                 "saturated.instances=2", "--confirm", "--seconds", "2"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "derived from concurrency=1 instances=1" not in out  # the base is the curve's lowest
+    confirmed = StudyResults  # the confirming study's file, beside the results
+    measured = _read(tmp_path / "one.confirm.jsonl")
+    point = measured.point(concurrency=4)
+    assert point.triton["saturated"].instances == 2
+    assert point.throughput == pytest.approx(at_four.throughput, rel=0.15), out
+    assert "measured / predicted" in out and confirmed is not None
+
+
+@pytest.mark.triton
+def test_when_instances_stop_paying_the_cores_take_over(repository: Path, tmp_path: Path) -> None:
+    # one instance burning 10 ms of CPU: 4 instances would serve 4x as much if the host had
+    # the cores; it has 2, and the prediction says the cores take over
+    results = measure(repository, "cores", tmp_path / "cores.jsonl", [1, 8])
+    (prediction,) = results.predict(["cores.instances=4"])
+    at_eight = prediction.points[-1]
+    assert at_eight.limit == "the host's 2 cores"
+    measured = _confirm(results, prediction, tmp_path / "cores.confirm.jsonl")
+    assert measured.point(concurrency=8).throughput == pytest.approx(at_eight.throughput, rel=0.15)
+
+
+def _read(path: Path) -> StudyResults:
+    from otelkit.study import read_results
+
+    return read_results(path)
+
+
+def _confirm(results: StudyResults, prediction: object, out: Path) -> StudyResults:
+    from otelkit.study.command import confirm
+    from otelkit.study.predict import Prediction
+
+    assert isinstance(prediction, Prediction)
+    return confirm(results, prediction, out=out, seconds=2.0)

@@ -9,7 +9,9 @@ falls behind shows as latency instead of hiding it (coordinated omission). Eithe
 requests are left out.
 
 A request counts in the point's throughput when it *completes* within the measured window,
-and in its latencies when it *starts* within it.
+and in its latencies when it *starts* within it. The window's equal parts (``Load.windows``)
+each hold the requests that complete within them, whatever their start: a part's throughput
+and latencies come from the same requests, and none ends after the window's close.
 
 >>> Load(concurrency=8, seconds=10).mode
 'closed'
@@ -129,7 +131,10 @@ class LoadRun:
     window_s: float = 0.0
     completed: int = 0  # successful requests that completed within the window
     latencies_s: list[float] = field(default_factory=list)  # successful requests started in it
-    ends_s: list[float] = field(default_factory=list)  # when each of those completed
+    # the successful requests that completed within the window, whatever their start: when
+    # (seconds from its opening) and their latencies
+    ends_s: list[float] = field(default_factory=list)
+    end_latencies_s: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)  # failed requests started in it, by kind
     error_samples: dict[str, str] = field(default_factory=dict)  # one message per kind
     cpu_s: float = 0.0  # this process's CPU time over the window
@@ -436,9 +441,10 @@ def collect_run(records: list[RequestLog], window: WindowClock, load: Load) -> L
         for begin, end in zip(record.begins, record.ends, strict=True):
             if opened <= end <= ends_at:
                 run.completed += 1
+                run.ends_s.append(end - opened)
+                run.end_latencies_s.append(end - begin)
             if begin >= start:
                 run.latencies_s.append(end - begin)
-                run.ends_s.append(end - opened)
         for begin, kind, message in record.failures:
             run.error_samples.setdefault(kind, message)
             if begin >= start:

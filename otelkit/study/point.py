@@ -38,7 +38,8 @@ def point_label(params: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Window:
-    """One equal part of the measured window: its throughput and latency percentiles."""
+    """One equal part of the measured window: the throughput and latency percentiles of the
+    requests that completed within it, whatever their start."""
 
     throughput: float
     p50_ms: float
@@ -183,10 +184,11 @@ class Point:
 
 
 def _windows(run: LoadRun, count: int) -> list[Window]:
+    """The window's ``count`` equal parts, each from the requests that completed within it."""
     width = run.window_s / count
     ends: list[list[float]] = [[] for _ in range(count)]
-    for end, latency in zip(run.ends_s, run.latencies_s, strict=True):
-        slot = min(count - 1, max(0, int(end / width))) if width > 0 else 0
+    for end, latency in zip(run.ends_s, run.end_latencies_s, strict=True):
+        slot = min(count - 1, max(0, int(end / width))) if width > 0 else 0  # the close: last
         ends[slot].append(latency)
     windows = []
     for latencies in ends:

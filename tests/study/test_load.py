@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import random
 import signal
 import statistics
 import threading
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from otelkit.study import Load, Remote, Study, read_results
+from otelkit.study import Load, Point, Remote, Study, StudyResults, read_results
+from otelkit.study.compare import compare, format_comparison
 from otelkit.study.load import drive, error_kind
 from otelkit.study.servers import Endpoint
 from otelkit.study.tasks import drive_tasks
@@ -27,6 +29,19 @@ def sleeper(seconds: float, seen: list[tuple[float, bool]] | None = None) -> Any
         if seen is not None:
             seen.append((time.perf_counter(), measured))
         time.sleep(seconds)
+
+    return call
+
+
+def spread_sleeper(mean_s: float, concurrency: int) -> Any:
+    """Requests that sleep ``mean_s`` ± 20 % (drawn from the request's index); each thread's
+    first request sleeps up to ``mean_s`` more, so the threads' completions spread out in time
+    instead of arriving together, as a server's do."""
+
+    def call(index: int, measured: bool) -> None:
+        draw = random.Random(index)
+        first = draw.uniform(0.0, mean_s) if index < concurrency else 0.0
+        time.sleep(first + mean_s * draw.uniform(0.8, 1.2))
 
     return call
 
@@ -52,6 +67,29 @@ def test_closed_loop_keeps_concurrency_in_flight_and_leaves_the_warmup_out() -> 
     assert abs(opened[0] - first_measured) < 0.05
     assert len(run.latencies_s) == sum(1 for _, m in seen if m)
     assert run.errors == {} and run.stopped is None
+
+
+def test_compare_finds_a_ten_percent_drop_in_throughput() -> None:
+    # 64 in flight for 100 ms, then 110 ms: 640 then 582 requests/s. Requests half as long as a
+    # tenth of the window once left the first tenth short of the warm-up's completions and
+    # swelled the last with those ending after the close: their spread hid the drop.
+    load = Load(concurrency=64, seconds=2.0, warmup_s=0.3)
+
+    def measured(service_s: float) -> StudyResults:
+        run = drive(spread_sleeper(service_s, load.concurrency), load)
+        point = Point.from_run(0, {"concurrency": 64}, run, load.windows, batch_size=1)
+        print([round(w.throughput) for w in point.windows])
+        return StudyResults({}, [point])
+
+    before, after = measured(0.100), measured(0.110)
+    throughput = next(d for d in compare(before, after)[0] if d.figure == "throughput")
+    print(format_comparison([throughput]))
+    for results in (before, after):
+        point = results.points[0]
+        shares = [w.throughput / point.throughput for w in point.windows]
+        assert [round(share, 1) for share in shares if abs(share - 1) > 0.15] == []
+    assert throughput.change / throughput.before == pytest.approx(100 / 110 - 1, abs=0.02)
+    assert throughput.significant and throughput.high < 0
 
 
 def test_a_count_of_requests_is_measured_exactly() -> None:

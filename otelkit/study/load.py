@@ -6,7 +6,9 @@ sends requests at Poisson arrival times, ``rate`` a second on average, whether o
 ones are answered; a request's latency then runs from its *scheduled* arrival, so a client that
 falls behind shows as latency instead of hiding it (coordinated omission). Either runs for
 ``seconds`` or until ``requests`` requests are measured, after ``warmup_s`` seconds whose
-requests are left out.
+requests are left out. With ``requests``, the window ends where the last measured request
+starts, and the load goes on (unmeasured) until the window closes: the throughput is the full
+loop's, as with ``seconds``.
 
 A request counts in the point's throughput when it *completes* within the measured window,
 and in its latencies when it *starts* within it. The window's equal parts (``Load.windows``)
@@ -163,17 +165,27 @@ def error_kind(error: BaseException) -> str:
 
 
 class RequestLog:
-    """One thread's requests; only that thread writes it, so no lock is taken per request."""
+    """One thread's requests; only that thread writes it, so no lock is taken per request.
 
-    __slots__ = ("begins", "ends", "errors", "failures")
+    Each request keeps whether its ticket said it is measured: with ``requests``, the count
+    decides, and two threads may take their tickets in another order than their start times.
+    """
+
+    __slots__ = ("begins", "ends", "failures", "measured")
 
     def __init__(self) -> None:
         self.begins: list[float] = []
         self.ends: list[float] = []
-        self.failures: list[tuple[float, str, str]] = []
+        self.measured: list[bool] = []
+        self.failures: list[tuple[float, bool, str, str]] = []
 
-    def fail(self, begin: float, error: BaseException) -> None:
-        self.failures.append((begin, error_kind(error), str(error)[:300]))
+    def done(self, begin: float, measured: bool) -> None:
+        self.begins.append(begin)
+        self.ends.append(time.perf_counter())
+        self.measured.append(measured)
+
+    def fail(self, begin: float, measured: bool, error: BaseException) -> None:
+        self.failures.append((begin, measured, error_kind(error), str(error)[:300]))
 
 
 class WindowClock:
@@ -269,7 +281,7 @@ def drive(
     except KeyboardInterrupt:
         stop.set()
         raise
-    run = collect_run(records, window, load)
+    run = collect_run(records, window)
     if stop.is_set() and run.stopped is None:
         run.stopped = "errors"
     return run
@@ -281,7 +293,15 @@ def _count_failures(records: list[RequestLog]) -> int:
 
 class Tickets:
     """Whether a closed loop's worker may send another request, and its index: one rule for
-    threads and asyncio tasks. None after the window ends, or once ``requests`` were measured."""
+    threads and asyncio tasks. None once the window has ended (``seconds``) or closed.
+
+    With ``requests``, the window ends where the last measured request starts, and the loop
+    runs on, unmeasured, until the driving thread closes it at its next tick: a moment that
+    does not depend on when requests complete. Closing just after a completion (the last
+    measured request starts right after one) would count a whole batch of completions at that
+    edge and none at the other, and counting only those measured requests and the warm-up's
+    stragglers up to the last one's end left the window short or long by what was in flight.
+    """
 
     def __init__(self, window: WindowClock, requests: int | None) -> None:
         self._window = window
@@ -292,11 +312,14 @@ class Tickets:
     def take(self, begin: float) -> tuple[int, bool] | None:
         """(index, measured) of a request starting at ``begin`` (perf_counter), or None."""
         window = self._window
-        if begin >= window.end or window.closed:
+        if window.closed or (self._requests is None and begin >= window.end):
             return None
-        measured = begin >= window.start
-        if measured and self._requests is not None and next(self._measured) >= self._requests:
-            return None
+        measured = window.start <= begin < window.end
+        if measured and self._requests is not None:
+            count = next(self._measured)
+            measured = count < self._requests
+            if count == self._requests - 1:
+                window.end = begin
         return next(self._all), measured
 
 
@@ -316,14 +339,13 @@ def _closed(
             try:
                 call(*ticket)
             except Exception as error:
-                record.fail(begin, error)
+                record.fail(begin, ticket[1], error)
                 if len(record.failures) * load.concurrency >= load.max_errors and (
                     _count_failures(records) >= load.max_errors
                 ):
                     stop.set()
                 continue
-            record.begins.append(begin)
-            record.ends.append(time.perf_counter())
+            record.done(begin, ticket[1])
 
     records.extend(RequestLog() for _ in range(load.concurrency))
     threads = [
@@ -388,12 +410,11 @@ def _open(
         try:
             call(index, measured)
         except Exception as error:
-            record.fail(scheduled, error)
+            record.fail(scheduled, measured, error)
             if _count_failures(records) >= load.max_errors:
                 stop.set()
             return
-        record.begins.append(scheduled)
-        record.ends.append(time.perf_counter())
+        record.done(scheduled, measured)
 
     pool = ThreadPoolExecutor(load.max_in_flight, thread_name_prefix="otelkit-study")
     done = _done(records)
@@ -406,16 +427,16 @@ def _open(
                 break
             measured = arrival >= window.start
             if measured and load.requests is not None:
-                if measured_count >= load.requests:
-                    break
                 measured_count += 1
+                if measured_count == load.requests:  # the window ends at the last measured one
+                    window.end = arrival
             while (delay := arrival - time.perf_counter()) > 0:
                 window.tick(done)
                 if stop.wait(min(delay, window.next_event(), 0.05)):
                     break
             window.tick(done)
             pool.submit(run_one, index, arrival, measured)
-        while not window.closed and not stop.is_set() and load.requests is None:
+        while not window.closed and not stop.is_set():
             window.tick(done)
             stop.wait(min(window.next_event(), 0.05))
     except KeyboardInterrupt:
@@ -427,28 +448,24 @@ def _open(
         window.close()
 
 
-def collect_run(records: list[RequestLog], window: WindowClock, load: Load) -> LoadRun:
-    # Requests started from ``start`` on are measured (their latencies, the trace phase);
-    # completions are counted between the two scrapes of the server's counters.
-    start, opened = window.start, window.opened_at
-    ends_at = window.closed_at
-    if load.requests is not None:  # the window closes when the last measured request does
-        last = [e for r in records for b, e in zip(r.begins, r.ends, strict=True) if b >= start]
-        ends_at = max(last, default=opened)
+def collect_run(records: list[RequestLog], window: WindowClock) -> LoadRun:
+    # Requests whose ticket said so are measured (their latencies, the trace phase); the
+    # completions of every request are counted between the two scrapes of the server's counters.
+    start, opened, ends_at = window.start, window.opened_at, window.closed_at
     run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu1 - window.cpu0,
                   opened_epoch=window.opened_epoch)  # fmt: skip
     for record in records:
-        for begin, end in zip(record.begins, record.ends, strict=True):
+        for begin, end, measured in zip(record.begins, record.ends, record.measured, strict=True):
             if opened <= end <= ends_at:
                 run.completed += 1
                 run.ends_s.append(end - opened)
                 run.end_latencies_s.append(end - begin)
-            if begin >= start:
+            if measured:
                 run.latencies_s.append(end - begin)
-        for begin, kind, message in record.failures:
+        for begin, measured, kind, message in record.failures:
             run.error_samples.setdefault(kind, message)
-            if begin >= start:
+            if measured:
                 run.errors[kind] = run.errors.get(kind, 0) + 1
-            else:
+            elif begin < start:
                 run.warmup_failed += 1
     return run

@@ -45,7 +45,7 @@ def drive_tasks(
     window = WindowClock(load, on_window_start, on_window_end, progress)
     records = [RequestLog() for _ in range(load.concurrency)]
     stopped = asyncio.run(_run(call, load, window, records, finish))
-    run = collect_run(records, window, load)
+    run = collect_run(records, window)
     if stopped and run.stopped is None:
         run.stopped = "errors"
     return run
@@ -71,13 +71,12 @@ async def _run(
             try:
                 await call(*ticket)
             except Exception as error:
-                record.fail(begin, error)
+                record.fail(begin, ticket[1], error)
                 failures[0] += 1
                 if failures[0] >= load.max_errors:
                     stop.set()
                 continue
-            record.begins.append(begin)
-            record.ends.append(time.perf_counter())
+            record.done(begin, ticket[1])
 
     loop = asyncio.get_running_loop()
     tasks = [asyncio.create_task(worker(r)) for r in records]

@@ -46,6 +46,22 @@ def spread_sleeper(mean_s: float, concurrency: int) -> Any:
     return call
 
 
+def two_kinds_of_thread(fast_s: float, slow_s: float, concurrency: int) -> Any:
+    """Requests that sleep ``fast_s`` on half the threads and ``slow_s`` on the other half; a
+    thread's first request sleeps a share of its time more, so that each half's completions
+    come evenly spaced, as in a steady closed loop, not all at once."""
+    local = threading.local()
+
+    def call(index: int, measured: bool) -> None:
+        service_s = getattr(local, "service_s", None)
+        if service_s is None:  # the thread's first request (indices 0 to concurrency - 1)
+            service_s = local.service_s = fast_s if index % 2 else slow_s
+            time.sleep(service_s * (index // 2) / (concurrency // 2))
+        time.sleep(service_s)
+
+    return call
+
+
 def test_closed_loop_keeps_concurrency_in_flight_and_leaves_the_warmup_out() -> None:
     seen: list[tuple[float, bool]] = []
     opened: list[float] = []
@@ -90,6 +106,25 @@ def test_compare_finds_a_ten_percent_drop_in_throughput() -> None:
         assert [round(share, 1) for share in shares if abs(share - 1) > 0.15] == []
     assert throughput.change / throughput.before == pytest.approx(100 / 110 - 1, abs=0.02)
     assert throughput.significant and throughput.high < 0
+
+
+def test_a_count_of_requests_gives_the_closed_loops_throughput() -> None:
+    # c/2 threads sending 10 ms requests and c/2 sending 40 ms ones: c/2 × (1/s₁ + 1/s₂) a
+    # second, whatever the count of requests. The window once ended at the last measured
+    # request's end, the warm-up's stragglers counted in it: it then waited for the slowest
+    # requests in flight, 5 % short at 16 in flight and 320 requests, 6 % at 32 and 640.
+    ratios = []
+    for concurrency, requests in ((16, 320), (32, 640)):
+        load = Load(concurrency=concurrency, requests=requests, warmup_s=0.3)
+        run = drive(two_kinds_of_thread(0.010, 0.040, concurrency), load)
+        assert len(run.latencies_s) == requests
+        # each kind's time as measured: 10 or 40 ms and the sleep's own overhead
+        fast_s = statistics.fmean(s for s in run.latencies_s if s < 0.025)
+        slow_s = statistics.fmean(s for s in run.latencies_s if s >= 0.025)
+        expected = concurrency / 2 * (1 / fast_s + 1 / slow_s)
+        ratios.append(run.completed / run.window_s / expected)
+    print(f"throughput over c/2 × (1/s₁ + 1/s₂): {[round(r, 3) for r in ratios]}")
+    assert ratios == pytest.approx([1.0, 1.0], abs=0.02)
 
 
 def test_a_count_of_requests_is_measured_exactly() -> None:

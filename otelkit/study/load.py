@@ -53,8 +53,10 @@ class Load:
     in flight from few threads; the request needs an asyncio form: ``otelkit.study.tasks``).
     ``seconds`` or ``requests`` sets how much is measured after ``warmup_s``; an open loop
     runs each request on a pool of at most ``max_in_flight`` threads. A point stops early
-    after ``max_errors`` failed requests (a dead server). The measured window is cut into
-    ``windows`` equal parts, whose spread gives the intervals of ``otelkit study compare``.
+    after ``max_errors`` failed requests (a dead server), and is marked ``errors`` (left out of
+    the figures across points) when more than ``max_error_share`` of its measured requests
+    failed. The measured window is cut into ``windows`` equal parts, whose spread gives the
+    intervals of ``otelkit study compare``.
     """
 
     concurrency: int = 1
@@ -67,6 +69,7 @@ class Load:
     windows: int = 10
     seed: int = 0
     asyncio: bool = False
+    max_error_share: float = 0.01
 
     def __post_init__(self) -> None:
         if self.seconds is None and self.requests is None:
@@ -106,6 +109,11 @@ class Load:
             )
         if not _whole_in(self.windows, 2, 1000):
             found.append(f"windows is 2 to 1000 parts of the measured time, not {self.windows!r}")
+        if not (_number(self.max_error_share) and 0 <= self.max_error_share <= 1):
+            found.append(
+                f"max_error_share is a share of the measured requests, 0 to 1, "
+                f"not {self.max_error_share!r}"
+            )
         return found
 
     def at(self, params: dict[str, Any]) -> Load:
@@ -138,6 +146,7 @@ class LoadRun:
     ends_s: list[float] = field(default_factory=list)
     end_latencies_s: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)  # failed requests started in it, by kind
+    failed_latencies_s: list[float] = field(default_factory=list)  # and their latencies
     error_samples: dict[str, str] = field(default_factory=dict)  # one message per kind
     cpu_s: float = 0.0  # this process's CPU time over the window
     warmup_failed: int = 0  # failed requests of the warm-up (a server down from the start)
@@ -177,7 +186,7 @@ class RequestLog:
         self.begins: list[float] = []
         self.ends: list[float] = []
         self.measured: list[bool] = []
-        self.failures: list[tuple[float, bool, str, str]] = []
+        self.failures: list[tuple[float, float, bool, str, str]] = []
 
     def done(self, begin: float, measured: bool) -> None:
         self.begins.append(begin)
@@ -185,7 +194,8 @@ class RequestLog:
         self.measured.append(measured)
 
     def fail(self, begin: float, measured: bool, error: BaseException) -> None:
-        self.failures.append((begin, measured, error_kind(error), str(error)[:300]))
+        end = time.perf_counter()
+        self.failures.append((begin, end, measured, error_kind(error), str(error)[:300]))
 
 
 class WindowClock:
@@ -462,10 +472,11 @@ def collect_run(records: list[RequestLog], window: WindowClock) -> LoadRun:
                 run.end_latencies_s.append(end - begin)
             if measured:
                 run.latencies_s.append(end - begin)
-        for begin, measured, kind, message in record.failures:
+        for begin, end, measured, kind, message in record.failures:
             run.error_samples.setdefault(kind, message)
             if measured:
                 run.errors[kind] = run.errors.get(kind, 0) + 1
+                run.failed_latencies_s.append(end - begin)
             elif begin < start:
                 run.warmup_failed += 1
     return run

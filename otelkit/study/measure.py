@@ -49,7 +49,8 @@ def measure_point(
     before_load: Callable[[], None] = lambda: None,
     gpu_metrics_url: str | None = None,
 ) -> Point:
-    """One point at ``params``; a point whose requests all failed comes back ``failed``.
+    """One point at ``params``; a point whose requests all failed comes back ``failed``, one
+    with more than ``load.max_error_share`` of its measured requests failed ``errors``.
 
     ``traces_dir``: where the study's traces arrive, ``None`` when it does not trace.
     Raises ``StudyError`` (without the point's name) when the server or model is not there.
@@ -113,6 +114,7 @@ def measure_point(
         point.traces = collect(traces_dir, run_id, index, sampled=point.sampled,
                                timeout_s=traces_timeout_s)  # fmt: skip
     _judge(point, run)
+    point.check_errors(load.max_error_share)
     return point
 
 

@@ -94,9 +94,14 @@ class StudyResults:
 
 
 def _point_line(point: Point, width: int) -> str:
-    if point.status != "ok":
+    if point.status not in ("ok", "errors"):
         return f"{point.label:<{width}} failed: {point.error}"
     extra = []
+    if point.status == "errors":
+        extra.append(f"too many errors, left out of the figures below: {point.error}")
+    if point.failed:
+        p50, p99 = point.all_requests_ms(0.5), point.all_requests_ms(0.99)
+        extra.append(f"all requests, the failed too: p50 {p50:.2f}, p99 {p99:.2f} ms")
     for model, figures in point.triton.items():
         extra.append(
             f"{model}: queue {figures.queue_ms:.2f} ms, compute {figures.compute_ms:.2f} ms, "

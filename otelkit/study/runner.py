@@ -177,7 +177,7 @@ class Study:
                 results.points.append(point)
                 writer.point(point)
                 progress.done(index, point.label, _done_text(point, self.unit))
-                if point.status != "ok":
+                if point.status == "failed":  # a point with too many errors is a result
                     failure = StudyError(point.error, point=point.label)
                     break
         except KeyboardInterrupt:
@@ -282,9 +282,11 @@ def _start_tracing(tracing: Tracing, files: Path) -> tuple[Receiver | None, str,
 
 
 def _done_text(point: Point, unit: str) -> str:
-    if point.status != "ok":
+    if point.status == "failed":
         return f"failed: {point.error}"
     errors = f", {point.failed} errors" if point.failed else ""
+    if point.status == "errors":
+        errors = f"; too many errors: {point.error}"
     return (
         f"{point.throughput:.1f} {unit}s/s, p50 {point.latency_ms(0.5):.2f} ms, "
         f"p99 {point.latency_ms(0.99):.2f} ms{errors}"

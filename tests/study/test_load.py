@@ -212,6 +212,57 @@ def test_a_study_of_a_users_requests_sweeps_its_own_parameter_and_keeps_points_o
     assert back.points[1].throughput == pytest.approx(500, rel=0.3)
 
 
+def test_a_point_with_many_failed_requests_is_marked_and_keeps_their_latencies(
+    tmp_path: Path,
+) -> None:
+    def factory(params: Mapping[str, Any], endpoint: Endpoint) -> Any:
+        every = {1: 0, 2: 400, 4: 10}[params["concurrency"]]  # 1 request in `every` fails
+
+        def request(index: int) -> None:
+            if every and index % every == 0:
+                time.sleep(0.02)
+                raise TimeoutError("no answer in 20 ms")
+            time.sleep(0.002)
+
+        return request
+
+    out = tmp_path / "study.jsonl"
+    results = Study(
+        request=factory,
+        server=Remote("127.0.0.1:1"),
+        sweep={"concurrency": [1, 2, 4]},
+        load=Load(seconds=0.6, warmup_s=0.1),
+        out=out,
+        progress=False,
+    ).run()
+    print(results.summary())
+    assert [p.status for p in results.points] == ["ok", "ok", "errors"]  # the sweep went on
+    few, many = results.points[1], results.points[2]
+    assert 0 < few.error_share < 0.01 and many.error_share == pytest.approx(0.1, abs=0.01)
+    share = f"{many.error_share * 100:.1f} %"
+    measured = many.histogram.count + many.failed
+    assert many.error == (
+        f"{share} of the measured requests failed ({many.failed} of {measured}), "
+        f"most TimeoutError (no answer in 20 ms)"
+    )
+    # the failed requests' latencies, apart from the successful ones' and with them
+    assert many.failed_histogram.count == many.failed
+    assert many.failed_histogram.quantile(0.5) >= 0.02 > many.latency_ms(0.99) / 1e3
+    assert many.all_requests_ms(0.99) >= 20.0
+    lines = {line.split()[0]: line for line in results.summary().splitlines()[1:4]}
+    assert f"too many errors, left out of the figures below: {many.error}" in lines["concurrency=4"]
+    assert "all requests, the failed too: p50 " in lines["concurrency=2"]
+    assert "all requests" not in lines["concurrency=1"]
+    # knees and verdicts from the points whose requests succeeded
+    (knee,) = results.figure("knee")
+    assert knee.detail["highest"] == max(p.throughput for p in results.points[:2])
+    back = read_results(out)
+    assert [p.to_dict() for p in back.points] == [p.to_dict() for p in results.points]
+    assert Load(max_error_share=1.5).problems() == [
+        "max_error_share is a share of the measured requests, 0 to 1, not 1.5"
+    ]
+
+
 def test_asyncio_tasks_keep_many_requests_in_flight_from_one_thread() -> None:
     async def request(index: int, measured: bool) -> None:
         await asyncio.sleep(0.02)

@@ -79,6 +79,8 @@ class Point:
     restarts: list[str] = field(default_factory=list)
     # the latencies of the measured requests that failed (the histogram has the successful)
     failed_histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
+    # a merged point's parts' throughputs: its throughput is their sum (their windows differ)
+    part_throughputs: list[float] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -86,12 +88,14 @@ class Point:
 
     @property
     def throughput(self) -> float:
-        """Successful requests per second."""
+        """Successful requests per second; a merged point's, the sum of its parts'."""
+        if self.part_throughputs:
+            return sum(self.part_throughputs)
         return self.requests / self.seconds if self.seconds else 0.0
 
     @property
     def items_per_s(self) -> float:
-        """Inferences per second: throughput times the batch size (T = N/ℓ at one in flight)."""
+        """Inferences per second, measured: throughput times the batch size."""
         return self.throughput * self.batch_size
 
     def latency_ms(self, q: float) -> float:
@@ -192,6 +196,7 @@ class Point:
                 "p99": self.all_requests_ms(0.99),
             },
             "failed_histogram": self.failed_histogram.to_dict(),
+            "part_throughputs": self.part_throughputs,
         }
 
     @classmethod
@@ -221,6 +226,7 @@ class Point:
             failed_histogram=LatencyHistogram.from_dict(data["failed_histogram"])
             if "failed_histogram" in data
             else LatencyHistogram(),  # a file written before failed requests were timed
+            part_throughputs=[float(t) for t in data.get("part_throughputs", [])],
         )
 
 
@@ -247,11 +253,11 @@ def merge_parts(
 ) -> Point:
     """One point from the parts that client processes measured over the same window.
 
-    Requests and throughputs add up; the percentiles come from the merged histograms; the
-    window is the longest part's: they ran side by side, their windows opening within
-    ``max_skew_s`` of each other. A window's percentiles are the parts' means, weighted by
-    their requests. The merged point is marked ``errors`` when more than ``max_error_share``
-    of all the parts' measured requests failed.
+    Requests and throughputs add up (each part's over its own window); the percentiles come
+    from the merged histograms; the window is the longest part's: they ran side by side, their
+    windows opening within ``max_skew_s`` of each other. A window's percentiles are the parts'
+    means, weighted by their requests. The merged point is marked ``errors`` when more than
+    ``max_error_share`` of all the parts' measured requests failed.
     """
     if not parts:
         raise ValueError("no parts to merge")
@@ -273,15 +279,15 @@ def merge_parts(
             errors[kind] = errors.get(kind, 0) + n
         for kind, message in part.error_samples.items():
             samples.setdefault(kind, message)
-    seconds = max(p.seconds for p in parts)
-    requests = round(sum(p.throughput for p in parts) * seconds)
     merged = Point(
-        first.index, dict(first.params), requests=requests, seconds=seconds,
-        batch_size=first.batch_size, histogram=histogram, errors=errors, error_samples=samples,
+        first.index, dict(first.params), requests=sum(p.requests for p in parts),
+        seconds=max(p.seconds for p in parts), batch_size=first.batch_size, histogram=histogram,
+        errors=errors, error_samples=samples,
         cpu_s=sum(p.cpu_s for p in parts), sampled=sum(p.sampled for p in parts),
         parts=sum(p.parts for p in parts), started_at=min(starts, default=0.0),
     )  # fmt: skip
     merged.failed_histogram = failed_histogram
+    merged.part_throughputs = [p.throughput for p in parts]
     failed = [p for p in parts if p.status == "failed"]
     if failed:
         merged.status, merged.error = "failed", failed[0].error

@@ -139,6 +139,11 @@ def _row_line(row: Row) -> str:
             f"knee{curve}{at}: {row.value:.1f}/s, within {row.detail['tolerance'] * 100:.0f} % "
             f"of the highest {row.detail['highest']:.1f}/s ({state})"
         )
+    if row.figure == "throughput_n_over_l":
+        return (
+            f"T = N/ℓ (derived: batch over mean latency, as at 1 request in flight){curve}{at}: "
+            f"{row.value:.1f} inferences/s; measured {row.detail['measured_items_per_s']:.1f}"
+        )
     return f"{row.figure}{curve}{at}: {row.value:.3g}"
 
 
@@ -201,7 +206,7 @@ def read_results(path: str | Path) -> StudyResults:
             elif kind == "point":
                 results.points.append(Point.from_dict(record))
             elif kind == "derived":
-                known = {"record", "figure", "curve", "axis", "at", "value"}
+                known = {"record", "figure", "curve", "axis", "at", "value", "estimate"}
                 detail = {k: v for k, v in record.items() if k not in known}
                 results.derived.append(Row(record["figure"], record["curve"], record["axis"],
                                            record["at"], record["value"], detail))  # fmt: skip

@@ -172,6 +172,16 @@ def test_parts_merge_into_one_point_from_all_requests() -> None:
     assert merged.parts == 2
 
 
+def test_merged_parts_keep_their_requests_and_add_their_throughputs() -> None:
+    # 400 requests over 4 s and 300 over 5 s: 700 requests, 100 + 60 a second
+    a = Point(0, {"concurrency": 2}, requests=400, seconds=4.0)
+    b = Point(0, {"concurrency": 2}, requests=300, seconds=5.0)
+    merged = merge_parts([a, b])
+    assert (merged.requests, merged.seconds, merged.throughput) == (700, 5.0, 160.0)
+    back = Point.from_dict(json.loads(json.dumps(merged.to_dict())))
+    assert (back.requests, back.throughput, back.to_dict()) == (700, 160.0, merged.to_dict())
+
+
 def test_merged_parts_are_judged_on_all_their_failed_requests() -> None:
     a, b = make_point({"concurrency": 2}, 100.0), make_point({"concurrency": 2}, 100.0)
     a.errors, a.error_samples = {"TimeoutError": 1}, {"TimeoutError": "no answer in 1 s"}

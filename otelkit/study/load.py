@@ -26,6 +26,7 @@ and latencies come from the same requests, and none ends after the window's clos
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import random
 import threading
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 __all__ = ["MAX_CONCURRENCY", "MAX_TASKS", "Load", "LoadRun", "drive", "error_kind"]
+
+_log = logging.getLogger("otelkit.study")
 
 MAX_CONCURRENCY = 1000  # threads
 MAX_TASKS = 100_000  # asyncio tasks
@@ -148,7 +151,7 @@ class LoadRun:
     errors: dict[str, int] = field(default_factory=dict)  # failed requests started in it, by kind
     failed_latencies_s: list[float] = field(default_factory=list)  # and their latencies
     error_samples: dict[str, str] = field(default_factory=dict)  # one message per kind
-    cpu_s: float = 0.0  # this process's CPU time over the window
+    cpu_s: float = 0.0  # this process's CPU time over the window, less other_cpu_s's
     warmup_failed: int = 0  # failed requests of the warm-up (a server down from the start)
     opened_epoch: float = 0.0  # when the window opened, in seconds since the epoch
     stopped: Literal["interrupted", "errors"] | None = None
@@ -207,11 +210,15 @@ class WindowClock:
         on_start: Callable[[], None],
         on_end: Callable[[], None],
         progress: Callable[[float, int], None] | None,
+        other_cpu_s: Callable[[], float | None] | None = None,
     ) -> None:
         self.load = load
         self._on_start, self._on_end, self._progress = on_start, on_end, progress
+        self._other_cpu_s = other_cpu_s
         self.opened = self.closed = False
         self.cpu0 = self.cpu1 = 0.0
+        self._other0: float | None = None
+        self.cpu_s = 0.0  # the client's CPU over the window, once closed
         self.begin()
         self.opened_epoch = 0.0
         self._last_progress = 0.0
@@ -226,6 +233,7 @@ class WindowClock:
     def _open(self) -> None:
         self.opened = True
         self.cpu0 = time.process_time()
+        self._other0 = self._other_cpu_s() if self._other_cpu_s is not None else None
         self.opened_at = self._hook(self._on_start)
         self.opened_epoch = time.time() - (time.perf_counter() - self.opened_at)
 
@@ -252,6 +260,12 @@ class WindowClock:
             self._open()
         self.closed = True
         self.cpu1 = time.process_time()
+        other1 = self._other_cpu_s() if self._other_cpu_s is not None else None
+        self.cpu_s = self.cpu1 - self.cpu0
+        if self._other0 is not None and other1 is not None:
+            self.cpu_s -= other1 - self._other0
+        elif self._other_cpu_s is not None:
+            _log.debug("the CPU time of the threads to leave out is unreadable: the process's")
         self.closed_at = self._hook(self._on_end)
 
     def next_event(self) -> float:
@@ -270,18 +284,22 @@ def drive(
     on_window_start: Callable[[], None] = lambda: None,
     on_window_end: Callable[[], None] = lambda: None,
     progress: Callable[[float, int], None] | None = None,
+    other_cpu_s: Callable[[], float | None] | None = None,
 ) -> LoadRun:
     """Run ``load`` with ``call(index, measured)`` per request; returns the measured window.
 
     ``on_window_start`` and ``on_window_end`` run on the calling thread when the window opens
     and closes (a scrape of the server's counters, say); ``progress(elapsed_s, done)`` runs
-    twice a second. Ctrl-C stops every thread once its request returns, then re-raises.
+    twice a second. ``other_cpu_s()``: the CPU seconds so far of this process's threads that
+    are not the client's (an embedded receiver's), left out of the client's CPU figure; the
+    whole process's figure where it returns ``None``. Ctrl-C stops every thread once its
+    request returns, then re-raises.
     """
     problems = load.problems()
     if problems:
         raise ValueError("; ".join(problems))
     stop = threading.Event()
-    window = WindowClock(load, on_window_start, on_window_end, progress)
+    window = WindowClock(load, on_window_start, on_window_end, progress, other_cpu_s)
     records: list[RequestLog] = []
     try:
         if load.mode == "closed":
@@ -462,7 +480,7 @@ def collect_run(records: list[RequestLog], window: WindowClock) -> LoadRun:
     # Requests whose ticket said so are measured (their latencies, the trace phase); the
     # completions of every request are counted between the two scrapes of the server's counters.
     start, opened, ends_at = window.start, window.opened_at, window.closed_at
-    run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu1 - window.cpu0,
+    run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu_s,
                   opened_epoch=window.opened_epoch)  # fmt: skip
     for record in records:
         for begin, end, measured in zip(record.begins, record.ends, record.measured, strict=True):

@@ -36,13 +36,15 @@ def drive_tasks(
     on_window_end: Callable[[], None] = lambda: None,
     progress: Callable[[float, int], None] | None = None,
     finish: Callable[[], Awaitable[None]] | None = None,
+    other_cpu_s: Callable[[], float | None] | None = None,
 ) -> LoadRun:
     """Run ``load``'s closed loop as asyncio tasks; ``finish`` is awaited on the loop at the
-    end (closing asyncio clients bound to it). Ctrl-C cancels the tasks and re-raises."""
+    end (closing asyncio clients bound to it); ``other_cpu_s`` as ``drive`` takes it. Ctrl-C
+    cancels the tasks and re-raises."""
     problems = load.problems()
     if problems:
         raise ValueError("; ".join(problems))
-    window = WindowClock(load, on_window_start, on_window_end, progress)
+    window = WindowClock(load, on_window_start, on_window_end, progress, other_cpu_s)
     records = [RequestLog() for _ in range(load.concurrency)]
     stopped = asyncio.run(_run(call, load, window, records, finish))
     run = collect_run(records, window)

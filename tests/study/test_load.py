@@ -8,6 +8,8 @@ import os
 import random
 import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -15,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from tritonclient.utils import InferenceServerException
 
-from otelkit.study import Load, Point, Remote, Study, StudyResults, read_results
+from otelkit.study import Load, Point, Remote, Study, StudyResults, Tracing, read_results
 from otelkit.study.compare import compare, format_comparison
 from otelkit.study.load import drive, error_kind
 from otelkit.study.servers import Endpoint
 from otelkit.study.tasks import drive_tasks
+from otelkit.tritonserver import free_port
 
 
 def sleeper(seconds: float, seen: list[tuple[float, bool]] | None = None) -> Any:
@@ -284,3 +288,67 @@ def test_asyncio_tasks_keep_many_requests_in_flight_from_one_thread() -> None:
         "an open loop (rate) runs on threads: asyncio goes with a concurrency"
     ]
     assert Load(concurrency=5000, asyncio=True).problems() == []
+
+
+POSTER = """
+import http.client, sys, time, urllib.parse
+url, body = urllib.parse.urlsplit(sys.argv[1]), open(sys.argv[2], "rb").read()
+deadline = time.monotonic() + float(sys.argv[3])
+while time.monotonic() < deadline:
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    for _ in range(5):  # a new connection every 5 posts: the receiver's threads come and go
+        connection.request("POST", url.path, body, {"Content-Type": "application/x-protobuf"})
+        response = connection.getresponse()
+        assert response.status == 200 and response.read() == b""
+    connection.close()
+"""
+
+
+def otlp_body(spans: int) -> bytes:
+    """An OTLP/HTTP protobuf body of ``spans`` spans with a few attributes each."""
+    request = ExportTraceServiceRequest()
+    resource = request.resource_spans.add()
+    resource.resource.attributes.add(key="service.name").value.string_value = "poster"
+    scope = resource.scope_spans.add()
+    for n in range(spans):
+        span = scope.spans.add(name=f"stage {n % 7}", start_time_unix_nano=n * 1000)
+        span.trace_id, span.span_id = n.to_bytes(16, "big"), (n + 1).to_bytes(8, "big")
+        span.end_time_unix_nano = n * 1000 + 500
+        for key in ("model", "device", "option"):
+            span.attributes.add(key=key).value.string_value = f"{key}-{n % 5}"
+    return request.SerializeToString()
+
+
+def test_the_clients_cpu_leaves_out_the_embedded_receivers_threads(tmp_path: Path) -> None:
+    # The study's receiver runs in the client's process: another process posts traces to it
+    # through the second point, whose client figure must stay the first's (requests that sleep).
+    port = free_port()
+    body = tmp_path / "body.bin"
+    body.write_bytes(otlp_body(500))
+    posters: list[subprocess.Popen[bytes]] = []
+
+    def factory(params: Mapping[str, Any], endpoint: Endpoint) -> Any:
+        if params["posts"]:  # for the warm-up, the window and the trace read-back after it
+            url = f"http://127.0.0.1:{port}/v1/traces"
+            posters.append(subprocess.Popen([sys.executable, "-c", POSTER, url, str(body), "3"]))
+        return lambda index: time.sleep(0.005)
+
+    try:
+        results = Study(
+            request=factory,
+            server=Remote("127.0.0.1:1"),
+            sweep={"posts": [0, 1]},
+            load=Load(concurrency=4, seconds=1.5, warmup_s=0.5),
+            tracing=Tracing(per_second=5, port=port),
+            out=tmp_path / "study.jsonl",
+            progress=False,
+        ).run()
+    finally:
+        for poster in posters:
+            assert poster.wait(15) == 0
+    traces = tmp_path / "study-files" / "traces" / "traces.jsonl"
+    posted = traces.read_text().count('"poster"')  # one resource a post
+    quiet, busy = results.points
+    print(f"client CPU: {quiet.cpu_s:.3f} s quiet, {busy.cpu_s:.3f} s while {posted} posts came")
+    assert posted >= 50  # 25,000 spans or more converted and written while the second ran
+    assert busy.cpu_s == pytest.approx(quiet.cpu_s, abs=0.05 + 0.5 * quiet.cpu_s)

@@ -5,7 +5,8 @@ JSON line of ``traces.jsonl``, which ``otelkit.analysis`` loads. Memory stays bo
 over the size limits get 413; a request beyond the concurrency limit waits for a slot, and
 after ``slot_wait_s`` gets 503 with ``Retry-After``, which OTLP exporters retry, so a busy
 receiver slows clients, losing nothing (exporters that do not retry, as Triton's, lose only
-what waited longer than ``slot_wait_s``).
+what waited longer than ``slot_wait_s``). Its threads are a ``ThreadGroup``: a process that
+embeds it (a study's client) reads their CPU time apart from its own (``cpu_s``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otelkit._core.signals import stop_on_signals
+from otelkit._core.threads import ThreadGroup
 from otelkit.export.jsonl import JsonLinesWriter
 from otelkit.export.otlp_json import request_to_json, span_count
 from otelkit.export.otlp_json_normalize import normalize_json
@@ -83,6 +85,7 @@ class Receiver:
         self._spans_stored = self._requests_rejected = self._port = 0
         self._server: _Server | None = None
         self._writer: JsonLinesWriter | None = None
+        self._threads = ThreadGroup()  # the serving thread and one per connection
 
     def start(self) -> Receiver:
         """Bind, open ``out_dir/traces.jsonl`` for appending and serve on a daemon thread."""
@@ -95,10 +98,14 @@ class Receiver:
             raise
         self._server, server.receiver, server.connections = server, self, set()
         self._port = int(server.server_address[1])
-        serve = threading.Thread(target=server.serve_forever, args=(0.1,), daemon=True)
+        serve = threading.Thread(target=self._serve, args=(server,), daemon=True)
         serve.name = f"otelkit-receiver-{self.port}"
         serve.start()
         return self
+
+    def _serve(self, server: _Server) -> None:
+        with self._threads.member():
+            server.serve_forever(0.1)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop accepting, let requests in progress finish, then flush and close the file."""
@@ -152,6 +159,16 @@ class Receiver:
         """Requests answered with an error status (4xx or 5xx) so far."""
         return self._requests_rejected
 
+    @property
+    def thread_ids(self) -> set[int]:
+        """The native ids (``threading.get_native_id()``) of the threads it runs now."""
+        return self._threads.native_ids
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds its threads have used so far (ended ones too), ``None`` where a thread's
+        CPU time cannot be read: what a process embedding it leaves out of its own figure."""
+        return self._threads.cpu_s()
+
     def wait_for_spans(self, n: int, timeout: float) -> bool:
         """Block until at least ``n`` spans are stored; False if ``timeout`` seconds pass first."""
         with self._changed:
@@ -190,6 +207,10 @@ class _Server(ThreadingHTTPServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         self.connections.add(request)
         super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self.receiver._threads.member():  # a connection's thread, for as long as it lasts
+            super().process_request_thread(request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
         self.connections.discard(request)

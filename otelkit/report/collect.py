@@ -5,9 +5,11 @@ Each complete trace (from ``TraceStream``) adds its root's breakdown to its grou
 page carries. The page carries, per group, the trace nearest the median duration, the one
 nearest the p99 and the slowest — the waterfall's three views — and as many other traces as fit
 in ``max_spans``, so that the trace-id box opens them too. Which traces are nearest the median is
-known only at the end: a fixed-size random sample of each group (a reservoir) holds the
+known only at the end: a fixed-size random sample of each group (a reservoir of 32) holds the
 candidates, and every trace kept in full is a candidate too, so a group of fewer traces than the
-budget gets its exact median.
+budget gets its exact median. The median and p99 views are thus the candidates nearest the
+group's median and p99 (the slowest is exact); ``sampled`` counts each group's candidates, and
+the page's p99 button says "p99 (nearest of N sampled)".
 
 >>> from otelkit.analysis import Span, SpanKind, build_traces
 >>> gathered = Gathered(group_by=())
@@ -101,6 +103,7 @@ class Gathered:
         self.kept_spans = 0
         self._durations: dict[str, float] = {}  # of the kept traces
         self._candidates: dict[tuple[str, ...], _Candidates] = {}
+        self.sampled: dict[tuple[str, ...], int] = {}  # per group, the candidates of its views
         self._random = random.Random(seed)  # a report of the same files is the same page
 
     def _root(self, trace: Trace) -> Span | None:
@@ -157,7 +160,12 @@ class Gathered:
                 candidates.sample[slot] = (duration, page_form())
 
     def views(self) -> dict[tuple[str, ...], dict[str, str]]:
-        """Per group, the trace ids of its median, p99 and slowest views (kept in ``kept``)."""
+        """Per group, the trace ids of its median, p99 and slowest views (kept in ``kept``).
+
+        The median and p99 views are the traces nearest the group's median and p99 (from every
+        trace's duration) among its candidates: a random sample of up to 32 (``_SAMPLE``), the
+        slowest and the traces kept in full; ``sampled`` records how many. The slowest is exact.
+        """
         out: dict[tuple[str, ...], dict[str, str]] = {}
         for key, candidates in self._candidates.items():
             if candidates.slowest is None:
@@ -168,6 +176,7 @@ class Gathered:
             for trace_id, form in self.kept.items():
                 if form["g"] == label and trace_id in self._durations:
                     pool[trace_id] = (self._durations[trace_id], form)
+            self.sampled[key] = len(pool)
             totals = sorted(self.groups[key].components[TOTAL])
             chosen = {}
             for view, q in (("median", 0.5), ("p99", 0.99)):

@@ -97,7 +97,10 @@
       svg.appendChild(row);
     });
     box.replaceChildren(svg);
-    if (views[trace.g]) groupSelect.value = trace.g;
+    if (views[trace.g]) {
+      groupSelect.value = trace.g;
+      nameP99();
+    }
     document.getElementById("wf-title").textContent = "trace " + trace.id + " (" + trace.g +
       "), " + fmtUs(trace.d) + ", " + spans.length + " spans, started " +
       new Date(trace.start_us / 1000).toISOString();
@@ -120,6 +123,13 @@
   const groupSelect = document.getElementById("wf-group");
   const views = data.views;
   for (const label of Object.keys(views)) groupSelect.appendChild(el("option", { value: label }, label));
+  // the p99 view is the trace nearest the p99 among the group's sampled candidates: say how many
+  const p99Button = document.querySelector("button[data-view='p99']");
+  function nameP99() {
+    const sampled = data.sampled[groupSelect.value];
+    p99Button.textContent = sampled ? "p99 (nearest of " + sampled + " sampled)" : "p99";
+  }
+  nameP99();
   function openView(view) {
     const chosen = views[groupSelect.value];
     if (chosen) openTrace(chosen[view]);
@@ -127,7 +137,7 @@
   for (const button of document.querySelectorAll("button[data-view]")) {
     button.addEventListener("click", function () { openView(button.dataset.view); });
   }
-  groupSelect.addEventListener("change", function () { openView("median"); });
+  groupSelect.addEventListener("change", function () { nameP99(); openView("median"); });
   const idBox = document.getElementById("trace-id");
   document.getElementById("open-trace").addEventListener("click", function () { openTrace(idBox.value); });
   idBox.addEventListener("keydown", function (event) { if (event.key === "Enter") openTrace(idBox.value); });

@@ -50,6 +50,7 @@ class Report:
     facts: Facts = field(default_factory=Facts)
     traces: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> waterfall form
     views: dict[str, dict[str, str]] = field(default_factory=dict)  # group -> view -> id
+    sampled: dict[str, int] = field(default_factory=dict)  # group -> candidates of its views
     studies: list[tuple[str, StudyResults, list[Chart]]] = field(default_factory=list)
     late_spans: int = 0
     closed_early: int = 0
@@ -85,6 +86,7 @@ class Report:
             report.late_spans, report.closed_early = stream.late_spans, stream.closed_early
         views = gathered.views()
         report.views = {gathered.label(key): chosen for key, chosen in sorted(views.items())}
+        report.sampled = {gathered.label(key): n for key, n in sorted(gathered.sampled.items())}
         report.groups = [(gathered.label(key), g) for key, g in sorted(gathered.groups.items())]
         report.traces, report.facts = gathered.kept, gathered.facts
         if studies:  # the study package's imports cost half a second: only when needed
@@ -131,7 +133,9 @@ class Report:
             f'<p class="facts-line">{self.facts.traces} traces, {self.facts.spans} spans, '
             f"{len(self.facts.services)} services</p>",
             breakdown_section(self.groups, place(bars), self.late_spans, self.closed_early),
-            waterfall_section(len(self.traces), self.facts.traces),
+            waterfall_section(
+                len(self.traces), self.facts.traces, next(iter(self.sampled.values()), 0)
+            ),
         ]
         for name, results, charts in self.studies:
             verdicts = [f"[{v.curve or 'all'}] {v.kind}: {v.sentence}" for v in results.verdicts]
@@ -142,6 +146,7 @@ class Report:
             "charts": [{"id": i, "spec": sized(c.spec, *PAGE_SIZE)} for i, c in placed],
             "traces": self.traces,
             "views": self.views,
+            "sampled": self.sampled,
             "facts": {"traces": self.facts.traces, "spans": self.facts.spans},
         }
         return render_page(self.title, sections, data)

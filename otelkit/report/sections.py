@@ -83,16 +83,29 @@ def study_section(title: str, header: dict[str, Any], verdicts: Sequence[str], c
             f"<ul>{words}</ul>{charts}")  # fmt: skip
 
 
-def waterfall_section(carried: int, read: int) -> str:
-    """The waterfall's controls: a group, its median, p99 or slowest trace, or any trace id."""
+def p99_label(sampled: int) -> str:
+    """The p99 view's button: the trace nearest the p99 among ``sampled`` candidates.
+
+    >>> p99_label(33)
+    'p99 (nearest of 33 sampled)'
+    """
+    return f"p99 (nearest of {sampled} sampled)" if sampled else "p99"
+
+
+def waterfall_section(carried: int, read: int, sampled: int = 0) -> str:
+    """The waterfall's controls: a group, its median, p99 or slowest trace, or any trace id;
+    ``sampled``: the first group's candidates for its median and p99 (the page's script names
+    each group's as it is chosen)."""
     return f"""<h2 id="traces">Trace waterfall</h2><div id="wf-section">
 <div class="wf-controls">group <select id="wf-group"></select>
-<button data-view="median">median</button><button data-view="p99">p99</button>
+<button data-view="median">median</button><button data-view="p99">{p99_label(sampled)}</button>
 <button data-view="slowest">slowest</button>
 <span>trace id <input id="trace-id" placeholder="32 hex digits, e.g. from an exemplar">
 <button id="open-trace">open</button></span><span id="wf-message"></span></div>
 <p class="hint">This file carries {carried} of the {read} traces read: per group the median,
-p99 and slowest, and as many others as its span budget holds (<code>--max-spans</code>).
+p99 and slowest, and as many others as its span budget holds (<code>--max-spans</code>). The
+median and p99 are the traces nearest them among a random sample of up to 32 of the group's
+traces, its slowest and those carried (the p99 button says how many); the slowest is exact.
 A link to <code>report.html#trace=ID</code> opens a trace.</p>
 <p id="wf-title"></p><div id="waterfall"></div><div id="wf-attributes"></div></div>"""
 

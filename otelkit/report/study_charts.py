@@ -2,7 +2,9 @@
 
 Read through ``otelkit.study``'s results API (``StudyResults``: its points, derived rows and
 verdicts), so the page says what ``otelkit study show`` says. A plot appears only when its data
-does: ε needs a sweep of instances, T = N/ℓ one of batch sizes, GPU plots GPU readings.
+does: ε needs a sweep of instances, T = N/ℓ one of batch sizes, GPU plots GPU readings. T = N/ℓ
+is derived (the batch over the mean latency, as at one request in flight): its plot says so and
+draws the measured inferences a second beside it.
 
 >>> from otelkit.study import StudyResults
 >>> study_charts(StudyResults({"unit": "request"}, []))
@@ -62,6 +64,7 @@ def study_charts(results: StudyResults, prefix: str = "study") -> list[Chart]:
     for axis in swept(ok):
         charts += _throughput_and_latency(results, ok, axis, unit, prefix)
     charts += _derived(results, prefix)
+    charts += _throughput_by_batch(results, prefix)
     load_axis = next(iter(swept(ok)), None)
     if load_axis is not None:
         charts += _utilisation(results, ok, prefix)
@@ -103,7 +106,6 @@ def _derived(results: StudyResults, prefix: str) -> list[Chart]:
     specs = (
         ("efficiency", "Throughput scaling efficiency ε = (Tᵢ/i)/T₁", "ε (1 = ideal)", 1.0),
         ("strong_scaling", "Strong scaling (t₁/n)/tₙ", "strong scaling (1 = ideal)", 1.0),
-        ("throughput_n_over_l", "T = N/ℓ against batch size", "T = N/ℓ (inferences/s)", None),
     )
     for figure, title, y_title, ideal in specs:
         found = results.figure(figure)
@@ -154,6 +156,25 @@ def _utilisation(results: StudyResults, ok: list[Point], prefix: str) -> list[Ch
             note=f"{measured}{predicted}. {verdict.kind}: {verdict.sentence}",
         ))  # fmt: skip
     return charts
+
+
+def _throughput_by_batch(results: StudyResults, prefix: str) -> list[Chart]:
+    """T = N/ℓ, derived, and the inferences a second measured at the same points."""
+    rows = []
+    for row in results.figure("throughput_n_over_l"):
+        series = _series(row.curve)
+        rows.append({"at": row.at, "inferences/s": round(row.value, 3),
+                     "series": f"{series}: T = N/ℓ (derived)"})  # fmt: skip
+        rows.append({"at": row.at, "inferences/s": round(row.detail["measured_items_per_s"], 3),
+                     "series": f"{series}: measured"})  # fmt: skip
+    if not rows:
+        return []
+    return [line_chart(
+        f"{prefix}-throughput-n-over-l", "T = N/ℓ (derived) and measured inferences/s against "
+        "batch size", rows, ("at", axis_title("batch_size")), ("inferences/s", "inferences/s"),
+        note="T = N/ℓ is derived: the batch over the mean latency, what the server gives with "
+        "one request in flight. The measured inferences a second are at each point's load.",
+    )]  # fmt: skip
 
 
 def _matches(component: str, limit: str | None) -> bool:

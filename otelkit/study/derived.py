@@ -4,7 +4,9 @@
 - **strong scaling** with n client threads and n instances, (t₁/n)/tₙ: for a fixed amount of
   work t ∝ 1/T, so it is (Tₙ/n)/T₁ along the points where concurrency equals instances (along
   concurrency alone when instances are not swept);
-- **throughput over batch size**, T = N/ℓ (SONIC): N inferences a request over the mean latency;
+- **throughput over batch size**, T = N/ℓ (SONIC): N inferences a request over the mean latency,
+  an estimate of what the server gives with one request in flight (more in flight give more):
+  its rows say so and carry the measured inferences a second;
 - **offload overhead per step**: the client's span minus the server's (the network + offload
   component, with the client's (de)serialising) over the calls a request makes;
 - the **knee** of a throughput curve: the lowest load whose throughput is within ``tolerance``
@@ -43,6 +45,12 @@ __all__ = [
 #: The parameters along which a study's load grows, in the order knees and verdicts prefer.
 LOAD_AXES = ("concurrency", "rate", "instances")
 
+#: The figures that are estimates from a formula, not measurements, and what they estimate.
+ESTIMATES = {
+    "throughput_n_over_l": "derived: N/ℓ, the batch over the mean latency, what the server "
+    "gives with one request in flight; measured_items_per_s is what was measured",
+}
+
 
 @dataclass(frozen=True)
 class Row:
@@ -55,9 +63,16 @@ class Row:
     value: float
     detail: dict[str, float]
 
+    @property
+    def estimate(self) -> str | None:
+        """What the figure estimates, when it is derived by a formula rather than measured."""
+        return ESTIMATES.get(self.figure)
+
     def to_dict(self) -> dict[str, Any]:
+        estimate = {"estimate": self.estimate} if self.estimate else {}
         return {"record": "derived", "figure": self.figure, "curve": self.curve,
-                "axis": self.axis, "at": self.at, "value": self.value, **self.detail}  # fmt: skip
+                "axis": self.axis, "at": self.at, "value": self.value, **estimate,
+                **self.detail}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -131,8 +146,9 @@ def strong_scaling(points: Iterable[Point]) -> list[Row]:
 
 
 def throughput_by_batch(points: Iterable[Point]) -> list[Row]:
-    """T = N/ℓ along ``batch_size``: inferences per second of latency, per curve; the detail
-    holds the mean latency and the measured inferences per second."""
+    """T = N/ℓ along ``batch_size``: inferences per second of latency, per curve, an estimate
+    valid at one request in flight; the detail holds the mean latency and the measured
+    inferences per second."""
     rows = []
     for curve, members in curves(points, "batch_size").items():
         for point in members:

@@ -6,10 +6,14 @@ sends requests at Poisson arrival times, ``rate`` a second on average, whether o
 ones are answered; a request's latency then runs from its *scheduled* arrival, so a client that
 falls behind shows as latency instead of hiding it (coordinated omission). Either runs for
 ``seconds`` or until ``requests`` requests are measured, after ``warmup_s`` seconds whose
-requests are left out.
+requests are left out. With ``requests``, the window ends where the last measured request
+starts, and the load goes on (unmeasured) until the window closes: the throughput is the full
+loop's, as with ``seconds``.
 
 A request counts in the point's throughput when it *completes* within the measured window,
-and in its latencies when it *starts* within it.
+and in its latencies when it *starts* within it. The window's equal parts (``Load.windows``)
+each hold the requests that complete within them, whatever their start: a part's throughput
+and latencies come from the same requests, and none ends after the window's close.
 
 >>> Load(concurrency=8, seconds=10).mode
 'closed'
@@ -22,6 +26,7 @@ and in its latencies when it *starts* within it.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import random
 import threading
@@ -32,6 +37,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 __all__ = ["MAX_CONCURRENCY", "MAX_TASKS", "Load", "LoadRun", "drive", "error_kind"]
+
+_log = logging.getLogger("otelkit.study")
 
 MAX_CONCURRENCY = 1000  # threads
 MAX_TASKS = 100_000  # asyncio tasks
@@ -49,8 +56,10 @@ class Load:
     in flight from few threads; the request needs an asyncio form: ``otelkit.study.tasks``).
     ``seconds`` or ``requests`` sets how much is measured after ``warmup_s``; an open loop
     runs each request on a pool of at most ``max_in_flight`` threads. A point stops early
-    after ``max_errors`` failed requests (a dead server). The measured window is cut into
-    ``windows`` equal parts, whose spread gives the intervals of ``otelkit study compare``.
+    after ``max_errors`` failed requests (a dead server), and is marked ``errors`` (left out of
+    the figures across points) when more than ``max_error_share`` of its measured requests
+    failed. The measured window is cut into ``windows`` equal parts, whose spread gives the
+    intervals of ``otelkit study compare``.
     """
 
     concurrency: int = 1
@@ -63,6 +72,7 @@ class Load:
     windows: int = 10
     seed: int = 0
     asyncio: bool = False
+    max_error_share: float = 0.01
 
     def __post_init__(self) -> None:
         if self.seconds is None and self.requests is None:
@@ -102,6 +112,11 @@ class Load:
             )
         if not _whole_in(self.windows, 2, 1000):
             found.append(f"windows is 2 to 1000 parts of the measured time, not {self.windows!r}")
+        if not (_number(self.max_error_share) and 0 <= self.max_error_share <= 1):
+            found.append(
+                f"max_error_share is a share of the measured requests, 0 to 1, "
+                f"not {self.max_error_share!r}"
+            )
         return found
 
     def at(self, params: dict[str, Any]) -> Load:
@@ -129,10 +144,14 @@ class LoadRun:
     window_s: float = 0.0
     completed: int = 0  # successful requests that completed within the window
     latencies_s: list[float] = field(default_factory=list)  # successful requests started in it
-    ends_s: list[float] = field(default_factory=list)  # when each of those completed
+    # the successful requests that completed within the window, whatever their start: when
+    # (seconds from its opening) and their latencies
+    ends_s: list[float] = field(default_factory=list)
+    end_latencies_s: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)  # failed requests started in it, by kind
+    failed_latencies_s: list[float] = field(default_factory=list)  # and their latencies
     error_samples: dict[str, str] = field(default_factory=dict)  # one message per kind
-    cpu_s: float = 0.0  # this process's CPU time over the window
+    cpu_s: float = 0.0  # this process's CPU time over the window, less other_cpu_s's
     warmup_failed: int = 0  # failed requests of the warm-up (a server down from the start)
     opened_epoch: float = 0.0  # when the window opened, in seconds since the epoch
     stopped: Literal["interrupted", "errors"] | None = None
@@ -158,17 +177,28 @@ def error_kind(error: BaseException) -> str:
 
 
 class RequestLog:
-    """One thread's requests; only that thread writes it, so no lock is taken per request."""
+    """One thread's requests; only that thread writes it, so no lock is taken per request.
 
-    __slots__ = ("begins", "ends", "errors", "failures")
+    Each request keeps whether its ticket said it is measured: with ``requests``, the count
+    decides, and two threads may take their tickets in another order than their start times.
+    """
+
+    __slots__ = ("begins", "ends", "failures", "measured")
 
     def __init__(self) -> None:
         self.begins: list[float] = []
         self.ends: list[float] = []
-        self.failures: list[tuple[float, str, str]] = []
+        self.measured: list[bool] = []
+        self.failures: list[tuple[float, float, bool, str, str]] = []
 
-    def fail(self, begin: float, error: BaseException) -> None:
-        self.failures.append((begin, error_kind(error), str(error)[:300]))
+    def done(self, begin: float, measured: bool) -> None:
+        self.begins.append(begin)
+        self.ends.append(time.perf_counter())
+        self.measured.append(measured)
+
+    def fail(self, begin: float, measured: bool, error: BaseException) -> None:
+        end = time.perf_counter()
+        self.failures.append((begin, end, measured, error_kind(error), str(error)[:300]))
 
 
 class WindowClock:
@@ -180,11 +210,15 @@ class WindowClock:
         on_start: Callable[[], None],
         on_end: Callable[[], None],
         progress: Callable[[float, int], None] | None,
+        other_cpu_s: Callable[[], float | None] | None = None,
     ) -> None:
         self.load = load
         self._on_start, self._on_end, self._progress = on_start, on_end, progress
+        self._other_cpu_s = other_cpu_s
         self.opened = self.closed = False
         self.cpu0 = self.cpu1 = 0.0
+        self._other0: float | None = None
+        self.cpu_s = 0.0  # the client's CPU over the window, once closed
         self.begin()
         self.opened_epoch = 0.0
         self._last_progress = 0.0
@@ -199,6 +233,7 @@ class WindowClock:
     def _open(self) -> None:
         self.opened = True
         self.cpu0 = time.process_time()
+        self._other0 = self._other_cpu_s() if self._other_cpu_s is not None else None
         self.opened_at = self._hook(self._on_start)
         self.opened_epoch = time.time() - (time.perf_counter() - self.opened_at)
 
@@ -225,6 +260,12 @@ class WindowClock:
             self._open()
         self.closed = True
         self.cpu1 = time.process_time()
+        other1 = self._other_cpu_s() if self._other_cpu_s is not None else None
+        self.cpu_s = self.cpu1 - self.cpu0
+        if self._other0 is not None and other1 is not None:
+            self.cpu_s -= other1 - self._other0
+        elif self._other_cpu_s is not None:
+            _log.debug("the CPU time of the threads to leave out is unreadable: the process's")
         self.closed_at = self._hook(self._on_end)
 
     def next_event(self) -> float:
@@ -243,18 +284,22 @@ def drive(
     on_window_start: Callable[[], None] = lambda: None,
     on_window_end: Callable[[], None] = lambda: None,
     progress: Callable[[float, int], None] | None = None,
+    other_cpu_s: Callable[[], float | None] | None = None,
 ) -> LoadRun:
     """Run ``load`` with ``call(index, measured)`` per request; returns the measured window.
 
     ``on_window_start`` and ``on_window_end`` run on the calling thread when the window opens
     and closes (a scrape of the server's counters, say); ``progress(elapsed_s, done)`` runs
-    twice a second. Ctrl-C stops every thread once its request returns, then re-raises.
+    twice a second. ``other_cpu_s()``: the CPU seconds so far of this process's threads that
+    are not the client's (an embedded receiver's), left out of the client's CPU figure; the
+    whole process's figure where it returns ``None``. Ctrl-C stops every thread once its
+    request returns, then re-raises.
     """
     problems = load.problems()
     if problems:
         raise ValueError("; ".join(problems))
     stop = threading.Event()
-    window = WindowClock(load, on_window_start, on_window_end, progress)
+    window = WindowClock(load, on_window_start, on_window_end, progress, other_cpu_s)
     records: list[RequestLog] = []
     try:
         if load.mode == "closed":
@@ -264,7 +309,7 @@ def drive(
     except KeyboardInterrupt:
         stop.set()
         raise
-    run = collect_run(records, window, load)
+    run = collect_run(records, window)
     if stop.is_set() and run.stopped is None:
         run.stopped = "errors"
     return run
@@ -276,7 +321,15 @@ def _count_failures(records: list[RequestLog]) -> int:
 
 class Tickets:
     """Whether a closed loop's worker may send another request, and its index: one rule for
-    threads and asyncio tasks. None after the window ends, or once ``requests`` were measured."""
+    threads and asyncio tasks. None once the window has ended (``seconds``) or closed.
+
+    With ``requests``, the window ends where the last measured request starts, and the loop
+    runs on, unmeasured, until the driving thread closes it at its next tick: a moment that
+    does not depend on when requests complete. Closing just after a completion (the last
+    measured request starts right after one) would count a whole batch of completions at that
+    edge and none at the other, and counting only those measured requests and the warm-up's
+    stragglers up to the last one's end left the window short or long by what was in flight.
+    """
 
     def __init__(self, window: WindowClock, requests: int | None) -> None:
         self._window = window
@@ -287,11 +340,14 @@ class Tickets:
     def take(self, begin: float) -> tuple[int, bool] | None:
         """(index, measured) of a request starting at ``begin`` (perf_counter), or None."""
         window = self._window
-        if begin >= window.end or window.closed:
+        if window.closed or (self._requests is None and begin >= window.end):
             return None
-        measured = begin >= window.start
-        if measured and self._requests is not None and next(self._measured) >= self._requests:
-            return None
+        measured = window.start <= begin < window.end
+        if measured and self._requests is not None:
+            count = next(self._measured)
+            measured = count < self._requests
+            if count == self._requests - 1:
+                window.end = begin
         return next(self._all), measured
 
 
@@ -311,14 +367,13 @@ def _closed(
             try:
                 call(*ticket)
             except Exception as error:
-                record.fail(begin, error)
+                record.fail(begin, ticket[1], error)
                 if len(record.failures) * load.concurrency >= load.max_errors and (
                     _count_failures(records) >= load.max_errors
                 ):
                     stop.set()
                 continue
-            record.begins.append(begin)
-            record.ends.append(time.perf_counter())
+            record.done(begin, ticket[1])
 
     records.extend(RequestLog() for _ in range(load.concurrency))
     threads = [
@@ -383,12 +438,11 @@ def _open(
         try:
             call(index, measured)
         except Exception as error:
-            record.fail(scheduled, error)
+            record.fail(scheduled, measured, error)
             if _count_failures(records) >= load.max_errors:
                 stop.set()
             return
-        record.begins.append(scheduled)
-        record.ends.append(time.perf_counter())
+        record.done(scheduled, measured)
 
     pool = ThreadPoolExecutor(load.max_in_flight, thread_name_prefix="otelkit-study")
     done = _done(records)
@@ -401,16 +455,16 @@ def _open(
                 break
             measured = arrival >= window.start
             if measured and load.requests is not None:
-                if measured_count >= load.requests:
-                    break
                 measured_count += 1
+                if measured_count == load.requests:  # the window ends at the last measured one
+                    window.end = arrival
             while (delay := arrival - time.perf_counter()) > 0:
                 window.tick(done)
                 if stop.wait(min(delay, window.next_event(), 0.05)):
                     break
             window.tick(done)
             pool.submit(run_one, index, arrival, measured)
-        while not window.closed and not stop.is_set() and load.requests is None:
+        while not window.closed and not stop.is_set():
             window.tick(done)
             stop.wait(min(window.next_event(), 0.05))
     except KeyboardInterrupt:
@@ -422,27 +476,25 @@ def _open(
         window.close()
 
 
-def collect_run(records: list[RequestLog], window: WindowClock, load: Load) -> LoadRun:
-    # Requests started from ``start`` on are measured (their latencies, the trace phase);
-    # completions are counted between the two scrapes of the server's counters.
-    start, opened = window.start, window.opened_at
-    ends_at = window.closed_at
-    if load.requests is not None:  # the window closes when the last measured request does
-        last = [e for r in records for b, e in zip(r.begins, r.ends, strict=True) if b >= start]
-        ends_at = max(last, default=opened)
-    run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu1 - window.cpu0,
+def collect_run(records: list[RequestLog], window: WindowClock) -> LoadRun:
+    # Requests whose ticket said so are measured (their latencies, the trace phase); the
+    # completions of every request are counted between the two scrapes of the server's counters.
+    start, opened, ends_at = window.start, window.opened_at, window.closed_at
+    run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu_s,
                   opened_epoch=window.opened_epoch)  # fmt: skip
     for record in records:
-        for begin, end in zip(record.begins, record.ends, strict=True):
+        for begin, end, measured in zip(record.begins, record.ends, record.measured, strict=True):
             if opened <= end <= ends_at:
                 run.completed += 1
-            if begin >= start:
-                run.latencies_s.append(end - begin)
                 run.ends_s.append(end - opened)
-        for begin, kind, message in record.failures:
+                run.end_latencies_s.append(end - begin)
+            if measured:
+                run.latencies_s.append(end - begin)
+        for begin, end, measured, kind, message in record.failures:
             run.error_samples.setdefault(kind, message)
-            if begin >= start:
+            if measured:
                 run.errors[kind] = run.errors.get(kind, 0) + 1
-            else:
+                run.failed_latencies_s.append(end - begin)
+            elif begin < start:
                 run.warmup_failed += 1
     return run

@@ -57,14 +57,18 @@ def measure_point(
     traces_timeout_s: float = 10.0,
     before_load: Callable[[], None] = lambda: None,
     gpu_metrics_url: str | None = None,
+    other_cpu_s: Callable[[], float | None] | None = None,
 ) -> Point:
-    """One point at ``params``; a point whose requests all failed comes back ``failed``.
+    """One point at ``params``; a point whose requests all failed comes back ``failed``, one
+    with more than ``load.max_error_share`` of its measured requests failed ``errors``.
 
     ``traces_dir``: where the study's traces arrive, ``None`` when it does not trace.
     Raises ``StudyError`` (without the point's name) when the server or model is not there.
     ``before_load`` runs once the requests are ready, just before the load starts (a wait for
     the point's slot in a shared schedule). ``gpu_metrics_url``: a page of otelkit's GPU
     metrics, read for each model instance's GPU memory and utilisation at the window's end.
+    ``other_cpu_s``: the CPU seconds so far of threads in this process that are not the
+    client's (the study's embedded receiver), left out of the point's client CPU.
     """
     traced = traces_dir is not None
     workload.open(params, endpoint, traced=traced, ready_s=ready_s)
@@ -103,10 +107,11 @@ def measure_point(
             )
             run = drive_tasks(acall, point_load, on_window_start=scraper("before"),
                               on_window_end=scraper("after"), progress=progress,
-                              finish=workload.aclose)  # fmt: skip
+                              finish=workload.aclose, other_cpu_s=other_cpu_s)  # fmt: skip
         else:
             run = drive(call, point_load, on_window_start=scraper("before"),
-                        on_window_end=scraper("after"), progress=progress)  # fmt: skip
+                        on_window_end=scraper("after"), progress=progress,
+                        other_cpu_s=other_cpu_s)  # fmt: skip
     finally:
         workload.close()
     batch_size = int(params.get("batch_size", getattr(workload, "batch_size", 1)))
@@ -132,6 +137,7 @@ def measure_point(
         point.traces = collect(traces_dir, run_id, index, sampled=point.sampled,
                                timeout_s=traces_timeout_s)  # fmt: skip
     _judge(point, run)
+    point.check_errors(load.max_error_share)
     return point
 
 

@@ -74,11 +74,12 @@ def merge_files(paths: Sequence[str | Path], out: str | Path) -> StudyResults:
     if len(counts) != 1:
         raise StudyError(f"the parts hold different numbers of points: {sorted(counts)}")
     merged = StudyResults({**first.header, "parts": [str(Path(p)) for p in paths]}, [])
+    max_error_share = float(first.header.get("load", {}).get("max_error_share", 0.01))
     for index, point in enumerate(first.points):
         same = [p.points[index] for p in parts]
         if any(p.params != point.params for p in same):
             raise StudyError("the parts' points differ: not the same sweep", point=point.label)
-        combined = merge_parts(same)
+        combined = merge_parts(same, max_error_share=max_error_share)
         combined.triton, combined.gpus, combined.traces = point.triton, point.gpus, point.traces
         combined.gpu_instances = point.gpu_instances
         merged.points.append(combined)

@@ -9,6 +9,11 @@ gives ``otelkit study compare`` its intervals.
 A point driven by several client processes is the merge of their parts: throughputs add up and
 latency percentiles come from the sum of the parts' histograms, that is from all requests.
 
+The latency percentiles are the successful requests'; the failed ones' latencies have their own
+histogram (a timeout's 30 s is not a successful answer's time), and ``all_requests_ms`` reads
+both. A point whose failed share of its measured requests is above ``Load.max_error_share`` is
+marked ``errors``: its figures are kept, and left out of those across points.
+
 >>> a = Point(0, {"concurrency": 4}, requests=400, seconds=4.0, histogram=LatencyHistogram())
 >>> a.throughput, a.label
 (100.0, 'concurrency=4')
@@ -39,7 +44,8 @@ def point_label(params: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Window:
-    """One equal part of the measured window: its throughput and latency percentiles."""
+    """One equal part of the measured window: the throughput and latency percentiles of the
+    requests that completed within it, whatever their start."""
 
     throughput: float
     p50_ms: float
@@ -52,7 +58,7 @@ class Point:
 
     index: int
     params: dict[str, Any]
-    status: str = "ok"  # ok, failed
+    status: str = "ok"  # ok, errors (too many failed requests: check_errors), failed
     error: str = ""
     requests: int = 0  # successful requests completed within the window
     seconds: float = 0.0  # the window's length
@@ -75,6 +81,10 @@ class Point:
     # the CPU the window used: the serving host's cores (when it is this host) and the
     # server's processes (when the study started them)
     host: HostUsage | None = None
+    # the latencies of the measured requests that failed (the histogram has the successful)
+    failed_histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
+    # a merged point's parts' throughputs: its throughput is their sum (their windows differ)
+    part_throughputs: list[float] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -82,17 +92,42 @@ class Point:
 
     @property
     def throughput(self) -> float:
-        """Successful requests per second."""
+        """Successful requests per second; a merged point's, the sum of its parts'."""
+        if self.part_throughputs:
+            return sum(self.part_throughputs)
         return self.requests / self.seconds if self.seconds else 0.0
 
     @property
     def items_per_s(self) -> float:
-        """Inferences per second: throughput times the batch size (T = N/ℓ at one in flight)."""
+        """Inferences per second, measured: throughput times the batch size."""
         return self.throughput * self.batch_size
 
     def latency_ms(self, q: float) -> float:
         """The ``q`` quantile of the measured requests' latency, in ms."""
         return self.histogram.quantile(q) * 1e3
+
+    def all_requests_ms(self, q: float) -> float:
+        """The ``q`` quantile of every measured request's latency, the failed ones too, in ms."""
+        return self.histogram.merged(self.failed_histogram).quantile(q) * 1e3
+
+    @property
+    def error_share(self) -> float:
+        """The failed share of the measured requests (those started in the window)."""
+        measured = self.histogram.count + self.failed
+        return self.failed / measured if measured else 0.0
+
+    def check_errors(self, max_share: float) -> None:
+        """Mark an ``ok`` point ``errors`` when more than ``max_share`` of its measured
+        requests failed; its error says the share and the most frequent kind."""
+        if self.status != "ok" or self.error_share <= max_share:
+            return
+        kind = max(self.errors, key=lambda k: self.errors[k])
+        sample = f" ({self.error_samples[kind]})" if self.error_samples.get(kind) else ""
+        self.status = "errors"
+        self.error = (
+            f"{self.error_share * 100:.1f} % of the measured requests failed "
+            f"({self.failed} of {self.histogram.count + self.failed}), most {kind}{sample}"
+        )
 
     @property
     def cpu_cores(self) -> float:
@@ -114,14 +149,16 @@ class Point:
         cls, index: int, params: Mapping[str, Any], run: LoadRun, windows: int, batch_size: int
     ) -> Point:
         """The client's side of a point, from the driver's measured window."""
-        histogram = LatencyHistogram()
+        histogram, failed = LatencyHistogram(), LatencyHistogram()
         histogram.add_many(run.latencies_s)
+        failed.add_many(run.failed_latencies_s)
         point = cls(
             index, dict(params), requests=run.completed, seconds=run.window_s,
             batch_size=batch_size, histogram=histogram, errors=dict(run.errors),
             error_samples=dict(run.error_samples), cpu_s=run.cpu_s, started_at=run.opened_epoch,
         )  # fmt: skip
         point.windows = _windows(run, windows)
+        point.failed_histogram = failed
         return point
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,6 +195,13 @@ class Point:
             "host": self.host.to_dict() if self.host is not None else None,
             "windows": [[w.throughput, w.p50_ms, w.p99_ms] for w in self.windows],
             "histogram": self.histogram.to_dict(),
+            "latency_ms_all_requests": {
+                "p50": self.all_requests_ms(0.5),
+                "p90": self.all_requests_ms(0.9),
+                "p99": self.all_requests_ms(0.99),
+            },
+            "failed_histogram": self.failed_histogram.to_dict(),
+            "part_throughputs": self.part_throughputs,
         }
 
     @classmethod
@@ -185,14 +229,19 @@ class Point:
             started_at=float(data.get("started_at", 0.0)),
             restarts=[str(r) for r in data.get("restarts", [])],
             host=HostUsage.from_dict(data["host"]) if data.get("host") else None,
+            failed_histogram=LatencyHistogram.from_dict(data["failed_histogram"])
+            if "failed_histogram" in data
+            else LatencyHistogram(),  # a file written before failed requests were timed
+            part_throughputs=[float(t) for t in data.get("part_throughputs", [])],
         )
 
 
 def _windows(run: LoadRun, count: int) -> list[Window]:
+    """The window's ``count`` equal parts, each from the requests that completed within it."""
     width = run.window_s / count
     ends: list[list[float]] = [[] for _ in range(count)]
-    for end, latency in zip(run.ends_s, run.latencies_s, strict=True):
-        slot = min(count - 1, max(0, int(end / width))) if width > 0 else 0
+    for end, latency in zip(run.ends_s, run.end_latencies_s, strict=True):
+        slot = min(count - 1, max(0, int(end / width))) if width > 0 else 0  # the close: last
         ends[slot].append(latency)
     windows = []
     for latencies in ends:
@@ -205,44 +254,50 @@ def _windows(run: LoadRun, count: int) -> list[Window]:
     return windows
 
 
-def merge_parts(parts: Sequence[Point], max_skew_s: float = 1.0) -> Point:
+def merge_parts(
+    parts: Sequence[Point], max_skew_s: float = 1.0, max_error_share: float = 0.01
+) -> Point:
     """One point from the parts that client processes measured over the same window.
 
-    Requests and throughputs add up; the percentiles come from the merged histograms; the
-    window is the longest part's: they ran side by side, their windows opening within
-    ``max_skew_s`` of each other. A window's percentiles are the parts' means, weighted by
-    their requests.
+    Requests and throughputs add up (each part's over its own window); the percentiles come
+    from the merged histograms; the window is the longest part's: they ran side by side, their
+    windows opening within ``max_skew_s`` of each other. A window's percentiles are the parts'
+    means, weighted by their requests. The merged point is marked ``errors`` when more than
+    ``max_error_share`` of all the parts' measured requests failed.
     """
     if not parts:
         raise ValueError("no parts to merge")
     first = parts[0]
-    starts = [p.started_at for p in parts if p.started_at and p.status == "ok"]
+    starts = [p.started_at for p in parts if p.started_at and p.status != "failed"]
     if starts and max(starts) - min(starts) > max_skew_s:
         raise StudyError(
             f"the parts did not run side by side: their windows opened "
             f"{max(starts) - min(starts):.1f} s apart (give them the same start and slot)",
             point=first.label,
         )
-    histogram = LatencyHistogram()
+    histogram, failed_histogram = LatencyHistogram(), LatencyHistogram()
     errors: dict[str, int] = {}
     samples: dict[str, str] = {}
     for part in parts:
         histogram = histogram.merged(part.histogram)
+        failed_histogram = failed_histogram.merged(part.failed_histogram)
         for kind, n in part.errors.items():
             errors[kind] = errors.get(kind, 0) + n
         for kind, message in part.error_samples.items():
             samples.setdefault(kind, message)
-    seconds = max(p.seconds for p in parts)
-    requests = round(sum(p.throughput for p in parts) * seconds)
     merged = Point(
-        first.index, dict(first.params), requests=requests, seconds=seconds,
-        batch_size=first.batch_size, histogram=histogram, errors=errors, error_samples=samples,
+        first.index, dict(first.params), requests=sum(p.requests for p in parts),
+        seconds=max(p.seconds for p in parts), batch_size=first.batch_size, histogram=histogram,
+        errors=errors, error_samples=samples,
         cpu_s=sum(p.cpu_s for p in parts), sampled=sum(p.sampled for p in parts),
         parts=sum(p.parts for p in parts), started_at=min(starts, default=0.0),
     )  # fmt: skip
-    failed = [p for p in parts if p.status != "ok"]
+    merged.failed_histogram = failed_histogram
+    merged.part_throughputs = [p.throughput for p in parts]
+    failed = [p for p in parts if p.status == "failed"]
     if failed:
         merged.status, merged.error = "failed", failed[0].error
+    merged.check_errors(max_error_share)
     if all(len(p.windows) == len(first.windows) for p in parts):
         for slot in range(len(first.windows)):
             rows = [p.windows[slot] for p in parts]

@@ -115,9 +115,14 @@ class StudyResults:
 
 
 def _point_line(point: Point, width: int) -> str:
-    if point.status != "ok":
+    if point.status not in ("ok", "errors"):
         return f"{point.label:<{width}} failed: {point.error}"
     extra = []
+    if point.status == "errors":
+        extra.append(f"too many errors, left out of the figures below: {point.error}")
+    if point.failed:
+        p50, p99 = point.all_requests_ms(0.5), point.all_requests_ms(0.99)
+        extra.append(f"all requests, the failed too: p50 {p50:.2f}, p99 {p99:.2f} ms")
     for model, figures in point.triton.items():
         extra.append(
             f"{model}: queue {figures.queue_ms:.2f} ms, compute {figures.compute_ms:.2f} ms, "
@@ -154,6 +159,11 @@ def _row_line(row: Row) -> str:
         return (
             f"knee{curve}{at}: {row.value:.1f}/s, within {row.detail['tolerance'] * 100:.0f} % "
             f"of the highest {row.detail['highest']:.1f}/s ({state})"
+        )
+    if row.figure == "throughput_n_over_l":
+        return (
+            f"T = N/ℓ (derived: batch over mean latency, as at 1 request in flight){curve}{at}: "
+            f"{row.value:.1f} inferences/s; measured {row.detail['measured_items_per_s']:.1f}"
         )
     return f"{row.figure}{curve}{at}: {row.value:.3g}"
 
@@ -217,7 +227,7 @@ def read_results(path: str | Path) -> StudyResults:
             elif kind == "point":
                 results.points.append(Point.from_dict(record))
             elif kind == "derived":
-                known = {"record", "figure", "curve", "axis", "at", "value"}
+                known = {"record", "figure", "curve", "axis", "at", "value", "estimate"}
                 detail = {k: v for k, v in record.items() if k not in known}
                 results.derived.append(Row(record["figure"], record["curve"], record["axis"],
                                            record["at"], record["value"], detail))  # fmt: skip

@@ -166,18 +166,18 @@ class Study:
         try:
             for index, params in enumerate(points):
                 point, failed = self._point(index, params, run_id, traces_url, traces_dir,
-                                            progress)  # fmt: skip
+                                            progress, receiver)  # fmt: skip
                 restarts: list[str] = []
                 while failed and len(restarts) < self.restarts:
                     restarts.append(point.error)
                     progress.note(f"the server failed; restart {len(restarts)}")
                     point, failed = self._point(index, params, run_id, traces_url, traces_dir,
-                                                progress)  # fmt: skip
+                                                progress, receiver)  # fmt: skip
                 point.restarts = restarts
                 results.points.append(point)
                 writer.point(point)
                 progress.done(index, point.label, _done_text(point, self.unit))
-                if point.status != "ok":
+                if point.status == "failed":  # a point with too many errors is a result
                     failure = StudyError(point.error, point=point.label)
                     break
         except KeyboardInterrupt:
@@ -201,9 +201,10 @@ class Study:
 
     def _point(
         self, index: int, params: dict[str, Any], run_id: str, traces_url: str | None,
-        traces_dir: Path | None, progress: Progress,
+        traces_dir: Path | None, progress: Progress, receiver: Receiver | None,
     ) -> tuple[Point, bool]:  # fmt: skip
-        """The point measured, and whether the server failed during it."""
+        """The point measured, and whether the server failed during it; the embedded
+        ``receiver``'s threads are left out of the client's CPU."""
         label = point_label(params)
         server = self.servers[params["server"]] if "server" in params else self.server
         assert server is not None
@@ -218,6 +219,7 @@ class Study:
                 run_id=run_id, traces_dir=traces_dir, ready_s=getattr(server, "ready_s", 0.0),
                 progress=progress.tick, before_load=lambda: self._wait_for_slot(index),
                 gpu_metrics_url=self.gpu_metrics_url,
+                other_cpu_s=receiver.cpu_s if receiver is not None else None,
             )  # fmt: skip
         except StudyError as error:  # every request failed, say: perhaps the server did
             point = Point(index, dict(params), status="failed", error=error.reason)
@@ -282,9 +284,11 @@ def _start_tracing(tracing: Tracing, files: Path) -> tuple[Receiver | None, str,
 
 
 def _done_text(point: Point, unit: str) -> str:
-    if point.status != "ok":
+    if point.status == "failed":
         return f"failed: {point.error}"
     errors = f", {point.failed} errors" if point.failed else ""
+    if point.status == "errors":
+        errors = f"; too many errors: {point.error}"
     return (
         f"{point.throughput:.1f} {unit}s/s, p50 {point.latency_ms(0.5):.2f} ms, "
         f"p99 {point.latency_ms(0.99):.2f} ms{errors}"

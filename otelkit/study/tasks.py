@@ -36,16 +36,18 @@ def drive_tasks(
     on_window_end: Callable[[], None] = lambda: None,
     progress: Callable[[float, int], None] | None = None,
     finish: Callable[[], Awaitable[None]] | None = None,
+    other_cpu_s: Callable[[], float | None] | None = None,
 ) -> LoadRun:
     """Run ``load``'s closed loop as asyncio tasks; ``finish`` is awaited on the loop at the
-    end (closing asyncio clients bound to it). Ctrl-C cancels the tasks and re-raises."""
+    end (closing asyncio clients bound to it); ``other_cpu_s`` as ``drive`` takes it. Ctrl-C
+    cancels the tasks and re-raises."""
     problems = load.problems()
     if problems:
         raise ValueError("; ".join(problems))
-    window = WindowClock(load, on_window_start, on_window_end, progress)
+    window = WindowClock(load, on_window_start, on_window_end, progress, other_cpu_s)
     records = [RequestLog() for _ in range(load.concurrency)]
     stopped = asyncio.run(_run(call, load, window, records, finish))
-    run = collect_run(records, window, load)
+    run = collect_run(records, window)
     if stopped and run.stopped is None:
         run.stopped = "errors"
     return run
@@ -71,13 +73,12 @@ async def _run(
             try:
                 await call(*ticket)
             except Exception as error:
-                record.fail(begin, error)
+                record.fail(begin, ticket[1], error)
                 failures[0] += 1
                 if failures[0] >= load.max_errors:
                     stop.set()
                 continue
-            record.begins.append(begin)
-            record.ends.append(time.perf_counter())
+            record.done(begin, ticket[1])
 
     loop = asyncio.get_running_loop()
     tasks = [asyncio.create_task(worker(r)) for r in records]

@@ -83,7 +83,7 @@ def test_page_text(report: Report) -> None:
     assert 'src="http' not in html and 'href="http' not in html
     data = html.split('id="otelkit-data">', 1)[1].split("</script>", 1)[0]
     parsed = json.loads(data)
-    assert set(parsed) == {"charts", "traces", "views", "facts"}
+    assert set(parsed) == {"charts", "traces", "views", "sampled", "facts"}
     assert parsed["facts"] == {"traces": 24, "spans": 396}
     assert "gnn-tracking-client" in html and "triton" in html  # the services' resources
     assert "triton: OpenTelemetry SDK cpp 1.13.0" in html and "otelkit 0.1.0" in html
@@ -134,6 +134,42 @@ def test_command_writes_the_page_and_figures(
     assert out.stat().st_size < 5e6
     assert (tmp_path / "fig" / "breakdown.svg").exists()
     assert main(["report"]) == 2
+
+
+def test_n_over_latency_chart_says_derived_and_draws_the_measured() -> None:
+    from otelkit.report.study_charts import study_charts
+    from otelkit.study import StudyResults
+    from tests.study.conftest import make_point
+
+    points = [make_point({"batch_size": n, "concurrency": 4}, 4000.0 / ms, latency_ms=ms)
+              for n, ms in [(1, 2.0), (4, 4.0)]]  # fmt: skip
+    results = StudyResults({"unit": "request"}, points)
+    results.derive()
+    (chart,) = [c for c in study_charts(results) if c.name == "study-throughput-n-over-l"]
+    assert chart.title == "T = N/ℓ (derived) and measured inferences/s against batch size"
+    assert chart.note.startswith("T = N/ℓ is derived: the batch over the mean latency, what the ")
+    assert chart.spec["layer"][0]["data"]["values"] == [
+        {"at": 1, "inferences/s": 500.0, "series": "concurrency=4: T = N/ℓ (derived)"},
+        {"at": 1, "inferences/s": 2000.0, "series": "concurrency=4: measured"},
+        {"at": 4, "inferences/s": 1000.0, "series": "concurrency=4: T = N/ℓ (derived)"},
+        {"at": 4, "inferences/s": 4000.0, "series": "concurrency=4: measured"},
+    ]
+
+
+def test_the_p99_view_says_it_is_the_nearest_of_the_sampled(report: Report) -> None:
+    gathered = Gathered(group_by=(), max_spans=0)  # none kept in full: the sample alone
+    for n in range(1, 201):
+        root = Span(f"{n:032x}", "01" * 8, None, "event", SpanKind.INTERNAL, 0, n * 10**6)
+        gathered.add(build_traces([root])[root.trace_id])
+    gathered.views()
+    assert gathered.sampled == {("event",): 33}  # 32 sampled and the slowest
+    # the demo's 12 groups of 2 traces: both are candidates
+    html = report.html()
+    assert '<button data-view="p99">p99 (nearest of 2 sampled)</button>' in html
+    text = " ".join(html.split())
+    assert "median and p99 are the traces nearest them among a random sample of up to 32" in text
+    data = json.loads(html.split('id="otelkit-data">', 1)[1].split("</script>", 1)[0])
+    assert data["sampled"] == {label: 2 for label in report.views}
 
 
 def test_study_charts_with_gpus_saturation_and_knees() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from otelkit.analysis.breakdown import NETWORK
-from otelkit.study import derived
+from otelkit.study import StudyResults, derived
 from otelkit.study.host import HostUsage
 from otelkit.study.point import Point
 from otelkit.study.verdicts import Verdict, judge, verdicts
@@ -72,6 +72,31 @@ def test_throughput_over_batch_size_is_n_over_latency() -> None:
     # the measured inferences a second agree at one request in flight (10 s of requests)
     measured = [r.detail["measured_items_per_s"] for r in found]
     assert measured == pytest.approx([500, 1000, 1600, 2000], rel=0.005)
+
+
+def test_n_over_latency_says_it_is_derived_beside_the_measured_inferences() -> None:
+    # 4 in flight: N/ℓ is what one request in flight would give, a quarter of what was measured
+    points = [
+        make_point({"batch_size": n, "concurrency": 4}, 4000.0 / ms, latency_ms=ms)
+        for n, ms in [(1, 2.0), (4, 4.0)]
+    ]
+    results = StudyResults({"unit": "request"}, points)
+    results.derive()
+    (row, _) = results.figure("throughput_n_over_l")
+    assert row.to_dict() == {
+        "record": "derived", "figure": "throughput_n_over_l", "curve": "concurrency=4",
+        "axis": "batch_size", "at": 1, "value": pytest.approx(500.0),
+        "estimate": "derived: N/ℓ, the batch over the mean latency, what the server gives with "
+        "one request in flight; measured_items_per_s is what was measured",
+        "latency_ms": pytest.approx(2.0, rel=0.005), "measured_items_per_s": 2000.0,
+    }  # fmt: skip
+    lines = [line for line in results.summary().splitlines() if "N/ℓ" in line]
+    assert lines == [
+        "T = N/ℓ (derived: batch over mean latency, as at 1 request in flight) [concurrency=4] at "
+        "batch_size=1: 500.0 inferences/s; measured 2000.0",
+        "T = N/ℓ (derived: batch over mean latency, as at 1 request in flight) [concurrency=4] at "
+        "batch_size=4: 1000.0 inferences/s; measured 4000.0",
+    ]
 
 
 def test_offload_overhead_is_per_call() -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import random
 import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -14,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from tritonclient.utils import InferenceServerException
 
-from otelkit.study import Load, Remote, Study, read_results
+from otelkit.study import Load, Point, Remote, Study, StudyResults, Tracing, read_results
+from otelkit.study.compare import compare, format_comparison
 from otelkit.study.load import drive, error_kind
 from otelkit.study.servers import Endpoint
 from otelkit.study.tasks import drive_tasks
+from otelkit.tritonserver import free_port
 
 
 def sleeper(seconds: float, seen: list[tuple[float, bool]] | None = None) -> Any:
@@ -27,6 +33,35 @@ def sleeper(seconds: float, seen: list[tuple[float, bool]] | None = None) -> Any
         if seen is not None:
             seen.append((time.perf_counter(), measured))
         time.sleep(seconds)
+
+    return call
+
+
+def spread_sleeper(mean_s: float, concurrency: int) -> Any:
+    """Requests that sleep ``mean_s`` ± 20 % (drawn from the request's index); each thread's
+    first request sleeps up to ``mean_s`` more, so the threads' completions spread out in time
+    instead of arriving together, as a server's do."""
+
+    def call(index: int, measured: bool) -> None:
+        draw = random.Random(index)
+        first = draw.uniform(0.0, mean_s) if index < concurrency else 0.0
+        time.sleep(first + mean_s * draw.uniform(0.8, 1.2))
+
+    return call
+
+
+def two_kinds_of_thread(fast_s: float, slow_s: float, concurrency: int) -> Any:
+    """Requests that sleep ``fast_s`` on half the threads and ``slow_s`` on the other half; a
+    thread's first request sleeps a share of its time more, so that each half's completions
+    come evenly spaced, as in a steady closed loop, not all at once."""
+    local = threading.local()
+
+    def call(index: int, measured: bool) -> None:
+        service_s = getattr(local, "service_s", None)
+        if service_s is None:  # the thread's first request (indices 0 to concurrency - 1)
+            service_s = local.service_s = fast_s if index % 2 else slow_s
+            time.sleep(service_s * (index // 2) / (concurrency // 2))
+        time.sleep(service_s)
 
     return call
 
@@ -52,6 +87,48 @@ def test_closed_loop_keeps_concurrency_in_flight_and_leaves_the_warmup_out() -> 
     assert abs(opened[0] - first_measured) < 0.05
     assert len(run.latencies_s) == sum(1 for _, m in seen if m)
     assert run.errors == {} and run.stopped is None
+
+
+def test_compare_finds_a_ten_percent_drop_in_throughput() -> None:
+    # 64 in flight for 100 ms, then 110 ms: 640 then 582 requests/s. Requests half as long as a
+    # tenth of the window once left the first tenth short of the warm-up's completions and
+    # swelled the last with those ending after the close: their spread hid the drop.
+    load = Load(concurrency=64, seconds=2.0, warmup_s=0.3)
+
+    def measured(service_s: float) -> StudyResults:
+        run = drive(spread_sleeper(service_s, load.concurrency), load)
+        point = Point.from_run(0, {"concurrency": 64}, run, load.windows, batch_size=1)
+        print([round(w.throughput) for w in point.windows])
+        return StudyResults({}, [point])
+
+    before, after = measured(0.100), measured(0.110)
+    throughput = next(d for d in compare(before, after)[0] if d.figure == "throughput")
+    print(format_comparison([throughput]))
+    for results in (before, after):
+        point = results.points[0]
+        shares = [w.throughput / point.throughput for w in point.windows]
+        assert [round(share, 1) for share in shares if abs(share - 1) > 0.15] == []
+    assert throughput.change / throughput.before == pytest.approx(100 / 110 - 1, abs=0.02)
+    assert throughput.significant and throughput.high < 0
+
+
+def test_a_count_of_requests_gives_the_closed_loops_throughput() -> None:
+    # c/2 threads sending 10 ms requests and c/2 sending 40 ms ones: c/2 × (1/s₁ + 1/s₂) a
+    # second, whatever the count of requests. The window once ended at the last measured
+    # request's end, the warm-up's stragglers counted in it: it then waited for the slowest
+    # requests in flight, 5 % short at 16 in flight and 320 requests, 6 % at 32 and 640.
+    ratios = []
+    for concurrency, requests in ((16, 320), (32, 640)):
+        load = Load(concurrency=concurrency, requests=requests, warmup_s=0.3)
+        run = drive(two_kinds_of_thread(0.010, 0.040, concurrency), load)
+        assert len(run.latencies_s) == requests
+        # each kind's time as measured: 10 or 40 ms and the sleep's own overhead
+        fast_s = statistics.fmean(s for s in run.latencies_s if s < 0.025)
+        slow_s = statistics.fmean(s for s in run.latencies_s if s >= 0.025)
+        expected = concurrency / 2 * (1 / fast_s + 1 / slow_s)
+        ratios.append(run.completed / run.window_s / expected)
+    print(f"throughput over c/2 × (1/s₁ + 1/s₂): {[round(r, 3) for r in ratios]}")
+    assert ratios == pytest.approx([1.0, 1.0], abs=0.02)
 
 
 def test_a_count_of_requests_is_measured_exactly() -> None:
@@ -139,6 +216,57 @@ def test_a_study_of_a_users_requests_sweeps_its_own_parameter_and_keeps_points_o
     assert back.points[1].throughput == pytest.approx(500, rel=0.3)
 
 
+def test_a_point_with_many_failed_requests_is_marked_and_keeps_their_latencies(
+    tmp_path: Path,
+) -> None:
+    def factory(params: Mapping[str, Any], endpoint: Endpoint) -> Any:
+        every = {1: 0, 2: 400, 4: 10}[params["concurrency"]]  # 1 request in `every` fails
+
+        def request(index: int) -> None:
+            if every and index % every == 0:
+                time.sleep(0.02)
+                raise TimeoutError("no answer in 20 ms")
+            time.sleep(0.002)
+
+        return request
+
+    out = tmp_path / "study.jsonl"
+    results = Study(
+        request=factory,
+        server=Remote("127.0.0.1:1"),
+        sweep={"concurrency": [1, 2, 4]},
+        load=Load(seconds=0.6, warmup_s=0.1),
+        out=out,
+        progress=False,
+    ).run()
+    print(results.summary())
+    assert [p.status for p in results.points] == ["ok", "ok", "errors"]  # the sweep went on
+    few, many = results.points[1], results.points[2]
+    assert 0 < few.error_share < 0.01 and many.error_share == pytest.approx(0.1, abs=0.01)
+    share = f"{many.error_share * 100:.1f} %"
+    measured = many.histogram.count + many.failed
+    assert many.error == (
+        f"{share} of the measured requests failed ({many.failed} of {measured}), "
+        f"most TimeoutError (no answer in 20 ms)"
+    )
+    # the failed requests' latencies, apart from the successful ones' and with them
+    assert many.failed_histogram.count == many.failed
+    assert many.failed_histogram.quantile(0.5) >= 0.02 > many.latency_ms(0.99) / 1e3
+    assert many.all_requests_ms(0.99) >= 20.0
+    lines = {line.split()[0]: line for line in results.summary().splitlines()[1:4]}
+    assert f"too many errors, left out of the figures below: {many.error}" in lines["concurrency=4"]
+    assert "all requests, the failed too: p50 " in lines["concurrency=2"]
+    assert "all requests" not in lines["concurrency=1"]
+    # knees and verdicts from the points whose requests succeeded
+    (knee,) = results.figure("knee")
+    assert knee.detail["highest"] == max(p.throughput for p in results.points[:2])
+    back = read_results(out)
+    assert [p.to_dict() for p in back.points] == [p.to_dict() for p in results.points]
+    assert Load(max_error_share=1.5).problems() == [
+        "max_error_share is a share of the measured requests, 0 to 1, not 1.5"
+    ]
+
+
 def test_asyncio_tasks_keep_many_requests_in_flight_from_one_thread() -> None:
     async def request(index: int, measured: bool) -> None:
         await asyncio.sleep(0.02)
@@ -160,3 +288,67 @@ def test_asyncio_tasks_keep_many_requests_in_flight_from_one_thread() -> None:
         "an open loop (rate) runs on threads: asyncio goes with a concurrency"
     ]
     assert Load(concurrency=5000, asyncio=True).problems() == []
+
+
+POSTER = """
+import http.client, sys, time, urllib.parse
+url, body = urllib.parse.urlsplit(sys.argv[1]), open(sys.argv[2], "rb").read()
+deadline = time.monotonic() + float(sys.argv[3])
+while time.monotonic() < deadline:
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    for _ in range(5):  # a new connection every 5 posts: the receiver's threads come and go
+        connection.request("POST", url.path, body, {"Content-Type": "application/x-protobuf"})
+        response = connection.getresponse()
+        assert response.status == 200 and response.read() == b""
+    connection.close()
+"""
+
+
+def otlp_body(spans: int) -> bytes:
+    """An OTLP/HTTP protobuf body of ``spans`` spans with a few attributes each."""
+    request = ExportTraceServiceRequest()
+    resource = request.resource_spans.add()
+    resource.resource.attributes.add(key="service.name").value.string_value = "poster"
+    scope = resource.scope_spans.add()
+    for n in range(spans):
+        span = scope.spans.add(name=f"stage {n % 7}", start_time_unix_nano=n * 1000)
+        span.trace_id, span.span_id = n.to_bytes(16, "big"), (n + 1).to_bytes(8, "big")
+        span.end_time_unix_nano = n * 1000 + 500
+        for key in ("model", "device", "option"):
+            span.attributes.add(key=key).value.string_value = f"{key}-{n % 5}"
+    return request.SerializeToString()
+
+
+def test_the_clients_cpu_leaves_out_the_embedded_receivers_threads(tmp_path: Path) -> None:
+    # The study's receiver runs in the client's process: another process posts traces to it
+    # through the second point, whose client figure must stay the first's (requests that sleep).
+    port = free_port()
+    body = tmp_path / "body.bin"
+    body.write_bytes(otlp_body(500))
+    posters: list[subprocess.Popen[bytes]] = []
+
+    def factory(params: Mapping[str, Any], endpoint: Endpoint) -> Any:
+        if params["posts"]:  # for the warm-up, the window and the trace read-back after it
+            url = f"http://127.0.0.1:{port}/v1/traces"
+            posters.append(subprocess.Popen([sys.executable, "-c", POSTER, url, str(body), "3"]))
+        return lambda index: time.sleep(0.005)
+
+    try:
+        results = Study(
+            request=factory,
+            server=Remote("127.0.0.1:1"),
+            sweep={"posts": [0, 1]},
+            load=Load(concurrency=4, seconds=1.5, warmup_s=0.5),
+            tracing=Tracing(per_second=5, port=port),
+            out=tmp_path / "study.jsonl",
+            progress=False,
+        ).run()
+    finally:
+        for poster in posters:
+            assert poster.wait(15) == 0
+    traces = tmp_path / "study-files" / "traces" / "traces.jsonl"
+    posted = traces.read_text().count('"poster"')  # one resource a post
+    quiet, busy = results.points
+    print(f"client CPU: {quiet.cpu_s:.3f} s quiet, {busy.cpu_s:.3f} s while {posted} posts came")
+    assert posted >= 50  # 25,000 spans or more converted and written while the second ran
+    assert busy.cpu_s == pytest.approx(quiet.cpu_s, abs=0.05 + 0.5 * quiet.cpu_s)

@@ -14,7 +14,7 @@ from otelkit.study import Load, merge_parts, read_results
 from otelkit.study.compare import compare, format_comparison, interval
 from otelkit.study.histogram import LatencyHistogram
 from otelkit.study.inputs import inputs_from_metadata
-from otelkit.study.point import Window
+from otelkit.study.point import Point, Window
 from otelkit.study.results import ResultsWriter, StudyResults
 from otelkit.study.servers import set_instance_count, stage_repository
 from otelkit.study.sweep import check, expand
@@ -170,6 +170,39 @@ def test_parts_merge_into_one_point_from_all_requests() -> None:
     assert merged.latency_ms(0.1) == pytest.approx(10.0, rel=0.005)
     assert merged.errors == {"TimeoutError": 3, "ConnectionError": 4}
     assert merged.parts == 2
+
+
+def test_merged_parts_keep_their_requests_and_add_their_throughputs() -> None:
+    # 400 requests over 4 s and 300 over 5 s: 700 requests, 100 + 60 a second
+    a = Point(0, {"concurrency": 2}, requests=400, seconds=4.0)
+    b = Point(0, {"concurrency": 2}, requests=300, seconds=5.0)
+    merged = merge_parts([a, b])
+    assert (merged.requests, merged.seconds, merged.throughput) == (700, 5.0, 160.0)
+    back = Point.from_dict(json.loads(json.dumps(merged.to_dict())))
+    assert (back.requests, back.throughput, back.to_dict()) == (700, 160.0, merged.to_dict())
+
+
+def test_merged_parts_are_judged_on_all_their_failed_requests() -> None:
+    a, b = make_point({"concurrency": 2}, 100.0), make_point({"concurrency": 2}, 100.0)
+    a.errors, a.error_samples = {"TimeoutError": 1}, {"TimeoutError": "no answer in 1 s"}
+    b.errors, b.error_samples = {"ConnectionError": 3}, {"ConnectionError": "refused"}
+    a.failed_histogram.add_many([1.0])
+    b.failed_histogram.add_many([0.5] * 3)
+    a.check_errors(0.01)  # 1 of 101 measured requests
+    assert (a.status, a.error_share) == ("ok", pytest.approx(1 / 101))
+    merged = merge_parts([a, b], max_error_share=0.01)  # 4 of 204
+    assert (merged.status, merged.error) == (
+        "errors",
+        "2.0 % of the measured requests failed (4 of 204), most ConnectionError (refused)",
+    )
+    assert merged.failed_histogram.count == 4
+    assert merged.latency_ms(0.99) == pytest.approx(10.0, rel=0.005)  # the successful
+    assert merged.all_requests_ms(0.99) == pytest.approx(500.0, rel=0.005)  # and the failed
+    assert merge_parts([a, b], max_error_share=0.05).status == "ok"
+    written = json.loads(json.dumps(merged.to_dict()))
+    assert Point.from_dict(written).to_dict() == written
+    del written["failed_histogram"]  # a file written before failed requests were timed
+    assert Point.from_dict(written).failed_histogram.count == 0
 
 
 def test_sweeps_expand_and_name_the_point_that_makes_no_sense() -> None:

@@ -151,7 +151,7 @@ def _utilisation(results: StudyResults, ok: list[Point], prefix: str) -> list[Ch
         title = f"Utilisation of each resource ({_series(verdict.curve)}): {verdict.kind}"
         charts.append(line_chart(
             f"{prefix}-utilisation-{n}", title, rows,
-            (verdict.axis, axis_title(verdict.axis)), ("U", "utilisation U = X·D/m"),
+            (verdict.axis, axis_title(verdict.axis)), ("U", "utilisation U = X·D/m (1 = always busy)"),
             series="resource", highlight=limit, rule_y=1.0,
             note=f"{measured}{predicted}. {verdict.kind}: {verdict.sentence}",
         ))  # fmt: skip

@@ -8,11 +8,11 @@ every process on it (the client too, when it runs there): on a shared host that 
 cores are asked for. Where ``/proc`` cannot be read (not Linux), the figures are missing and
 the model goes without that resource.
 
->>> before = CpuSample(busy_s=10.0, server_s=4.0, at=100.0)
->>> after = CpuSample(busy_s=13.0, server_s=5.5, at=102.0)
->>> usage = HostUsage.between(before, after, cores=2)
+>>> host = CpuSample(10.0, at=100.0), CpuSample(13.0, at=102.0)
+>>> server = CpuSample(4.0, at=99.0), CpuSample(6.0, at=103.0)
+>>> usage = HostUsage.between(host, server, cores=2)
 >>> usage.busy_cores, usage.server_cores
-(1.5, 0.75)
+(1.5, 0.5)
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuSample", "HostUsage", "is_local", "listening_pids", "sample"]
+__all__ = [
+    "CpuSample",
+    "HostUsage",
+    "host_sample",
+    "is_local",
+    "listening_pids",
+    "server_sample",
+]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PROC = Path("/proc")
@@ -34,11 +41,18 @@ _PROC = Path("/proc")
 
 @dataclass(frozen=True)
 class CpuSample:
-    """CPU seconds at one moment: the host's busy time, and the server processes' time."""
+    """CPU seconds used so far, read ``at`` (``time.perf_counter()``); ``None`` if unreadable."""
 
-    busy_s: float | None
-    server_s: float | None
+    seconds: float | None
     at: float
+
+    def rate(self, later: CpuSample) -> float | None:
+        """Cores kept busy from this sample to ``later``."""
+        span = later.at - self.at
+        if self.seconds is None or later.seconds is None or span <= 0:
+            return None
+        grown = later.seconds - self.seconds
+        return grown / span if grown >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -52,21 +66,15 @@ class HostUsage:
     seconds: float
 
     @classmethod
-    def between(cls, before: CpuSample, after: CpuSample, cores: int) -> HostUsage:
-        seconds = after.at - before.at
-
-        def rate(a: float | None, b: float | None) -> float | None:
-            if a is None or b is None or seconds <= 0 or b < a:
-                return None
-            return (b - a) / seconds
-
-        busy = rate(before.busy_s, after.busy_s)
-        return cls(
-            cores,
-            min(busy, cores) if busy is not None else None,
-            rate(before.server_s, after.server_s),
-            seconds,
-        )
+    def between(
+        cls, host: tuple[CpuSample, CpuSample], server: tuple[CpuSample, CpuSample], cores: int
+    ) -> HostUsage:
+        """From the host's busy time at the window's two ends, and the server's processes'
+        around the whole load (a walk over a server's processes takes long under a busy GIL:
+        it stays out of the window's hooks, and the rate over the load is the window's)."""
+        busy = host[0].rate(host[1])
+        busy = min(busy, cores) if busy is not None else None
+        return cls(cores, busy, server[0].rate(server[1]), host[1].at - host[0].at)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,10 +154,15 @@ def _tree_s(roots: Iterable[int]) -> float | None:
     return total
 
 
-def sample(server_pids: Iterable[int] = ()) -> CpuSample:
-    """The host's busy seconds and the server processes' CPU seconds, now."""
-    pids = list(server_pids)
-    return CpuSample(_host_busy_s(), _tree_s(pids) if pids else None, time.perf_counter())
+def host_sample() -> CpuSample:
+    """The host's busy seconds, now: one read, cheap enough for a window's hooks."""
+    return CpuSample(_host_busy_s(), time.perf_counter())
+
+
+def server_sample(pids: Iterable[int]) -> CpuSample:
+    """The CPU seconds of ``pids`` and their children, now (``None`` without pids)."""
+    found = list(pids)
+    return CpuSample(_tree_s(found) if found else None, time.perf_counter())
 
 
 def is_local(url: str | None) -> bool:

@@ -25,9 +25,10 @@ from otelkit.study.host import (
     CpuSample,
     HostUsage,
     host_cores,
+    host_sample,
     is_local,
     listening_pids,
-    sample,
+    server_sample,
 )
 from otelkit.study.load import Load, LoadRun, drive
 from otelkit.study.point import Point
@@ -87,7 +88,7 @@ def measure_point(
 
     def scraper(moment: str) -> Callable[[], None]:
         def take() -> None:
-            cpu[moment] = sample(pids)
+            cpu[moment] = host_sample()
             if endpoint.metrics_url is None:
                 return
             try:
@@ -98,6 +99,7 @@ def measure_point(
         return take
 
     point_load = load.at(params)
+    server_cpu = [server_sample(pids)]
     try:
         if point_load.asyncio:
             if isinstance(workload, ModelCalls):
@@ -114,6 +116,7 @@ def measure_point(
                         other_cpu_s=other_cpu_s)  # fmt: skip
     finally:
         workload.close()
+    server_cpu.append(server_sample(pids))
     batch_size = int(params.get("batch_size", getattr(workload, "batch_size", 1)))
     point = Point.from_run(index, params, run, load.windows, batch_size)
     point.sampled = next(sampled)
@@ -122,7 +125,8 @@ def measure_point(
         point.gpus = snapshots["after"].gpus
         point.triton = {m: _with_config(f, endpoint, m) for m, f in point.triton.items()}
     if "before" in cpu and "after" in cpu:
-        usage = HostUsage.between(cpu["before"], cpu["after"], host_cores())
+        server = (server_cpu[0], server_cpu[1])
+        usage = HostUsage.between((cpu["before"], cpu["after"]), server, host_cores())
         point.host = usage if local else HostUsage(0, None, usage.server_cores, usage.seconds)
     if gpu_metrics_url is not None:
         try:

@@ -134,27 +134,51 @@ def _utilisation(results: StudyResults, ok: list[Point], prefix: str) -> list[Ch
             at = p.params[verdict.axis]
             for resource in resources(p).values():
                 if resource.utilisation is not None and resource.kind != "stage":
-                    rows.append({verdict.axis: at, "U": round(resource.utilisation, 4),
-                                 "resource": resource.name})  # fmt: skip
+                    rows.append(
+                        {
+                            verdict.axis: at,
+                            "U": round(resource.utilisation, 4),
+                            "resource": resource.name,
+                        }
+                    )
             for lock in locks:  # one at a time: its hold, the low-load time, at this X
-                rows.append({verdict.axis: at, "U": round(p.throughput * lock.low_ms / 1e3, 4),
-                             "resource": f"{lock.name} (one at a time)"})  # fmt: skip
+                rows.append(
+                    {
+                        verdict.axis: at,
+                        "U": round(p.throughput * lock.low_ms / 1e3, 4),
+                        "resource": f"{lock.name} (one at a time)",
+                    }
+                )
         if not rows:
             continue
         limit = verdict.limit
         if verdict.resource == "lock":
             limit = f"{limit} (one at a time)"
-        measured = (f"plateau measured {verdict.plateau_per_s:.0f} {unit}s/s"
-                    if verdict.plateau_per_s else "no plateau within the sweep")  # fmt: skip
-        predicted = (f"; predicted m/D from the lowest point {verdict.predicted_per_s:.0f} "
-                     f"{unit}s/s (derived)" if verdict.predicted_per_s else "")  # fmt: skip
+        measured = (
+            f"plateau measured {verdict.plateau_per_s:.0f} {unit}s/s"
+            if verdict.plateau_per_s
+            else "no plateau within the sweep"
+        )
+        predicted = (
+            f"; predicted m/D from the lowest point {verdict.predicted_per_s:.0f} "
+            f"{unit}s/s (derived)"
+            if verdict.predicted_per_s
+            else ""
+        )
         title = f"Utilisation of each resource ({_series(verdict.curve)}): {verdict.kind}"
-        charts.append(line_chart(
-            f"{prefix}-utilisation-{n}", title, rows,
-            (verdict.axis, axis_title(verdict.axis)), ("U", "utilisation U = X·D/m (1 = always busy)"),
-            series="resource", highlight=limit, rule_y=1.0,
-            note=f"{measured}{predicted}. {verdict.kind}: {verdict.sentence}",
-        ))  # fmt: skip
+        charts.append(
+            line_chart(
+                f"{prefix}-utilisation-{n}",
+                title,
+                rows,
+                (verdict.axis, axis_title(verdict.axis)),
+                ("U", "utilisation U = X·D/m (1 = always busy)"),
+                series="resource",
+                highlight=limit,
+                rule_y=1.0,
+                note=f"{measured}{predicted}. {verdict.kind}: {verdict.sentence}",
+            )
+        )
     return charts
 
 

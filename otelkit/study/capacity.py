@@ -32,9 +32,10 @@ from otelkit.study.point import Point
 __all__ = ["Resource", "ResourceKind", "resources"]
 
 #: instances: a model's (or a deployment's) instances; client: the client process's CPU under
-#: its GIL; cores: the serving host's cores; gpu: one GPU; stage: a traced stage of a model,
-#: whose parallelism is its model's instances (``None`` where no model says).
-ResourceKind = Literal["instances", "client", "cores", "gpu", "stage"]
+#: its GIL; gil: a Python server process's CPU under its GIL; cores: the serving host's cores;
+#: gpu: one GPU; stage: a traced stage of a model, whose parallelism is its model's instances
+#: (``None`` where no model says).
+ResourceKind = Literal["instances", "client", "gil", "cores", "gpu", "stage"]
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,11 @@ def resources(point: Point) -> dict[str, Resource]:
                 "/proc/stat",
                 host.busy_cores / host.cores,
             )
+    if host is not None and host.python_processes and host.python_cores:
+        many = host.python_processes > 1
+        add("server gil", "gil", f"the server's Python process{'es' if many else ''}",
+            host.python_processes, host.python_cores * 1e3 / x,
+            "the server process's CPU time")  # fmt: skip
     for uuid, gauges in point.gpus.items():
         busy = gauges.get("utilization")
         if busy is not None and busy > 0:

@@ -22,7 +22,7 @@ import argparse
 import sys
 
 from otelkit.errors import StudyError
-from otelkit.study.command import (
+from otelkit.study.arguments import (
     parse_sweep,
     predict_arguments,
     predict_study,
@@ -31,7 +31,7 @@ from otelkit.study.command import (
 )
 from otelkit.study.compare import compare, format_comparison
 from otelkit.study.parts import merge_files
-from otelkit.study.ray_tasks import run_on_ray
+from otelkit.study.ray_parts import run_on_ray
 from otelkit.study.results import read_results
 from otelkit.study.slurm import slurm_files, write_slurm_files
 

@@ -32,6 +32,7 @@ __all__ = [
     "host_sample",
     "is_local",
     "listening_pids",
+    "python_pids",
     "server_sample",
 ]
 
@@ -64,17 +65,27 @@ class HostUsage:
     busy_cores: float | None
     server_cores: float | None
     seconds: float
+    # the server's own processes that are Python interpreters (a FastAPI or gRPC server): each
+    # runs its Python under one GIL; their CPU, without their children's
+    python_processes: int = 0
+    python_cores: float | None = None
 
     @classmethod
     def between(
-        cls, host: tuple[CpuSample, CpuSample], server: tuple[CpuSample, CpuSample], cores: int
+        cls,
+        host: tuple[CpuSample, CpuSample],
+        server: tuple[CpuSample, CpuSample],
+        cores: int,
+        python: tuple[int, CpuSample, CpuSample] = (0, CpuSample(None, 0.0), CpuSample(None, 0.0)),
     ) -> HostUsage:
         """From the host's busy time at the window's two ends, and the server's processes'
         around the whole load (a walk over a server's processes takes long under a busy GIL:
         it stays out of the window's hooks, and the rate over the load is the window's)."""
         busy = host[0].rate(host[1])
         busy = min(busy, cores) if busy is not None else None
-        return cls(cores, busy, server[0].rate(server[1]), host[1].at - host[0].at)
+        count, first, last = python
+        return cls(cores, busy, server[0].rate(server[1]), host[1].at - host[0].at, count,
+                   first.rate(last) if count else None)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +97,8 @@ class HostUsage:
             data.get("busy_cores"),
             data.get("server_cores"),
             float(data.get("seconds", 0.0)),
+            int(data.get("python_processes", 0)),
+            data.get("python_cores"),
         )
 
 
@@ -133,7 +146,7 @@ def _process_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
 
 
-def _tree_s(roots: Iterable[int]) -> float | None:
+def _tree_s(roots: Iterable[int], children: bool = True) -> float | None:
     """CPU seconds of ``roots`` and every process below them (a Triton and its Python stubs).
 
     A child that exits within the window takes its time with it: the figure is for servers
@@ -150,7 +163,8 @@ def _tree_s(roots: Iterable[int]) -> float | None:
         if spent is None:
             continue
         total += spent
-        queue += _children(pid)
+        if children:
+            queue += _children(pid)
     return total
 
 
@@ -159,10 +173,24 @@ def host_sample() -> CpuSample:
     return CpuSample(_host_busy_s(), time.perf_counter())
 
 
-def server_sample(pids: Iterable[int]) -> CpuSample:
-    """The CPU seconds of ``pids`` and their children, now (``None`` without pids)."""
+def server_sample(pids: Iterable[int], children: bool = True) -> CpuSample:
+    """The CPU seconds of ``pids`` and (with ``children``) their children, now (``None``
+    without pids)."""
     found = list(pids)
-    return CpuSample(_tree_s(found) if found else None, time.perf_counter())
+    return CpuSample(_tree_s(found, children) if found else None, time.perf_counter())
+
+
+def python_pids(pids: Iterable[int]) -> tuple[int, ...]:
+    """Those of ``pids`` that run a Python interpreter (whose code shares one GIL)."""
+    found = []
+    for pid in pids:
+        try:
+            name = os.path.basename(os.readlink(_PROC / str(pid) / "exe"))
+        except OSError:
+            continue
+        if name.startswith("python"):
+            found.append(pid)
+    return tuple(found)
 
 
 def is_local(url: str | None) -> bool:

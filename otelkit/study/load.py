@@ -53,7 +53,7 @@ class Load:
     """One point's load: closed loop at ``concurrency`` or, with ``rate``, an open loop.
 
     With ``asyncio``, the closed loop's requests are asyncio tasks on one thread (many requests
-    in flight from few threads; the request needs an asyncio form: ``otelkit.study.tasks``).
+    in flight from few threads; the request needs an asyncio form: ``otelkit.study.drive_asyncio``).
     ``seconds`` or ``requests`` sets how much is measured after ``warmup_s``; an open loop
     runs each request on a pool of at most ``max_in_flight`` threads. A point stops early
     after ``max_errors`` failed requests (a dead server), and is marked ``errors`` (left out of

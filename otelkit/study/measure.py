@@ -20,6 +20,7 @@ from typing import Any
 from opentelemetry import trace
 
 from otelkit import semconv
+from otelkit.study.drive_asyncio import drive_tasks
 from otelkit.study.gpu_instances import scrape_instances
 from otelkit.study.host import (
     CpuSample,
@@ -28,15 +29,15 @@ from otelkit.study.host import (
     host_sample,
     is_local,
     listening_pids,
+    python_pids,
     server_sample,
 )
 from otelkit.study.load import Load, LoadRun, drive
 from otelkit.study.point import Point
 from otelkit.study.servers import Endpoint
-from otelkit.study.tasks import drive_tasks
 from otelkit.study.traces import collect
 from otelkit.study.triton_metrics import ModelFigures, Snapshot, difference, scrape
-from otelkit.study.workload import ModelCalls, Workload
+from otelkit.study.workload import Workload
 from otelkit.telemetry import flush
 
 __all__ = ["measure_point"]
@@ -99,11 +100,12 @@ def measure_point(
         return take
 
     point_load = load.at(params)
+    pythons = python_pids(pids)
     server_cpu = [server_sample(pids)]
+    python_cpu = [server_sample(pythons, children=False)]
     try:
         if point_load.asyncio:
-            if isinstance(workload, ModelCalls):
-                workload.connections = point_load.concurrency
+            workload.in_flight(point_load.concurrency)
             acall = (
                 _traced_acall(workload, attributes, sampled) if traced else _bare_acall(workload)
             )
@@ -117,7 +119,8 @@ def measure_point(
     finally:
         workload.close()
     server_cpu.append(server_sample(pids))
-    batch_size = int(params.get("batch_size", getattr(workload, "batch_size", 1)))
+    python_cpu.append(server_sample(pythons, children=False))
+    batch_size = int(params.get("batch_size", workload.batch_size))
     point = Point.from_run(index, params, run, load.windows, batch_size)
     point.sampled = next(sampled)
     if "before" in snapshots and "after" in snapshots:
@@ -126,8 +129,9 @@ def measure_point(
         point.triton = {m: _with_config(f, endpoint, m) for m, f in point.triton.items()}
     if "before" in cpu and "after" in cpu:
         server = (server_cpu[0], server_cpu[1])
-        usage = HostUsage.between((cpu["before"], cpu["after"]), server, host_cores())
-        point.host = usage if local else HostUsage(0, None, usage.server_cores, usage.seconds)
+        python = (len(pythons), python_cpu[0], python_cpu[1])
+        usage = HostUsage.between((cpu["before"], cpu["after"]), server, host_cores(), python)
+        point.host = usage if local else replace(usage, cores=0, busy_cores=None)
     if gpu_metrics_url is not None:
         try:
             point.gpu_instances = scrape_instances(gpu_metrics_url)

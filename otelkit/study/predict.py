@@ -171,6 +171,8 @@ def _model(
                     cores,
                 )
             )
+        elif row.kind == "gil":
+            bounds.append(Station(row.name, row.low_ms, row.servers or 1))
         elif row.kind == "client":
             processes = _changed("client", "processes", row.servers or 1, changes)
             bounds.append(Station("the client's CPU", row.low_ms, processes))

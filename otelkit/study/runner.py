@@ -29,7 +29,7 @@ from otelkit.study.measure import measure_point
 from otelkit.study.point import Point, point_label
 from otelkit.study.progress import Progress
 from otelkit.study.results import ResultsWriter, StudyResults
-from otelkit.study.servers import Remote, Server, Triton
+from otelkit.study.servers import Remote, Server
 from otelkit.study.sweep import SweepSpec, check, expand
 from otelkit.study.workload import FunctionCalls, Inputs, ModelCalls, RequestFactory, Workload
 from otelkit.telemetry import configure, shutdown
@@ -118,7 +118,7 @@ class Study:
             self.workload = ModelCalls(model, protocol=protocol, inputs=inputs,
                                        batch_size=batch_size, timeout_s=timeout_s)  # fmt: skip
             for each in [self.server, *self.servers.values()]:
-                if isinstance(each, Triton):
+                if each is not None:
                     each.with_models([model])
         elif isinstance(request, Workload):
             self.workload = request
@@ -156,8 +156,8 @@ class Study:
         if self.tracing is not None:
             receiver, traces_url, traces_dir = _start_tracing(self.tracing, files)
         for each in [self.server, *self.servers.values()]:
-            if isinstance(each, Triton) and each.log_dir is None:
-                each.log_dir = files
+            if each is not None:
+                each.keep_logs(files)
         header = self._header(run_id, points)
         results = StudyResults(header, [], path=self.out)
         progress = Progress(len(points), enabled=self.progress)
@@ -216,7 +216,7 @@ class Study:
             endpoint = server.prepare(params, traces_url)
             point = measure_point(
                 index, params, workload=self.workload, endpoint=endpoint, load=self.load,
-                run_id=run_id, traces_dir=traces_dir, ready_s=getattr(server, "ready_s", 0.0),
+                run_id=run_id, traces_dir=traces_dir, ready_s=server.ready_s,
                 progress=progress.tick, before_load=lambda: self._wait_for_slot(index),
                 gpu_metrics_url=self.gpu_metrics_url,
                 other_cpu_s=receiver.cpu_s if receiver is not None else None,
@@ -246,7 +246,7 @@ class Study:
             "otelkit_version": installed_version("otelkit"),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "model": self.workload.model,
-            "protocol": getattr(self.workload, "protocol", None),
+            "protocol": self.workload.protocol,
             "load": asdict(self.load),
             "sweep": points,
             "server": self.server.describe() if self.server is not None else None,

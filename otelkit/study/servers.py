@@ -61,10 +61,18 @@ class Server:
     """
 
     axes: tuple[str, ...] = ()
+    ready_s: float = 0.0  # how long a point waits for the server to answer after ``prepare``
 
     def prepare(self, params: Mapping[str, Any], traces_url: str | None) -> Endpoint:
         """Make the server serve ``params`` (start it, restart or reconfigure it)."""
         raise NotImplementedError
+
+    def with_models(self, models: Sequence[str]) -> Server:
+        """The models an ``instances`` sweep sets, when none were named (the study's model)."""
+        return self
+
+    def keep_logs(self, directory: Path) -> None:
+        """Where the server's logs go when the study starts it and none was given."""
 
     def failure(self) -> str | None:
         """Why the server cannot serve any more (it died, or hangs after a crash), or ``None``;
@@ -150,10 +158,13 @@ class Triton(Server):
         self._starts = 0
 
     def with_models(self, models: Sequence[str]) -> Triton:
-        """The models an instance sweep sets, when none were named (the study's model)."""
         if not self.models:
             self.models = tuple(models)
         return self
+
+    def keep_logs(self, directory: Path) -> None:
+        if self.log_dir is None:
+            self.log_dir = directory
 
     @property
     def server(self) -> TritonServer | None:

@@ -17,7 +17,8 @@ the plateau from the lowest point alone, m / D_low.
   cores); more instances will not help. When no measured resource is at its limit, the stage
   (or model) whose demand grew most is named and the resource it waits for is unknown;
 - **client**: the client process's CPU (one core under Python's GIL) is the limit: more
-  threads will not help, more client processes will;
+  threads will not help, more client processes will (a Python server's own process under its
+  GIL is named as a contended ``gil``: more worker processes will help);
 - **batching**: at light load, requests wait within a dynamic batcher's configured delay: the
   latency is the batcher's, and throughput rises as batches fill;
 - **rising**: nothing is at its limit within the sweep; the nearest limit is said, predicted;
@@ -427,6 +428,18 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
             ),
             "fewer busy instances than cores, less CPU per request, or more hosts; more "
             "instances will not help",
+        )
+    if top.kind == "gil":
+        return verdict(
+            "contended",
+            top,
+            (
+                f"{top.name} {'are' if (top.servers or 1) > 1 else 'is'} busy: under one GIL "
+                f"a process, {_law(top, facts, _m(top.servers), ' of CPU')}; {seen}, while "
+                "every request's Python waits for it"
+            ),
+            "more server processes (workers), or less Python per request; more threads and "
+            "more instances in one process will not help",
         )
     if top.kind == "client":
         return verdict(

@@ -42,6 +42,11 @@ class Workload:
 
     axes: tuple[str, ...] | None = ()
     model: str | None = None
+    protocol: str | None = None  # what the results file records: http, grpc, or None
+    batch_size: int = 1  # inferences a request, unless the point's batch_size says otherwise
+
+    def in_flight(self, concurrency: int) -> None:
+        """The point's asyncio requests in flight, before its load (a client sizes its pool)."""
 
     def open(
         self, params: Mapping[str, Any], endpoint: Endpoint, *, traced: bool, ready_s: float
@@ -103,7 +108,7 @@ class ModelCalls(Workload):
         self.close()
         name = "tritonclient.http" if self.protocol == "http" else "tritonclient.grpc"
         self._module = require(name, extra="triton", feature="otelkit study")
-        self._url, self._traced = endpoint.url(self.protocol), traced
+        self._url, self._traced = endpoint.url(self.protocol or "http"), traced
         self._call_options = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         client = self._client()
         self._wait_ready(client, ready_s)
@@ -127,6 +132,9 @@ class ModelCalls(Workload):
             except ValueError as error:
                 raise StudyError(f"model {self.model!r}: {error}") from error
         self._requests = [to_infer_inputs(self._module, a) for a in arrays]
+
+    def in_flight(self, concurrency: int) -> None:
+        self.connections = concurrency
 
     def _max_batch_size(self, client: Any) -> int | None:
         """Triton's ``max_batch_size``; ``None`` from a server without the configuration API."""

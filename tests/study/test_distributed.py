@@ -16,7 +16,7 @@ from otelkit.cli import main
 from otelkit.errors import StudyError
 from otelkit.study import read_results
 from otelkit.study.parts import part_arguments
-from otelkit.study.ray_tasks import run_on_ray
+from otelkit.study.ray_parts import run_on_ray
 from otelkit.study.slurm import slurm_files
 from otelkit.tritonserver import TritonServer
 from tests.conftest import LocalRay

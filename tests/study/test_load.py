@@ -22,9 +22,9 @@ from tritonclient.utils import InferenceServerException
 
 from otelkit.study import Load, Point, Remote, Study, StudyResults, Tracing, read_results
 from otelkit.study.compare import compare, format_comparison
+from otelkit.study.drive_asyncio import drive_tasks
 from otelkit.study.load import drive, error_kind
 from otelkit.study.servers import Endpoint
-from otelkit.study.tasks import drive_tasks
 from otelkit.tritonserver import free_port
 
 

@@ -100,7 +100,7 @@ def _read(path: Path) -> StudyResults:
 
 
 def _confirm(results: StudyResults, prediction: object, out: Path) -> StudyResults:
-    from otelkit.study.command import confirm
+    from otelkit.study.arguments import confirm
     from otelkit.study.predict import Prediction
 
     assert isinstance(prediction, Prediction)

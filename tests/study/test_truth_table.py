@@ -9,6 +9,11 @@ traces and the models' stage spans go to a fixed port that each study's receiver
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +25,7 @@ from otelkit.study import Load, ModelCalls, Remote, Study, StudyResults, Tracing
 from otelkit.study.servers import Endpoint
 from otelkit.study.verdicts import Verdict
 from otelkit.tritonserver import TritonServer, free_port
-from tests.paths import TESTS
+from tests.paths import ROOT, TESTS
 from tests.study.truth.work import spin
 
 pytestmark = pytest.mark.triton
@@ -183,6 +188,51 @@ def test_dynamic_batching_under_light_load_is_the_batchers_wait(
     verdict = only(results)
     assert verdict.kind == "batching"
     assert "20 ms max_queue_delay" in verdict.sentence
+
+
+@pytest.fixture(scope="module")
+def gil_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """tests/study/truth/gil_app.py: one Python process, 5 ms of CPU a request."""
+    port = free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "examples"), *sys.path])
+    log = tmp_path_factory.mktemp("gil") / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.study.truth.gil_app", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, f"the GIL app did not start: {log}"
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def test_a_python_servers_own_gil_is_named(gil_server: str, tmp_path: Path) -> None:
+    results = Study(
+        model="busy",
+        server=Remote(gil_server),
+        load=Load(seconds=2.0, warmup_s=0.5),
+        sweep={"concurrency": [1, 4]},
+        out=tmp_path / "study.jsonl",
+        progress=False,
+    ).run()
+    verdict = only(results)
+    assert (verdict.kind, verdict.resource) == ("contended", "gil")
+    assert "more server processes" in verdict.change
+    assert_predicted(verdict, results)
 
 
 def test_without_traces_a_busy_instance_is_still_saturated(

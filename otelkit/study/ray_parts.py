@@ -23,7 +23,7 @@ from typing import Any
 
 from otelkit._core.extras import require
 from otelkit.errors import StudyError
-from otelkit.study.command import run_command
+from otelkit.study.arguments import run_command
 from otelkit.study.parts import merge_files, part_arguments, part_path, schedule_start
 from otelkit.study.results import StudyResults
 

@@ -102,7 +102,7 @@ def _study(args: argparse.Namespace) -> Study:
     if args.triton:
         server = Triton(args.triton)
     elif args.ray_serve:
-        from otelkit.study.ray_serve import RayServe  # Ray only when asked for
+        from otelkit.study.ray_server import RayServe  # Ray only when asked for
 
         server = RayServe(args.ray_serve)
     else:

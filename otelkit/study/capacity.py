@@ -75,11 +75,15 @@ def _utilisation(throughput: float, demand_ms: float, servers: float | None) -> 
     return throughput * demand_ms / 1e3 / servers if servers else None
 
 
-def _instances(point: Point, model: str) -> int:
+def _instances(point: Point, model: str) -> int | None:
+    """A model's instances (Triton's configuration, or the server's word: Ray Serve's
+    replicas); the point's ``instances`` for a Triton model whose configuration was not read."""
     figures = point.triton.get(model)
     if figures is not None and figures.instances:
         return figures.instances
-    return int(point.params.get("instances", 1))
+    if model in point.parallelism:
+        return point.parallelism[model]
+    return int(point.params.get("instances", 1)) if figures is not None else None
 
 
 def resources(point: Point) -> dict[str, Resource]:
@@ -119,11 +123,29 @@ def resources(point: Point) -> dict[str, Resource]:
         )
     traces = point.traces
     if traces is not None:
+        served: dict[str, float] = {}
         for component, model in traces.stage_models.items():
-            ms = point.component_ms(component)
+            ms = point.component_ms(component) or 0.0
             stage = component.split(" ", 1)[1]
-            servers = _instances(point, model) if model in point.triton else None
-            add(f"stage {stage}", "stage", stage, servers, ms or 0.0, "traces", model=model)
+            add(
+                f"stage {stage}",
+                "stage",
+                stage,
+                _instances(point, model),
+                ms,
+                "traces",
+                model=model,
+            )
+            served[model] = served.get(model, 0.0) + ms
+        for model, ms in served.items():
+            if model not in point.triton and model in point.parallelism:
+                # A deployment without counters of its own: its stages' time and its replicas'
+                # CPU (each a Python process, one GIL) are each the least of a replica's busy
+                # time per request; the larger is the nearer.
+                cpu_ms = point.process_cores.get(model, 0.0) * 1e3 / x
+                source = "its replicas' CPU time" if cpu_ms > ms else "its stages in the traces"
+                servers = point.parallelism[model]
+                add(f"model {model}", "instances", model, servers, max(ms, cpu_ms), source)
     if point.cpu_s > 0 and point.requests:
         processes = max(1, point.parts)
         add(
@@ -162,9 +184,14 @@ def resources(point: Point) -> dict[str, Resource]:
             )
     if host is not None and host.python_processes and host.python_cores:
         many = host.python_processes > 1
-        add("server gil", "gil", f"the server's Python process{'es' if many else ''}",
-            host.python_processes, host.python_cores * 1e3 / x,
-            "the server process's CPU time")  # fmt: skip
+        add(
+            "server gil",
+            "gil",
+            f"the server's Python process{'es' if many else ''}",
+            host.python_processes,
+            host.python_cores * 1e3 / x,
+            "the server process's CPU time",
+        )
     for uuid, gauges in point.gpus.items():
         busy = gauges.get("utilization")
         if busy is not None and busy > 0:

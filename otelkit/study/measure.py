@@ -103,6 +103,7 @@ def measure_point(
     pythons = python_pids(pids)
     server_cpu = [server_sample(pids)]
     python_cpu = [server_sample(pythons, children=False)]
+    model_cpu = {m: [server_sample(p, children=False)] for m, p in endpoint.processes.items()}
     try:
         if point_load.asyncio:
             workload.in_flight(point_load.concurrency)
@@ -120,9 +121,16 @@ def measure_point(
         workload.close()
     server_cpu.append(server_sample(pids))
     python_cpu.append(server_sample(pythons, children=False))
+    for model, samples in model_cpu.items():
+        samples.append(server_sample(endpoint.processes[model], children=False))
     batch_size = int(params.get("batch_size", workload.batch_size))
     point = Point.from_run(index, params, run, load.windows, batch_size)
     point.sampled = next(sampled)
+    point.parallelism = dict(endpoint.parallelism)
+    for model, (first, last) in model_cpu.items():
+        cores = first.rate(last)
+        if cores is not None:
+            point.process_cores[model] = cores
     if "before" in snapshots and "after" in snapshots:
         point.triton = difference(snapshots["before"], snapshots["after"])
         point.gpus = snapshots["after"].gpus

@@ -85,6 +85,11 @@ class Point:
     failed_histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
     # a merged point's parts' throughputs: its throughput is their sum (their windows differ)
     part_throughputs: list[float] = field(default_factory=list)
+    # the servers of each model or deployment where the server says (Ray Serve's replicas)
+    parallelism: dict[str, int] = field(default_factory=dict)
+    # the cores each model's or deployment's own processes kept busy, where the server named
+    # them (Ray Serve's replicas)
+    process_cores: dict[str, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -202,6 +207,8 @@ class Point:
             },
             "failed_histogram": self.failed_histogram.to_dict(),
             "part_throughputs": self.part_throughputs,
+            "parallelism": self.parallelism,
+            "process_cores": self.process_cores,
         }
 
     @classmethod
@@ -233,6 +240,8 @@ class Point:
             if "failed_histogram" in data
             else LatencyHistogram(),  # a file written before failed requests were timed
             part_throughputs=[float(t) for t in data.get("part_throughputs", [])],
+            parallelism={k: int(v) for k, v in data.get("parallelism", {}).items()},
+            process_cores={k: float(v) for k, v in data.get("process_cores", {}).items()},
         )
 
 

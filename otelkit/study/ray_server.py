@@ -13,6 +13,7 @@ application name updates it in place; the point is served once every replica is 
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -79,7 +80,54 @@ class RayServe(Server):
                 raise StudyError(f"Ray Serve could not deploy {self.name}: {error}") from error
             self._key = key
         metrics = f"http://127.0.0.1:{self._metrics_port}/metrics" if self._metrics_port else None
-        return Endpoint(http_url=f"127.0.0.1:{self._port}", metrics_url=metrics)
+        replicas = self._replicas()
+        # the actor table may name a replica's process a moment after Serve says it runs
+        deadline = time.monotonic() + 3.0
+        while True:
+            processes = self._processes()
+            counted = sum(len(p) for p in processes.values())
+            if counted >= sum(replicas.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        return Endpoint(
+            http_url=f"127.0.0.1:{self._port}",
+            metrics_url=metrics,
+            parallelism=replicas,
+            processes=processes,
+        )
+
+    def _replicas(self) -> dict[str, int]:
+        """Each deployment's running replicas: the capacity model's parallelism."""
+        from ray import serve
+
+        try:
+            deployments = serve.status().applications[self.name].deployments
+        except Exception:  # the figures go without it
+            return {}
+        running = {
+            name: sum(n for state, n in d.replica_states.items() if state == "RUNNING")
+            for name, d in deployments.items()
+        }
+        return {name: n for name, n in running.items() if n}
+
+    def _processes(self) -> dict[str, tuple[int, ...]]:
+        """Each deployment's replica processes, from Ray's actor table: the one place otelkit
+        reads Ray's private state (``ray._private.state.actors``, checked on Ray 2.60; Serve
+        names a replica's actor class ``ServeReplica:<application>:<deployment>``). Without it,
+        a deployment's demand comes from its stages alone."""
+        try:
+            from ray._private import state
+
+            actors = state.actors()
+        except Exception:  # a Ray that moved it: the figures go without the replicas' CPU
+            return {}
+        prefix = f"ServeReplica:{self.name}:"
+        found: dict[str, list[int]] = {}
+        for actor in actors.values():
+            name = str(actor.get("ActorClassName", ""))
+            if name.startswith(prefix) and actor.get("State") == "ALIVE" and actor.get("Pid"):
+                found.setdefault(name[len(prefix) :], []).append(int(actor["Pid"]))
+        return {k: tuple(v) for k, v in found.items()}
 
     def _start(self) -> None:
         import ray

@@ -22,7 +22,7 @@ import shlex
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,12 @@ class Endpoint:
     # the server's processes, when the study started them: their CPU (and their children's,
     # a Triton's Python-backend stubs) is the server's demand on its host's cores
     server_pids: tuple[int, ...] = ()
+    # the servers each model or deployment has, where the server says (Ray Serve's replicas;
+    # Triton's instances are read from each model's configuration)
+    parallelism: Mapping[str, int] = field(default_factory=dict)
+    # the processes of each model or deployment, where the server says (Ray Serve's replicas,
+    # each a Python process under one GIL): their CPU is the model's demand
+    processes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def url(self, protocol: str) -> str:
         url = self.http_url if protocol == "http" else self.grpc_url

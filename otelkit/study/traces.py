@@ -5,8 +5,8 @@ study's run id, the point's index and the phase (warm-up or measured). Once a po
 its measured roots are read back from the trace files and split into components by
 ``otelkit.analysis.breakdown``; each component gets its mean and p99 over the traces. Two more
 figures come from the same traces: the calls per request (the steps of a service option, for
-the offload overhead per step) and which model each server stage ran in (for the capacity of
-each stage, with that model's instances and batching).
+the offload overhead per step) and which model each server stage ran in (a Triton model, a Ray Serve
+deployment: for the capacity of each stage, with that model's instances and batching).
 
 Traces arrive after the point ends (Triton exports every 200 ms, the client at a flush):
 ``collect`` waits until every sampled root has arrived and its calls' server spans too, or until
@@ -96,6 +96,7 @@ def _model_of(trace: Trace, span: Span) -> str | None:
     while current is not None:
         model = current.attributes.get(semconv.TRITON_SPAN_MODEL_NAME)
         model = model or current.attributes.get(semconv.MODEL_NAME)
+        model = model or current.attributes.get(semconv.RAY_SERVE_DEPLOYMENT)
         if model:
             return str(model)
         current = by_id.get(current.parent_span_id or "")

@@ -20,13 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
+import otelkit
 from otelkit.study import Load, ModelCalls, Remote, Study, StudyResults, Tracing, Workload
 from otelkit.study.servers import Endpoint
 from otelkit.study.verdicts import Verdict
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import ROOT, TESTS
 from tests.study.truth.work import spin
+from tests.support import LocalRay
 
 pytestmark = pytest.mark.triton
 
@@ -232,6 +236,48 @@ def test_a_python_servers_own_gil_is_named(gil_server: str, tmp_path: Path) -> N
     verdict = only(results)
     assert (verdict.kind, verdict.resource) == ("contended", "gil")
     assert "more server processes" in verdict.change
+    assert_predicted(verdict, results)
+
+
+class Posts(Workload):
+    """A JSON POST to the server's root under a CLIENT span, its trace context in the headers
+    (as an instrumented HTTP client sends it)."""
+
+    axes = ()
+
+    def open(
+        self, params: Mapping[str, Any], endpoint: Endpoint, *, traced: bool, ready_s: float
+    ) -> None:
+        self.url = f"http://{endpoint.url('http')}/"
+
+    def __call__(self, index: int) -> None:
+        headers = {"content-type": "application/json"}
+        with trace.get_tracer("truth").start_as_current_span("POST", kind=SpanKind.CLIENT):
+            otelkit.inject(headers)
+            request = urllib.request.Request(self.url, b'{"x": [1.0]}', headers, method="POST")
+            with urllib.request.urlopen(request, timeout=30) as response:
+                response.read()
+
+
+def test_ray_serve_replicas_of_a_cpu_bound_deployment_are_saturated(
+    ray_local: LocalRay, tmp_path: Path
+) -> None:
+    from otelkit.study.ray_server import RayServe
+    from tests.study.truth.ray_busy import busy_app
+
+    results = Study(
+        request=Posts(),
+        server=RayServe(busy_app, name="truth-ray"),
+        load=Load(seconds=2.0, warmup_s=0.5),
+        sweep={"instances": [1], "concurrency": [1, 4]},
+        tracing=Tracing(per_second=20),
+        out=tmp_path / "study.jsonl",
+        progress=False,
+    ).run()
+    verdict = next(v for v in results.verdicts if v.axis == "concurrency")
+    print(results.summary())
+    assert (verdict.kind, verdict.resource, verdict.limit) == ("saturated", "instances", "Busy")
+    assert results.points[-1].parallelism == {"Busy": 1}
     assert_predicted(verdict, results)
 
 

@@ -74,6 +74,13 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
         help="times a point is measured again after the "
         "server it launched failed (tritonserver 2.51's tracing crash)",
     )
+    parser.add_argument(
+        "--link-gbps",
+        type=float,
+        default=None,
+        help="the network's rate between clients and servers, Gb/s one way: weighs each "
+        "request's tensor bytes against it",
+    )
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=1, help="requests in flight")
@@ -138,6 +145,7 @@ def _study(args: argparse.Namespace) -> Study:
         slot_s=args.slot,
         gpu_metrics_url=args.gpu_metrics_url,
         restarts=args.restarts,
+        link_gbps=args.link_gbps,
     )
 
 

@@ -33,9 +33,10 @@ __all__ = ["Resource", "ResourceKind", "resources"]
 
 #: instances: a model's (or a deployment's) instances; client: the client process's CPU under
 #: its GIL; gil: a Python server process's CPU under its GIL; cores: the serving host's cores;
-#: gpu: one GPU; stage: a traced stage of a model, whose parallelism is its model's instances
-#: (``None`` where no model says).
-ResourceKind = Literal["instances", "client", "gil", "cores", "gpu", "stage"]
+#: gpu: one GPU; network: the link between client and server, each way (full duplex) at the
+#: rate the study was told; stage: a traced stage of a model, whose parallelism is its
+#: model's instances (``None`` where no model says).
+ResourceKind = Literal["instances", "client", "gil", "cores", "gpu", "network", "stage"]
 
 
 @dataclass(frozen=True)
@@ -158,30 +159,18 @@ def resources(point: Point) -> dict[str, Resource]:
         )
     host = point.host
     if host is not None and host.cores and host.busy_cores is not None:
-        # The request's own CPU is the client's and the server's; what other processes take
-        # of the cores is not the request's demand but fewer cores left for it.
-        own = host.server_cores + point.cpu_cores if host.server_cores is not None else None
-        if own is not None and own > 0:
-            others = min(max(0.0, host.busy_cores - own), host.cores - 0.5)
-            add(
-                "host cores",
-                "cores",
-                f"the host's {host.cores} cores",
-                host.cores - others,
-                own * 1e3 / x,
-                "the client's and the server's CPU time",
-                host.busy_cores / host.cores,
-            )
-        else:
-            add(
-                "host cores",
-                "cores",
-                f"the host's {host.cores} cores",
-                host.cores,
-                host.busy_cores * 1e3 / x,
-                "/proc/stat",
-                host.busy_cores / host.cores,
-            )
+        # What the host keeps busy with no request in flight (other processes, a server's own
+        # polling, Ray's daemons) is not the requests' demand but fewer cores left for them.
+        idle = min(host.idle_cores or 0.0, host.busy_cores, host.cores - 0.5)
+        add(
+            "host cores",
+            "cores",
+            f"the host's {host.cores} cores",
+            host.cores - idle,
+            (host.busy_cores - idle) * 1e3 / x,
+            "/proc/stat, less the host's idle use",
+            host.busy_cores / host.cores,
+        )
     if host is not None and host.python_processes and host.python_cores:
         many = host.python_processes > 1
         add(
@@ -191,6 +180,17 @@ def resources(point: Point) -> dict[str, Resource]:
             host.python_processes,
             host.python_cores * 1e3 / x,
             "the server process's CPU time",
+        )
+    if point.payload_bytes is not None and point.link_gbps:
+        # a full-duplex link: each direction is its own; the busier one is the demand
+        busiest = max(point.payload_bytes)
+        add(
+            "network",
+            "network",
+            f"the network ({point.link_gbps:g} Gb/s)",
+            1,
+            busiest * 8 / (point.link_gbps * 1e9) * 1e3,
+            "tensor bytes a request",
         )
     for uuid, gauges in point.gpus.items():
         busy = gauges.get("utilization")

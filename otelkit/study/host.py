@@ -30,6 +30,7 @@ __all__ = [
     "CpuSample",
     "HostUsage",
     "host_sample",
+    "idle_cores",
     "is_local",
     "listening_pids",
     "python_pids",
@@ -69,6 +70,8 @@ class HostUsage:
     # runs its Python under one GIL; their CPU, without their children's
     python_processes: int = 0
     python_cores: float | None = None
+    # the cores the host kept busy just before the load, with no request in flight
+    idle_cores: float | None = None
 
     @classmethod
     def between(
@@ -99,6 +102,7 @@ class HostUsage:
             float(data.get("seconds", 0.0)),
             int(data.get("python_processes", 0)),
             data.get("python_cores"),
+            data.get("idle_cores"),
         )
 
 
@@ -171,6 +175,13 @@ def _tree_s(roots: Iterable[int], children: bool = True) -> float | None:
 def host_sample() -> CpuSample:
     """The host's busy seconds, now: one read, cheap enough for a window's hooks."""
     return CpuSample(_host_busy_s(), time.perf_counter())
+
+
+def idle_cores(seconds: float = 0.3) -> float | None:
+    """The cores this host keeps busy over ``seconds`` now (call it with no load running)."""
+    first = host_sample()
+    time.sleep(seconds)
+    return first.rate(host_sample())
 
 
 def server_sample(pids: Iterable[int], children: bool = True) -> CpuSample:

@@ -27,6 +27,7 @@ from otelkit.study.host import (
     HostUsage,
     host_cores,
     host_sample,
+    idle_cores,
     is_local,
     listening_pids,
     python_pids,
@@ -74,6 +75,9 @@ def measure_point(
     """
     traced = traces_dir is not None
     workload.open(params, endpoint, traced=traced, ready_s=ready_s)
+    url = endpoint.http_url or endpoint.grpc_url
+    local = is_local(url)
+    idle = idle_cores() if local else None  # before the slot: parts start their loads together
     before_load()
     sampled = itertools.count()
     attributes = _root_attributes(run_id, index, params)
@@ -83,8 +87,6 @@ def measure_point(
     problems: list[str] = []
     # the host's cores are the server's only when it runs here; its own processes' CPU is
     # read wherever the study started them
-    url = endpoint.http_url or endpoint.grpc_url
-    local = is_local(url)
     pids = endpoint.server_pids or (listening_pids(url) if local else ())
 
     def scraper(moment: str) -> Callable[[], None]:
@@ -127,6 +129,7 @@ def measure_point(
     point = Point.from_run(index, params, run, load.windows, batch_size)
     point.sampled = next(sampled)
     point.parallelism = dict(endpoint.parallelism)
+    point.payload_bytes = workload.payload_bytes()
     for model, (first, last) in model_cpu.items():
         cores = first.rate(last)
         if cores is not None:
@@ -139,7 +142,9 @@ def measure_point(
         server = (server_cpu[0], server_cpu[1])
         python = (len(pythons), python_cpu[0], python_cpu[1])
         usage = HostUsage.between((cpu["before"], cpu["after"]), server, host_cores(), python)
-        point.host = usage if local else replace(usage, cores=0, busy_cores=None)
+        point.host = (
+            replace(usage, idle_cores=idle) if local else replace(usage, cores=0, busy_cores=None)
+        )
     if gpu_metrics_url is not None:
         try:
             point.gpu_instances = scrape_instances(gpu_metrics_url)

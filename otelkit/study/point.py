@@ -90,6 +90,9 @@ class Point:
     # the cores each model's or deployment's own processes kept busy, where the server named
     # them (Ray Serve's replicas)
     process_cores: dict[str, float] = field(default_factory=dict)
+    # tensor bytes a request sends and receives, where the workload knows (the network's demand)
+    payload_bytes: tuple[int, int] | None = None
+    link_gbps: float | None = None  # the network link's rate, as the study was told (one way)
 
     @property
     def label(self) -> str:
@@ -209,6 +212,8 @@ class Point:
             "part_throughputs": self.part_throughputs,
             "parallelism": self.parallelism,
             "process_cores": self.process_cores,
+            "payload_bytes": list(self.payload_bytes) if self.payload_bytes else None,
+            "link_gbps": self.link_gbps,
         }
 
     @classmethod
@@ -242,6 +247,8 @@ class Point:
             part_throughputs=[float(t) for t in data.get("part_throughputs", [])],
             parallelism={k: int(v) for k, v in data.get("parallelism", {}).items()},
             process_cores={k: float(v) for k, v in data.get("process_cores", {}).items()},
+            payload_bytes=_pair(data.get("payload_bytes")),
+            link_gbps=data.get("link_gbps"),
         )
 
 
@@ -317,3 +324,7 @@ def merge_parts(
                        sum(w * r.p99_ms for w, r in zip(weights, rows, strict=True)))
             )  # fmt: skip
     return merged
+
+
+def _pair(value: Any) -> tuple[int, int] | None:
+    return (int(value[0]), int(value[1])) if value else None

@@ -171,7 +171,7 @@ def _model(
                     cores,
                 )
             )
-        elif row.kind == "gil":
+        elif row.kind in ("gil", "network"):
             bounds.append(Station(row.name, row.low_ms, row.servers or 1))
         elif row.kind == "client":
             processes = _changed("client", "processes", row.servers or 1, changes)

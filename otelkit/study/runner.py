@@ -72,6 +72,9 @@ class Study:
     Triton 2.51's tracer, say) is measured again on a restarted server, at most this often. The
     point records each failure (``Point.restarts``); each server's log stays in the study's
     files. 0 (the default): the failure ends the sweep.
+
+    ``link_gbps``: the rate of the network link between the clients and the servers, one way
+    (10 for 10 GbE): the capacity model then weighs each request's tensor bytes against it.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class Study:
         slot_s: float | None = None,
         gpu_metrics_url: str | None = None,
         restarts: int = 0,
+        link_gbps: float | None = None,
     ) -> None:
         if (model is None) == (request is None):
             raise StudyError("give model (a model to call) or request (what one request does)")
@@ -106,6 +110,9 @@ class Study:
             raise StudyError("start_at and slot_s go together, slot_s above 0")
         self.start_at, self.slot_s = start_at, slot_s
         self.gpu_metrics_url = gpu_metrics_url
+        if link_gbps is not None and not link_gbps > 0:
+            raise StudyError(f"link_gbps is the network's rate in Gb/s, above 0, not {link_gbps}")
+        self.link_gbps = link_gbps
         if restarts < 0:
             raise StudyError(f"restarts is a count, 0 or more, not {restarts}")
         self.restarts = restarts
@@ -228,6 +235,7 @@ class Study:
             why = f"; {point.error}" if point.error else ""
             point.status = "failed"
             point.error = f"the server died during the point: {dead.splitlines()[0]}{why}"
+        point.link_gbps = self.link_gbps
         return point, dead is not None
 
     def _wait_for_slot(self, index: int) -> None:
@@ -253,6 +261,7 @@ class Study:
             "servers": servers,
             "tracing": asdict(self.tracing) if self.tracing is not None else None,
             "unit": self.unit,
+            "link_gbps": self.link_gbps,
             "tolerance": self.tolerance,
         }
 

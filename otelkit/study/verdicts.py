@@ -19,6 +19,11 @@ the plateau from the lowest point alone, m / D_low.
 - **client**: the client process's CPU (one core under Python's GIL) is the limit: more
   threads will not help, more client processes will (a Python server's own process under its
   GIL is named as a contended ``gil``: more worker processes will help);
+- **network**: the link the study was told of (``Study(link_gbps=...)``) carries the busier
+  direction of each request's tensors all the time: smaller payloads or a faster link;
+  when no link rate is given and moving the tensors (the client's (de)serialising, network +
+  offload) grows most while no measured resource is at its limit, the resource is
+  ``transfer`` and no plateau is predicted;
 - **batching**: at light load, requests wait within a dynamic batcher's configured delay: the
   latency is the batcher's, and throughput rises as batches fill;
 - **rising**: nothing is at its limit within the sweep; the nearest limit is said, predicted;
@@ -41,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from otelkit.analysis.breakdown import SERVER_QUEUE
+from otelkit.analysis.breakdown import NETWORK, SERVER_QUEUE
 from otelkit.study.capacity import resources
 from otelkit.study.derived import LOAD_AXES, knee
 from otelkit.study.point import Point, point_label
@@ -295,7 +300,8 @@ def judge(
     offered = high.params.get("rate")
     behind = offered is not None and high.throughput < (1 - tolerance) * float(offered)
     low = ordered[0]
-    rows = _evidence(low, peak)
+    # along instances the question is why the most instances do not pay: read them there
+    rows = _evidence(low, high if axis == "instances" else peak)
     floor = tolerance * low.histogram.mean_s * 1e3
     rows += _serial(rows, tolerance, floor)
     candidates = sorted(
@@ -336,7 +342,9 @@ def judge(
         )
 
     if axis == "instances":
-        return _instances(facts, top if at_limit else None, verdict)
+        busy = 1 - 2 * tolerance
+        shared = [c for c in candidates if c.kind != "instances" and (c.load or 0.0) >= busy]
+        return _instances(facts, shared[0] if shared else None, verdict)
     batcher = _batching(facts)
     if batcher is not None and not facts.stopped:
         model, queue, delay = batcher
@@ -376,6 +384,32 @@ def _resource_words(row: Evidence) -> str:
     if row.kind == "lock":
         return f"{row.name} (one at a time)"
     return row.name
+
+
+_TRANSFER = (NETWORK, "client serialize", "client deserialize")
+
+
+def _transfer_growth(facts: _Curve) -> tuple[str, float] | None:
+    """Where a request's bytes are moved (the client's (de)serialising, the network and the
+    offload), how each grew from the lowest point to the peak, and by how much in all; only
+    for requests whose payload is known."""
+    low, peak = facts.low, facts.peak
+    if low.payload_bytes is None or low.traces is None or peak.traces is None:
+        return None
+    grew = []
+    for name in _TRANSFER:
+        before, after = low.component_ms(name), peak.component_ms(name)
+        if before and after and after > (1 + facts.tolerance) * before:
+            grew.append((name, before, after))
+    if not grew:
+        return None
+    words = ", ".join(f"{n} {a:.1f} → {b:.1f} ms" for n, a, b in grew)
+    return words, sum(b - a for _, a, b in grew)
+
+
+def _payload(point: Point) -> str:
+    sent, received = point.payload_bytes or (0, 0)
+    return f"{sent / 1e6:.1f} MB sent and {received / 1e6:.1f} MB received"
 
 
 def _m(servers: float | None) -> str:
@@ -428,6 +462,18 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
             ),
             "fewer busy instances than cores, less CPU per request, or more hosts; more "
             "instances will not help",
+        )
+    if top.kind == "network":
+        sent = _payload(facts.low)
+        return verdict(
+            "network",
+            top,
+            (
+                f"{top.name} is busy: {sent} a {unit}, "
+                f"{_law(top, facts, '1 link', ' on the wire')}; {seen}"
+            ),
+            "smaller payloads (compression, fewer bytes per event, batching server-side "
+            "inputs), or a faster link; more instances will not help",
         )
     if top.kind == "gil":
         return verdict(
@@ -487,6 +533,23 @@ def _unexplained(
         key=lambda r: r.peak_ms - r.low_ms,
         reverse=True,
     )
+    moving = _transfer_growth(facts)
+    if moving is not None and (not grown or moving[1] > grown[0].peak_ms - grown[0].low_ms):
+        parts, added = moving
+        return verdict(
+            "network",
+            None,
+            (
+                f"moving each {unit}'s tensors ({_payload(facts.low)}) grows with load: "
+                f"{parts} ({added:.1f} ms more per {unit}); {facts.throughput()}, while no "
+                f"measured resource is at its limit{busiest}: the copies wait (memory "
+                "bandwidth, the kernel's socket buffers, a link the study was not told of)"
+            ),
+            "fewer bytes per request (smaller dtypes, compression; shared memory when client "
+            "and server share a host), or tell the study the link's rate (link_gbps)",
+            predicted=False,
+            resource="transfer",
+        )
     if grown:
         row = grown[0]
         where = f" in {row.model}" if row.model and row.model != row.name else ""
@@ -525,7 +588,7 @@ def _instances(facts: _Curve, top: Evidence | None, verdict: _Make) -> Verdict:
     )
     if epsilon >= 1 - facts.tolerance:
         return verdict("rising", None, f"{trend}: more instances pay")
-    if top is not None and top.kind != "instances":
+    if top is not None:  # a resource every instance shares is at its limit
         found = _at_limit(facts, top, verdict)
         return verdict(found.kind, top, f"{trend}: {found.sentence}", found.change)
     concurrency = high.params.get("concurrency")

@@ -48,6 +48,11 @@ class Workload:
     def in_flight(self, concurrency: int) -> None:
         """The point's asyncio requests in flight, before its load (a client sizes its pool)."""
 
+    def payload_bytes(self) -> tuple[int, int] | None:
+        """(request, response) bytes of tensor data per request, once known; ``None`` where
+        the workload cannot tell (the capacity model's network demand)."""
+        return None
+
     def open(
         self, params: Mapping[str, Any], endpoint: Endpoint, *, traced: bool, ready_s: float
     ) -> None:
@@ -98,6 +103,8 @@ class ModelCalls(Workload):
         self._clients: list[Any] = []
         self._lock = threading.Lock()
         self._requests: Sequence[Sequence[Any]] = ()
+        self._request_bytes = 0
+        self._response_bytes: int | None = None
         self._call_options: dict[str, Any] = {}
         self._aclient: Any = None
         self.connections = 100  # the asyncio HTTP client's; the study sets the point's
@@ -132,6 +139,9 @@ class ModelCalls(Workload):
             except ValueError as error:
                 raise StudyError(f"model {self.model!r}: {error}") from error
         self._requests = [to_infer_inputs(self._module, a) for a in arrays]
+        sizes = [sum(int(v.nbytes) for v in a.values()) for a in arrays]
+        self._request_bytes = sum(sizes) // max(1, len(sizes))
+        self._response_bytes = None
 
     def in_flight(self, concurrency: int) -> None:
         self.connections = concurrency
@@ -202,7 +212,14 @@ class ModelCalls(Workload):
 
     def __call__(self, index: int) -> None:
         inputs = self._requests[index % len(self._requests)]
-        self._client().infer(self.model, inputs, **self._call_options)
+        result = self._client().infer(self.model, inputs, **self._call_options)
+        if self._response_bytes is None:
+            self._response_bytes = response_bytes(result)
+
+    def payload_bytes(self) -> tuple[int, int] | None:
+        if self._response_bytes is None:
+            return None
+        return self._request_bytes, self._response_bytes
 
     async def acall(self, index: int) -> None:
         """Request ``index`` through tritonclient's asyncio client, one per event loop."""
@@ -287,3 +304,16 @@ class FunctionCalls(Workload):
         closer = getattr(request, "close", None)
         if callable(closer):
             closer()
+
+
+def response_bytes(result: Any) -> int:
+    """The tensor bytes of a tritonclient result: the HTTP response's binary outputs, or the
+    gRPC response's raw contents (0 where neither can be read)."""
+    try:
+        response = result.get_response()
+        if isinstance(response, dict):  # HTTP: each binary output says its size
+            outputs = response.get("outputs", [])
+            return sum(int(o.get("parameters", {}).get("binary_data_size", 0)) for o in outputs)
+        return sum(len(c) for c in response.raw_output_contents)
+    except Exception:  # the figure is missing, the request is not
+        return 0

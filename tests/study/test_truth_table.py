@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanKind
 import otelkit
 from otelkit.study import Load, ModelCalls, Remote, Study, StudyResults, Tracing, Workload
 from otelkit.study.servers import Endpoint
-from otelkit.study.verdicts import Verdict
+from otelkit.study.verdicts import Verdict, verdicts
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import ROOT, TESTS
 from tests.study.truth.work import spin
@@ -173,6 +173,30 @@ def test_a_client_limited_by_its_own_cpu_is_named(truth: TruthServer, tmp_path: 
     assert (verdict.kind, verdict.resource) == ("client", "client")
     assert "more threads" in verdict.change
     assert_predicted(verdict, results)
+
+
+def test_payloads_of_megabytes_are_limited_where_they_are_moved(
+    truth: TruthServer, tmp_path: Path
+) -> None:
+    # 8 MB each way a request over HTTP on loopback: the copies (the client's deserialising,
+    # network + offload, into and out of the stub) are CPU and memory bandwidth. Runs here put
+    # the cores at U* 0.68 to 0.84: the verdict names the cores when they are at their limit
+    # (their plateau then predicted 18 % high: the copies also wait on memory bandwidth, which
+    # the study does not measure), else the transfer itself, with no plateau predicted.
+    calls = ModelCalls("payload", free_dim=2_000_000, pool=2)
+    results = study(truth, tmp_path, request=calls, sweep={"concurrency": [1, 4]})
+    verdict = only(results)
+    assert results.points[0].payload_bytes == (8_000_000, 8_000_000)
+    assert (verdict.kind, verdict.resource) in (("network", "transfer"), ("contended", "cores"))
+    if verdict.resource == "transfer":
+        assert "8.0 MB sent and 8.0 MB received" in verdict.sentence
+        assert verdict.predicted_per_s is None
+    # told of a 1 Gb/s link, the same figures name the link, its plateau predicted: 8 MB at
+    # 1 Gb/s is 64 ms a request, at most 15.6 requests/s: below what loopback served
+    linked = [replace(p, link_gbps=1.0) for p in results.points]
+    (told,) = verdicts(linked)
+    assert (told.kind, told.resource) == ("network", "network")
+    assert told.predicted_per_s == pytest.approx(1e9 / (8_000_000 * 8))
 
 
 def test_an_open_loop_offered_beyond_capacity_is_saturated(

@@ -1,5 +1,5 @@
-"""(j) of the truth table: a Ray Serve deployment whose replica burns 20 ms of CPU a request in
-its stage "compute": one replica caps it at about 50 requests/s. Its own module because
+"""(j) of the truth table: a Ray Serve deployment whose replica burns 40 ms of CPU a request in
+its stage "compute": one replica caps it at about 25 requests/s. Its own module because
 replicas import it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 import otelkit
 from tests.study.truth.work import spin
 
-WORK_S = 0.020
+WORK_S = 0.040
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})  # the session's Ray has 2 CPUs

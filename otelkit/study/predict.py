@@ -4,8 +4,8 @@ The model is built from the lowest point of a curve (the demands a request has w
 waits) and solved by mean value analysis (Reiser and Lavenberg, 1980) for a closed loop of N
 requests in flight:
 
-- each model is a station with its instances as servers (Seidmann's approximation: a station
-  of m servers and demand D is a queue of demand D/m and a delay of D(m-1)/m);
+- each model is a station with its instances as servers (load-dependent: with j requests
+  present it serves min(j, m) / D a second);
 - a stage that the verdict found serving one request at a time (a lock) is a station of one
   server, taken out of its model's demand;
 - what the request spends outside the stations (the client, the network) is think time Z;
@@ -121,17 +121,25 @@ def parse_changes(settings: Sequence[str]) -> dict[str, dict[str, int]]:
 def closed_loop(
     stations: Sequence[Station], think_ms: float, loads: Sequence[int]
 ) -> list[tuple[float, float]]:
-    """(throughput per s, response ms) at each ``loads`` in flight: exact MVA over the
-    stations, each of several servers split by Seidmann's approximation."""
-    queues = [(s.demand_ms / s.servers) for s in stations]
-    delay = sum(s.demand_ms * (s.servers - 1) / s.servers for s in stations)
+    """(throughput per s, response ms) at each of ``loads`` in flight: exact mean value
+    analysis with load-dependent stations (a station of m servers serves j requests at
+    min(j, m) / D), keeping each station's distribution of requests present."""
+    top = max(loads, default=0)
     wanted, found = set(loads), {}
-    length = [0.0] * len(queues)
-    for n in range(1, max(loads, default=0) + 1):
-        times = [d * (1 + q) for d, q in zip(queues, length, strict=True)]
-        response = delay + sum(times)
+    present = [[1.0] for _ in stations]  # P(j requests at the station), one fewer in flight
+    for n in range(1, top + 1):
+        times = [
+            sum(j * s.demand_ms / min(j, s.servers) * p[j - 1] for j in range(1, n + 1))
+            for s, p in zip(stations, present, strict=True)
+        ]
+        response = sum(times)
         x = n / (think_ms + response)  # per ms
-        length = [x * t for t in times]
+        updated = []
+        for s, p in zip(stations, present, strict=True):
+            now = [0.0] + [x * s.demand_ms / min(j, s.servers) * p[j - 1] for j in range(1, n + 1)]
+            now[0] = max(0.0, 1.0 - sum(now))  # rounding may push it below 0 at large n
+            updated.append(now)
+        present = updated
         if n in wanted:
             found[n] = (x * 1e3, response)
     return [found[n] for n in loads]

@@ -197,3 +197,29 @@ def test_study_charts_with_gpus_saturation_and_knees() -> None:
     assert rings == [{"instances": 2, "events/s": 190.0, "label": "knee"}]
     utilisation = charts["study-gpu-utilisation"].spec["layer"][0]["data"]["values"]
     assert [round(row["pct"]) for row in utilisation] == [30, 60, 90]
+
+
+def test_the_utilisation_chart_marks_the_bottleneck_and_its_predicted_plateau() -> None:
+    from otelkit.report.study_charts import study_charts
+    from otelkit.study import StudyResults
+    from tests.study.conftest import figures, make_point
+
+    # gnn: 8 ms on 2 instances (250/s at most), embed: 2 ms on 1 (500/s at most)
+    points = []
+    for index, (n, x) in enumerate([(1, 95.0), (16, 245.0)]):
+        triton = {"gnn": figures(8.0, instances=2, requests=round(x * 10)),
+                  "embed": figures(2.0, instances=1, requests=round(x * 10))}  # fmt: skip
+        points.append(make_point({"concurrency": n}, x, triton=triton, index=index,
+                                 latency_ms=1e3 * n / x))  # fmt: skip
+    results = StudyResults({"unit": "event"}, points)
+    results.derive()
+    (chart,) = [c for c in study_charts(results) if c.name == "study-utilisation-0"]
+    rows = chart.spec["layer"][0]["data"]["values"]
+    at_peak = {r["resource"]: r["U"] for r in rows if r["concurrency"] == 16}
+    assert at_peak == {"gnn": pytest.approx(0.98), "embed": pytest.approx(0.49)}
+    assert chart.note.startswith(
+        "plateau measured 245 events/s; predicted m/D from the lowest point 250 events/s "
+        "(derived). saturated: gnn's 2 instances are busy all the time"
+    )
+    bold = chart.spec["layer"][0]["encoding"]["strokeWidth"]["condition"]["test"]
+    assert bold == {"field": "resource", "equal": "gnn"}  # the bottleneck drawn bold

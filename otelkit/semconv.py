@@ -170,6 +170,9 @@ STUDY_PARAM = f"{PREFIX}.study.param"  # + ".<name>": each of the point's parame
 STUDY_PHASE = f"{PREFIX}.study.phase"  # warmup or measure: only measured requests are analysed
 STUDY_PHASE_WARMUP = "warmup"
 STUDY_PHASE_MEASURE = "measure"
+# an open loop's request that waited for a free client thread: a stage from its scheduled
+# arrival until a thread took it (the breakdown's "client backlog")
+STUDY_BACKLOG_STAGE = "backlog"
 # Triton's attribute on its model span (the stage spans of a Python-backend model hang under it)
 TRITON_SPAN_MODEL_NAME = "triton.model_name"
 

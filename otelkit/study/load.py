@@ -36,13 +36,31 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-__all__ = ["MAX_CONCURRENCY", "MAX_TASKS", "Load", "LoadRun", "drive", "error_kind"]
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_TASKS",
+    "Load",
+    "LoadRun",
+    "drive",
+    "error_kind",
+    "scheduled_at",
+]
 
 _log = logging.getLogger("otelkit.study")
 
 MAX_CONCURRENCY = 1000  # threads
 MAX_TASKS = 100_000  # asyncio tasks
 _PROGRESS_EVERY_S = 0.5
+
+_DUE = threading.local()
+
+
+def scheduled_at() -> float | None:
+    """Within an open loop's request, when it was due (``time.perf_counter()``): the wait from
+    then until a thread took it is the client's backlog. ``None`` in a closed loop."""
+    due: float | None = getattr(_DUE, "at", None)
+    return due
+
 
 #: What the driver calls for each request: ``call(index, measured)``; it raises on failure.
 Call = Callable[[int, bool], None]
@@ -435,6 +453,7 @@ def _open(
                 records.append(record)
         if stop.is_set():
             return
+        _DUE.at = scheduled
         try:
             call(index, measured)
         except Exception as error:
@@ -442,6 +461,8 @@ def _open(
             if _count_failures(records) >= load.max_errors:
                 stop.set()
             return
+        finally:
+            _DUE.at = None
         record.done(scheduled, measured)
 
     pool = ThreadPoolExecutor(load.max_in_flight, thread_name_prefix="otelkit-study")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -33,7 +34,7 @@ from otelkit.study.host import (
     python_pids,
     server_sample,
 )
-from otelkit.study.load import Load, LoadRun, drive
+from otelkit.study.load import Load, LoadRun, drive, scheduled_at
 from otelkit.study.point import Point
 from otelkit.study.servers import Endpoint
 from otelkit.study.traces import collect
@@ -187,9 +188,19 @@ def _traced_call(
 
     def call(request: int, measured: bool) -> None:
         attributes = measure if measured else warmup
-        with tracer.start_as_current_span(semconv.STUDY_SPAN, attributes=attributes) as span:
+        due = scheduled_at()
+        # an open loop's request starts when it was due: the wait for a client thread shows
+        start = time.time_ns() - int((time.perf_counter() - due) * 1e9) if due else None
+        with tracer.start_as_current_span(
+            semconv.STUDY_SPAN, attributes=attributes, start_time=start
+        ) as span:
             if measured and span.is_recording():
                 next(sampled)
+            if start is not None and span.is_recording():
+                backlog = {semconv.STAGE_NAME: semconv.STUDY_BACKLOG_STAGE}
+                tracer.start_span(
+                    semconv.STUDY_BACKLOG_STAGE, start_time=start, attributes=backlog
+                ).end()
             workload(request)
 
     return call

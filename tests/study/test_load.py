@@ -352,3 +352,27 @@ def test_the_clients_cpu_leaves_out_the_embedded_receivers_threads(tmp_path: Pat
     print(f"client CPU: {quiet.cpu_s:.3f} s quiet, {busy.cpu_s:.3f} s while {posted} posts came")
     assert posted >= 50  # 25,000 spans or more converted and written while the second ran
     assert busy.cpu_s == pytest.approx(quiet.cpu_s, abs=0.05 + 0.5 * quiet.cpu_s)
+
+
+def test_an_open_loops_backlog_shows_in_its_traces(tmp_path: Path) -> None:
+    # one client thread and 10 ms a request: at 40/s it keeps up, at 150/s the arrivals wait
+    # for the thread; each traced request starts when it was due, its wait a "backlog" stage
+    results = Study(
+        request=lambda params, endpoint: lambda index: time.sleep(0.010),
+        server=Remote("127.0.0.1:1"),
+        sweep={"rate": [40.0, 150.0]},
+        load=Load(seconds=1.5, warmup_s=0.3, max_in_flight=1),
+        tracing=Tracing(per_second=50),
+        out=tmp_path / "study.jsonl",
+        progress=False,
+    ).run()
+    kept_up, behind = results.points
+    assert kept_up.traces is not None and behind.traces is not None
+    assert kept_up.component_ms("client backlog") < 5.0
+    # behind: the backlog grows through the window; the traces see the waits the latencies do
+    backlog = behind.component_ms("client backlog")
+    assert backlog > 50.0
+    total = behind.component_ms("total")
+    assert total == pytest.approx(backlog + behind.component_ms("client other"), rel=0.1)
+    # (the sampled share is rate-limited over a growing backlog: 397 ms traced, 454 measured)
+    assert behind.histogram.mean_s * 1e3 == pytest.approx(total, rel=0.25)

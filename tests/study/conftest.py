@@ -3,6 +3,7 @@ study on a Triton that otelkit launches (its points serve several tests)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -96,22 +98,19 @@ class ContendedServer:
     receiver_port: int
 
 
-@pytest.fixture(scope="module")
-def contended_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContendedServer]:
-    receiver_port, port = free_port(), free_port()
-    env = dict(
-        os.environ,
-        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=(f"http://127.0.0.1:{receiver_port}/v1/traces"),
-    )
-    env["OTEL_TRACES_SAMPLER"] = "parentbased_always_off"  # the client's sampled share only
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "examples"), *sys.path])
-    log = tmp_path_factory.mktemp("contended") / "server.log"
+@contextlib.contextmanager
+def kserve_app(module: str, log: Path, env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """``python -m module --port P`` (a KServe v2 app of the tests) until the block ends: its
+    ``127.0.0.1:P`` once it answers ready."""
+    port = free_port()
+    environ = dict(os.environ, **(env or {}))
+    environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "examples"), *sys.path])
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.study.contended_app", "--port", str(port)],
+            [sys.executable, "-m", module, "--port", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=environ,
         )
     try:
         deadline = time.monotonic() + 60
@@ -121,12 +120,24 @@ def contended_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Conte
                     break
             except OSError:
                 assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, f"the contended app did not start: {log}"
+                assert time.monotonic() < deadline, f"{module} did not start: {log}"
                 time.sleep(0.1)
-        yield ContendedServer(f"127.0.0.1:{port}", receiver_port)
+        yield f"127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+@pytest.fixture(scope="module")
+def contended_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContendedServer]:
+    receiver_port = free_port()
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{receiver_port}/v1/traces",
+        "OTEL_TRACES_SAMPLER": "parentbased_always_off",  # the client's sampled share only
+    }
+    log = tmp_path_factory.mktemp("contended") / "server.log"
+    with kserve_app("tests.study.contended_app", log, env) as url:
+        yield ContendedServer(url, receiver_port)
 
 
 @pytest.fixture(scope="session")
@@ -162,4 +173,11 @@ def remote(server: TritonServer, protocol: str = "http") -> Remote:
     return Remote(url, metrics_url=server.metrics_url)
 
 
-__all__ = ["STUDY_MODELS", "ContendedServer", "figures", "make_point", "remote"]
+__all__ = [
+    "STUDY_MODELS",
+    "ContendedServer",
+    "figures",
+    "kserve_app",
+    "make_point",
+    "remote",
+]

@@ -9,10 +9,6 @@ traces and the models' stage spans go to a fixed port that each study's receiver
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -28,7 +24,8 @@ from otelkit.study import Load, ModelCalls, Remote, Study, StudyResults, Tracing
 from otelkit.study.servers import Endpoint
 from otelkit.study.verdicts import Verdict, verdicts
 from otelkit.tritonserver import TritonServer, free_port
-from tests.paths import ROOT, TESTS
+from tests.paths import TESTS
+from tests.study.conftest import kserve_app
 from tests.study.truth.work import spin
 from tests.support import LocalRay
 
@@ -221,31 +218,8 @@ def test_dynamic_batching_under_light_load_is_the_batchers_wait(
 @pytest.fixture(scope="module")
 def gil_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """tests/study/truth/gil_app.py: one Python process, 5 ms of CPU a request."""
-    port = free_port()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "examples"), *sys.path])
-    log = tmp_path_factory.mktemp("gil") / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.study.truth.gil_app", "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
-                    break
-            except OSError:
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, f"the GIL app did not start: {log}"
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(15)
+    with kserve_app("tests.study.truth.gil_app", tmp_path_factory.mktemp("gil") / "log") as url:
+        yield url
 
 
 def test_a_python_servers_own_gil_is_named(gil_server: str, tmp_path: Path) -> None:

@@ -187,18 +187,33 @@ def _throughput_by_batch(results: StudyResults, prefix: str) -> list[Chart]:
     rows = []
     for row in results.figure("throughput_n_over_l"):
         series = _series(row.curve)
-        rows.append({"at": row.at, "inferences/s": round(row.value, 3),
-                     "series": f"{series}: T = N/ℓ (derived)"})  # fmt: skip
-        rows.append({"at": row.at, "inferences/s": round(row.detail["measured_items_per_s"], 3),
-                     "series": f"{series}: measured"})  # fmt: skip
+        rows.append(
+            {
+                "at": row.at,
+                "inferences/s": round(row.value, 3),
+                "series": f"{series}: T = N/ℓ (derived)",
+            }
+        )
+        rows.append(
+            {
+                "at": row.at,
+                "inferences/s": round(row.detail["measured_items_per_s"], 3),
+                "series": f"{series}: measured",
+            }
+        )
     if not rows:
         return []
-    return [line_chart(
-        f"{prefix}-throughput-n-over-l", "T = N/ℓ (derived) and measured inferences/s against "
-        "batch size", rows, ("at", axis_title("batch_size")), ("inferences/s", "inferences/s"),
-        note="T = N/ℓ is derived: the batch over the mean latency, what the server gives with "
-        "one request in flight. The measured inferences a second are at each point's load.",
-    )]  # fmt: skip
+    return [
+        line_chart(
+            f"{prefix}-throughput-n-over-l",
+            "T = N/ℓ (derived) and measured inferences/s against batch size",
+            rows,
+            ("at", axis_title("batch_size")),
+            ("inferences/s", "inferences/s"),
+            note="T = N/ℓ is derived: the batch over the mean latency, what the server gives with "
+            "one request in flight. The measured inferences a second are at each point's load.",
+        )
+    ]
 
 
 def _matches(component: str, limit: str | None) -> bool:

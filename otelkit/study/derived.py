@@ -70,9 +70,16 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         estimate = {"estimate": self.estimate} if self.estimate else {}
-        return {"record": "derived", "figure": self.figure, "curve": self.curve,
-                "axis": self.axis, "at": self.at, "value": self.value, **estimate,
-                **self.detail}  # fmt: skip
+        return {
+            "record": "derived",
+            "figure": self.figure,
+            "curve": self.curve,
+            "axis": self.axis,
+            "at": self.at,
+            "value": self.value,
+            **estimate,
+            **self.detail,
+        }
 
 
 @dataclass(frozen=True)

@@ -87,8 +87,14 @@ class HostUsage:
         busy = host[0].rate(host[1])
         busy = min(busy, cores) if busy is not None else None
         count, first, last = python
-        return cls(cores, busy, server[0].rate(server[1]), host[1].at - host[0].at, count,
-                   first.rate(last) if count else None)  # fmt: skip
+        return cls(
+            cores,
+            busy,
+            server[0].rate(server[1]),
+            host[1].at - host[0].at,
+            count,
+            first.rate(last) if count else None,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

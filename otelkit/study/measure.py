@@ -113,13 +113,24 @@ def measure_point(
             acall = (
                 _traced_acall(workload, attributes, sampled) if traced else _bare_acall(workload)
             )
-            run = drive_tasks(acall, point_load, on_window_start=scraper("before"),
-                              on_window_end=scraper("after"), progress=progress,
-                              finish=workload.aclose, other_cpu_s=other_cpu_s)  # fmt: skip
+            run = drive_tasks(
+                acall,
+                point_load,
+                on_window_start=scraper("before"),
+                on_window_end=scraper("after"),
+                progress=progress,
+                finish=workload.aclose,
+                other_cpu_s=other_cpu_s,
+            )
         else:
-            run = drive(call, point_load, on_window_start=scraper("before"),
-                        on_window_end=scraper("after"), progress=progress,
-                        other_cpu_s=other_cpu_s)  # fmt: skip
+            run = drive(
+                call,
+                point_load,
+                on_window_start=scraper("before"),
+                on_window_end=scraper("after"),
+                progress=progress,
+                other_cpu_s=other_cpu_s,
+            )
     finally:
         workload.close()
     server_cpu.append(server_sample(pids))

@@ -172,14 +172,16 @@ class Study:
         writer = ResultsWriter(self.out, header)
         try:
             for index, params in enumerate(points):
-                point, failed = self._point(index, params, run_id, traces_url, traces_dir,
-                                            progress, receiver)  # fmt: skip
+                point, failed = self._point(
+                    index, params, run_id, traces_url, traces_dir, progress, receiver
+                )
                 restarts: list[str] = []
                 while failed and len(restarts) < self.restarts:
                     restarts.append(point.error)
                     progress.note(f"the server failed; restart {len(restarts)}")
-                    point, failed = self._point(index, params, run_id, traces_url, traces_dir,
-                                                progress, receiver)  # fmt: skip
+                    point, failed = self._point(
+                        index, params, run_id, traces_url, traces_dir, progress, receiver
+                    )
                 point.restarts = restarts
                 results.points.append(point)
                 writer.point(point)

@@ -141,8 +141,10 @@ def test_n_over_latency_chart_says_derived_and_draws_the_measured() -> None:
     from otelkit.study import StudyResults
     from tests.study.conftest import make_point
 
-    points = [make_point({"batch_size": n, "concurrency": 4}, 4000.0 / ms, latency_ms=ms)
-              for n, ms in [(1, 2.0), (4, 4.0)]]  # fmt: skip
+    points = [
+        make_point({"batch_size": n, "concurrency": 4}, 4000.0 / ms, latency_ms=ms)
+        for n, ms in [(1, 2.0), (4, 4.0)]
+    ]
     results = StudyResults({"unit": "request"}, points)
     results.derive()
     (chart,) = [c for c in study_charts(results) if c.name == "study-throughput-n-over-l"]
@@ -207,10 +209,13 @@ def test_the_utilisation_chart_marks_the_bottleneck_and_its_predicted_plateau() 
     # gnn: 8 ms on 2 instances (250/s at most), embed: 2 ms on 1 (500/s at most)
     points = []
     for index, (n, x) in enumerate([(1, 95.0), (16, 245.0)]):
-        triton = {"gnn": figures(8.0, instances=2, requests=round(x * 10)),
-                  "embed": figures(2.0, instances=1, requests=round(x * 10))}  # fmt: skip
-        points.append(make_point({"concurrency": n}, x, triton=triton, index=index,
-                                 latency_ms=1e3 * n / x))  # fmt: skip
+        triton = {
+            "gnn": figures(8.0, instances=2, requests=round(x * 10)),
+            "embed": figures(2.0, instances=1, requests=round(x * 10)),
+        }
+        points.append(
+            make_point({"concurrency": n}, x, triton=triton, index=index, latency_ms=1e3 * n / x)
+        )
     results = StudyResults({"unit": "event"}, points)
     results.derive()
     (chart,) = [c for c in study_charts(results) if c.name == "study-utilisation-0"]

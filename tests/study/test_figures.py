@@ -84,12 +84,17 @@ def test_n_over_latency_says_it_is_derived_beside_the_measured_inferences() -> N
     results.derive()
     (row, _) = results.figure("throughput_n_over_l")
     assert row.to_dict() == {
-        "record": "derived", "figure": "throughput_n_over_l", "curve": "concurrency=4",
-        "axis": "batch_size", "at": 1, "value": pytest.approx(500.0),
+        "record": "derived",
+        "figure": "throughput_n_over_l",
+        "curve": "concurrency=4",
+        "axis": "batch_size",
+        "at": 1,
+        "value": pytest.approx(500.0),
         "estimate": "derived: N/ℓ, the batch over the mean latency, what the server gives with "
         "one request in flight; measured_items_per_s is what was measured",
-        "latency_ms": pytest.approx(2.0, rel=0.005), "measured_items_per_s": 2000.0,
-    }  # fmt: skip
+        "latency_ms": pytest.approx(2.0, rel=0.005),
+        "measured_items_per_s": 2000.0,
+    }
     lines = [line for line in results.summary().splitlines() if "N/ℓ" in line]
     assert lines == [
         "T = N/ℓ (derived: batch over mean latency, as at 1 request in flight) [concurrency=4] at "

@@ -9,7 +9,8 @@ import pytest
 
 from otelkit.cli import main
 from otelkit.errors import StudyError
-from otelkit.study import Load, Study, StudyResults, Triton
+from otelkit.study import Load, Study, StudyResults, Triton, read_results
+from otelkit.study.arguments import confirm
 from otelkit.study.predict import Station, closed_loop, parse_changes
 from tests.paths import TESTS
 
@@ -65,20 +66,30 @@ def test_a_second_instance_is_predicted_and_confirmed(
     (prediction,) = results.predict(["saturated.instances=2"])
     at_four = prediction.points[-1]
     # two 10.5 ms instances and four threads: nearly 2 / D
-    assert at_four.throughput == pytest.approx(2 / (results.points[0].triton["saturated"]
-                                                   .demand_ms / 1e3), rel=0.1)  # fmt: skip
+    assert at_four.throughput == pytest.approx(
+        2 / (results.points[0].triton["saturated"].demand_ms / 1e3), rel=0.1
+    )
     assert at_four.limit == "saturated"
-    code = main(["study", "predict", str(tmp_path / "one.jsonl"), "--set",
-                 "saturated.instances=2", "--confirm", "--seconds", "2"])  # fmt: skip
+    code = main(
+        [
+            "study",
+            "predict",
+            str(tmp_path / "one.jsonl"),
+            "--set",
+            "saturated.instances=2",
+            "--confirm",
+            "--seconds",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "derived from concurrency=1 instances=1" not in out  # the base is the curve's lowest
-    confirmed = StudyResults  # the confirming study's file, beside the results
-    measured = _read(tmp_path / "one.confirm.jsonl")
-    point = measured.point(concurrency=4)
+    assert "(derived from instances=1 concurrency=1's demands, mean value analysis)" in out
+    # the confirming study's file lies beside the results
+    point = read_results(tmp_path / "one.confirm.jsonl").point(concurrency=4)
     assert point.triton["saturated"].instances == 2
     assert point.throughput == pytest.approx(at_four.throughput, rel=0.15), out
-    assert "measured / predicted" in out and confirmed is not None
+    assert f"concurrency=4: predicted {at_four.throughput:.0f}, measured " in out
 
 
 @pytest.mark.triton
@@ -89,19 +100,5 @@ def test_when_instances_stop_paying_the_cores_take_over(repository: Path, tmp_pa
     (prediction,) = results.predict(["cores.instances=4"])
     at_eight = prediction.points[-1]
     assert at_eight.limit == "the host's 2 cores"
-    measured = _confirm(results, prediction, tmp_path / "cores.confirm.jsonl")
+    measured = confirm(results, prediction, out=tmp_path / "cores.confirm.jsonl", seconds=2.0)
     assert measured.point(concurrency=8).throughput == pytest.approx(at_eight.throughput, rel=0.15)
-
-
-def _read(path: Path) -> StudyResults:
-    from otelkit.study import read_results
-
-    return read_results(path)
-
-
-def _confirm(results: StudyResults, prediction: object, out: Path) -> StudyResults:
-    from otelkit.study.arguments import confirm
-    from otelkit.study.predict import Prediction
-
-    assert isinstance(prediction, Prediction)
-    return confirm(results, prediction, out=out, seconds=2.0)

@@ -221,8 +221,8 @@ def predict_study(args: argparse.Namespace) -> int:
 def confirm(
     results: StudyResults, prediction: Prediction, *, out: Path, seconds: float | None = None
 ) -> StudyResults:
-    """The changed deployment measured at the prediction's loads: a model's instances changed
-    on a Triton the study launched, the rest of the study as it was."""
+    """The changed deployment measured at the prediction's loads: a model's instances or the
+    request's batch size changed, on a Triton the study launched, the rest as it was."""
     header = results.header
     server = header.get("server") or {}
     if server.get("kind") != "triton":
@@ -232,18 +232,21 @@ def confirm(
         )
     if header.get("model") is None:
         raise StudyError("--confirm calls the study's model: this study called a function")
-    if any(set(c) - {"instances", "replicas"} for c in prediction.changes.values()) or (
-        len({c.get("instances", c.get("replicas")) for c in prediction.changes.values()}) != 1
-    ):
+    models = {r: c for r, c in prediction.changes.items() if r != "request"}
+    counts = {c.get("instances", c.get("replicas")) for c in models.values()}
+    if any(set(c) - {"instances", "replicas"} for c in models.values()) or len(counts) > 1:
         raise StudyError(
-            "--confirm measures one instance count set on models: the host's cores "
-            "and the client's processes are not the study's to change"
+            "--confirm measures one instance count set on models and the request's batch "
+            "size: the host's cores and the client's processes are not the study's to change"
         )
-    count = next(iter(prediction.changes.values())).get("instances")
-    count = count or next(iter(prediction.changes.values()))["replicas"]
-    base = results.point(**_params(prediction.base))
-    sweep: dict[str, list[Any]] = {k: [v] for k, v in base.params.items() if k != prediction.axis}
-    sweep["instances"] = [count]
+    sweep: dict[str, list[Any]] = {}
+    if models:
+        sweep["instances"] = [counts.pop()]
+    fixed = _params(prediction.curve) if prediction.curve else {}
+    sweep.update({k: [v] for k, v in fixed.items() if k not in sweep})
+    batch = prediction.changes.get("request", {}).get("batch_size")
+    if batch is not None:
+        sweep["batch_size"] = [batch]
     sweep[prediction.axis] = [
         p.load if prediction.axis == "rate" else int(p.load) for p in prediction.points
     ]
@@ -252,7 +255,7 @@ def confirm(
         load = replace(load, seconds=seconds, requests=None)
     study = Study(
         model=str(header["model"]),
-        server=Triton(server["repository"], models=sorted(prediction.changes)),
+        server=Triton(server["repository"], models=sorted(models) or server.get("models", [])),
         protocol=str(header.get("protocol") or "http"),
         load=load,
         sweep=sweep,

@@ -26,7 +26,7 @@ An open loop at rate λ gets min(λ, every bound). Every figure here is *derived
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otelkit.errors import StudyError
@@ -37,9 +37,10 @@ from otelkit.study.verdicts import Evidence, judge
 
 __all__ = ["Prediction", "Station", "closed_loop", "parse_changes", "predict"]
 
-#: what may be changed: a model's instances (replicas, for Ray Serve), the host's cores and the
-#: client's processes (each with a GIL of its own)
-_SETTINGS = ("instances", "replicas", "cores", "processes")
+#: what may be changed: a model's instances (replicas, for Ray Serve), the host's cores, the
+#: client's processes (each with a GIL of its own) and the request's batch size
+#: (``request.batch_size``: demands fitted linear in the batch over the batch sizes measured)
+_SETTINGS = ("instances", "replicas", "cores", "processes", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -70,16 +71,19 @@ class Prediction:
     base: str
     changes: dict[str, dict[str, int]]
     points: list[Predicted] = field(default_factory=list)
+    batch_size: int = 1  # inferences a request, for the inferences a second
 
     def summary(self, unit: str = "request") -> str:
         changed = ", ".join(f"{r}.{k}={v}" for r, c in self.changes.items() for k, v in c.items())
         lines = [
             f"predicted [{self.curve or 'all'}] with {changed or 'no change'} "
-            f"(derived from {self.base}'s demands, mean value analysis):"
+            f"(derived from {self.base}, mean value analysis):"
         ]
+        items = self.batch_size
         for p in self.points:
+            batch = f" ({p.throughput * items:.0f} inferences/s)" if items > 1 else ""
             lines.append(
-                f"  {self.axis}={p.load:g}: {p.throughput:.0f} {unit}s/s, mean "
+                f"  {self.axis}={p.load:g}: {p.throughput:.0f} {unit}s/s{batch}, mean "
                 f"{p.latency_ms:.1f} ms, limited by {p.limit}"
             )
         return "\n".join(lines)
@@ -109,7 +113,8 @@ def parse_changes(settings: Sequence[str]) -> dict[str, dict[str, int]]:
         if not resource or what not in _SETTINGS or not value.strip().isdigit():
             raise StudyError(
                 f"--set {setting!r}: give RESOURCE.SETTING=N, SETTING one of "
-                f"{', '.join(_SETTINGS)} (gnn.instances=2, host.cores=4, client.processes=2)"
+                f"{', '.join(_SETTINGS)} (gnn.instances=2, host.cores=4, client.processes=2, "
+                "request.batch_size=8)"
             )
         count = int(value)
         if count < 1:
@@ -154,10 +159,20 @@ def _changed(
     return float(settings.get(what, base))
 
 
+def _cycle_ms(low: Point) -> float:
+    """Little's law on the lowest point: its cycle is N / X (its mean latency in an open loop)."""
+    in_flight = float(low.params.get("concurrency", 1))
+    if low.throughput and "rate" not in low.params:
+        return in_flight / low.throughput * 1e3
+    return low.histogram.mean_s * 1e3
+
+
 def _model(
-    low: Point, evidence: Sequence[Evidence], changes: Mapping[str, Mapping[str, int]]
+    cycle_ms: float, evidence: Sequence[Evidence], changes: Mapping[str, Mapping[str, int]]
 ) -> tuple[list[Station], list[Station], float]:
-    """(queueing stations, shared bounds, think ms) from the lowest point's demands."""
+    """(queueing stations, shared bounds, think ms) from the lowest point's demands and cycle:
+    what the stations do not hold is think time (the client's work, the network), which a
+    change leaves as it is."""
     locks = {e.model: e for e in evidence if e.kind == "lock" and e.model}
     stations, bounds = [], []
     for row in evidence:
@@ -186,11 +201,6 @@ def _model(
             bounds.append(Station("the client's CPU", row.low_ms, processes))
         elif row.kind == "gpu":
             bounds.append(Station(row.name, row.low_ms, row.servers or 1))
-    response_ms = low.histogram.mean_s * 1e3
-    in_flight = float(low.params.get("concurrency", 1))
-    # Little's law on the lowest point: its cycle is N / X; what the stations do not hold is
-    # the think time (the client's work, the network), which a change leaves as it is
-    cycle_ms = in_flight / low.throughput * 1e3 if low.throughput else response_ms
     think = max(0.0, cycle_ms - sum(s.demand_ms for s in stations))
     return [s for s in stations if s.demand_ms > 0], bounds, think
 
@@ -205,13 +215,16 @@ def predict(
     """One prediction per curve along concurrency or rate among ``points`` under ``changes``,
     at the curve's loads (or ``loads``)."""
     ok = [p for p in points if p.status == "ok"]
-    known = {e for p in ok for e in p.triton} | {"host", "client"}
+    known = {e for p in ok for e in p.triton} | set(p for q in ok for p in q.parallelism)
     for resource in changes:
-        if resource not in known:
+        if resource not in known | {"host", "client", "request"}:
             raise StudyError(
                 f"no resource {resource!r} in the study: its models are "
-                f"{', '.join(sorted(known - {'host', 'client'})) or 'none'}; host, client"
+                f"{', '.join(sorted(known)) or 'none'}; host, client, request"
             )
+    batch = changes.get("request", {}).get("batch_size")
+    if batch is not None:
+        return _batch_what_if(ok, changes, batch, loads, tolerance)
     found = []
     for axis in LOAD_AXES[:2]:
         grouped: dict[str, list[Point]] = {}
@@ -223,13 +236,86 @@ def predict(
             members.sort(key=lambda p: p.params[axis])
             verdict = judge(members, axis, curve, tolerance=tolerance) if len(members) > 1 else None
             evidence = verdict.evidence if verdict else _single(members[0])
-            stations, bounds, think = _model(members[0], evidence, changes)
+            stations, bounds, think = _model(_cycle_ms(members[0]), evidence, changes)
             at = list(loads) if loads is not None else [p.params[axis] for p in members]
             prediction = Prediction(
-                curve, axis, members[0].label, {k: dict(v) for k, v in changes.items()}
+                curve,
+                axis,
+                f"{members[0].label}'s demands",
+                {k: dict(v) for k, v in changes.items()},
             )
             prediction.points = _solve(stations, bounds, think, axis, at)
             found.append(prediction)
+    return found
+
+
+def _curves(points: Sequence[Point], axis: str, leave_out: str = "") -> dict[str, list[Point]]:
+    """The points along ``axis`` grouped by their other parameters (but ``leave_out``)."""
+    grouped: dict[str, list[Point]] = {}
+    for point in points:
+        if axis in point.params:
+            others = {k: v for k, v in point.params.items() if k not in (axis, leave_out)}
+            grouped.setdefault(point_label(others) if others else "", []).append(point)
+    for members in grouped.values():
+        members.sort(key=lambda p: p.params[axis])
+    return grouped
+
+
+def _line(values: Sequence[tuple[float, float]], at: float) -> float:
+    """The least-squares line through (x, y) ``values``, at ``at``."""
+    xs, ys = [x for x, _ in values], [y for _, y in values]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in values) / spread if spread else 0.0
+    return mean_y + slope * (at - mean_x)
+
+
+def _batch_what_if(
+    points: Sequence[Point],
+    changes: Mapping[str, Mapping[str, int]],
+    batch: int,
+    loads: Sequence[float] | None,
+    tolerance: float,
+) -> list[Prediction]:
+    """A request of ``batch`` inferences: each demand, and the lowest point's cycle, fitted
+    linear in the batch size (a fixed cost a request and one an inference) over the batch
+    sizes the study measured, at the lowest load of each."""
+    found = []
+    for axis in LOAD_AXES[:2]:
+        for curve, members in _curves(points, axis, leave_out="batch_size").items():
+            sizes = sorted({int(p.params.get("batch_size", p.batch_size)) for p in members})
+            if len(sizes) < 2:
+                continue
+            by_size = {
+                b: [p for p in members if p.params.get("batch_size", p.batch_size) == b]
+                for b in sizes
+            }
+            rows = {}
+            for b, at_b in by_size.items():
+                verdict = judge(at_b, axis, tolerance=tolerance) if len(at_b) > 1 else None
+                rows[b] = {e.key: e for e in (verdict.evidence if verdict else _single(at_b[0]))}
+            nearest = min(sizes, key=lambda b: abs(b - batch))
+            evidence = []
+            for key, row in rows[nearest].items():
+                seen = [(b, r[key].low_ms) for b, r in rows.items() if key in r]
+                if len(seen) >= 2:
+                    low_ms = max(0.0, _line(seen, batch))
+                    evidence.append(replace(row, low_ms=low_ms, peak_ms=low_ms))
+            cycle = _line([(b, _cycle_ms(at_b[0])) for b, at_b in by_size.items()], batch)
+            stations, bounds, think = _model(cycle, evidence, changes)
+            template = by_size[nearest]
+            at = list(loads) if loads is not None else [p.params[axis] for p in template]
+            base = f"batch sizes {', '.join(map(str, sizes))} (demands fitted linear in the batch)"
+            prediction = Prediction(
+                curve, axis, base, {k: dict(v) for k, v in changes.items()}, batch_size=batch
+            )
+            prediction.points = _solve(stations, bounds, think, axis, at)
+            found.append(prediction)
+    if not found:
+        raise StudyError(
+            "request.batch_size needs a curve measured at two batch sizes or more "
+            "(sweep batch_size=1,8 with a load axis)"
+        )
     return found
 
 

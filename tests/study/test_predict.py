@@ -40,9 +40,9 @@ def test_changes_are_read_and_checked() -> None:
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The truth table's saturated and cores models alone: a Triton that starts quickly."""
+    """The truth table's saturated, cores and rows models alone: a Triton that starts quickly."""
     root = tmp_path_factory.mktemp("predict-models")
-    for name in ("saturated", "cores"):
+    for name in ("saturated", "cores", "rows"):
         (root / name).symlink_to(TRUTH_MODELS / name)
     return root
 
@@ -102,3 +102,29 @@ def test_when_instances_stop_paying_the_cores_take_over(repository: Path, tmp_pa
     assert at_eight.limit == "the host's 2 cores"
     measured = confirm(results, prediction, out=tmp_path / "cores.confirm.jsonl", seconds=2.0)
     assert measured.point(concurrency=8).throughput == pytest.approx(at_eight.throughput, rel=0.15)
+
+
+@pytest.mark.triton
+def test_a_batch_size_between_those_measured_is_predicted_and_confirmed(
+    repository: Path, tmp_path: Path
+) -> None:
+    # rows: 2 ms a request and 1 ms a row, one instance; measured at batches of 1 and 8, the
+    # demands fitted linear in the batch predict a batch of 4 (about 6.5 ms a request)
+    results = Study(
+        model="rows",
+        server=Triton(repository),
+        load=Load(seconds=2.0, warmup_s=0.5),
+        sweep={"instances": [1], "batch_size": [1, 8], "concurrency": [1, 4]},
+        out=tmp_path / "rows.jsonl",
+        progress=False,
+    ).run()
+    (prediction,) = results.predict(["request.batch_size=4"])
+    assert prediction.batch_size == 4
+    assert prediction.base == "batch sizes 1, 8 (demands fitted linear in the batch)"
+    assert prediction.points[-1].limit == "rows"
+    assert "inferences/s" in prediction.summary()
+    measured = confirm(results, prediction, out=tmp_path / "rows.confirm.jsonl", seconds=2.0)
+    for predicted in prediction.points:
+        point = measured.point(concurrency=int(predicted.load))
+        assert point.params["batch_size"] == 4
+        assert point.throughput == pytest.approx(predicted.throughput, rel=0.15)

@@ -7,6 +7,8 @@ by ``;``:
 - ``sleep``: waits ``ms`` without holding a CPU (a device, a remote call);
 - ``spin``: burns ``ms`` of its own thread's CPU time (a busy core: under contention for the
   host's cores it takes longer by the clock);
+- ``rows``: sleeps ``ms`` for each row of the request's input (its batch): work that grows
+  with the batch size;
 - ``lock``: sleeps ``ms`` holding an exclusive ``flock`` on the file ``OTELKIT_TRUTH_LOCK``,
   which every instance (a process of its own) opens (a file in the temporary folder by
   default): one request at a time across instances.
@@ -35,7 +37,7 @@ def parse(text):
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, _, rest = part.partition("=")
         kind, _, ms = rest.partition(":")
-        if kind not in ("sleep", "spin", "lock"):
+        if kind not in ("sleep", "spin", "lock", "rows"):
             raise ValueError(f"stage {name}: no kind {kind!r}")
         stages.append((name, kind, float(ms) / 1e3))
     return stages
@@ -54,10 +56,12 @@ class TritonPythonModel:
             default = os.path.join(tempfile.gettempdir(), "otelkit-truth.lock")
             self.lock = open(os.environ.get("OTELKIT_TRUTH_LOCK", default), "a")  # noqa: SIM115
 
-    def _run(self, name, kind, seconds):
+    def _run(self, name, kind, seconds, rows=1):
         with otelkit.stage(name):
             if kind == "sleep":
                 time.sleep(seconds)
+            elif kind == "rows":
+                time.sleep(seconds * rows)
             elif kind == "spin":
                 spin(seconds)
             else:
@@ -77,7 +81,7 @@ class TritonPythonModel:
             data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             if not self.per_execution:
                 for stage in self.stages:
-                    self._run(*stage)
+                    self._run(*stage, rows=len(data) if data.ndim > 1 else 1)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
         return responses
 

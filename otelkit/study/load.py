@@ -36,6 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from otelkit.study.host import CpuSample, host_sample
+
 __all__ = [
     "MAX_CONCURRENCY",
     "MAX_TASKS",
@@ -173,6 +175,9 @@ class LoadRun:
     warmup_failed: int = 0  # failed requests of the warm-up (a server down from the start)
     opened_epoch: float = 0.0  # when the window opened, in seconds since the epoch
     stopped: Literal["interrupted", "errors"] | None = None
+    # the host's busy time when the window opened and when it closed (read beside the
+    # process's CPU time, outside the hooks whose middle marks the server's counters)
+    host: tuple[CpuSample, CpuSample] | None = None
 
     @property
     def failed(self) -> int:
@@ -235,6 +240,8 @@ class WindowClock:
         self._other_cpu_s = other_cpu_s
         self.opened = self.closed = False
         self.cpu0 = self.cpu1 = 0.0
+        self.host0: CpuSample | None = None
+        self.host1: CpuSample | None = None
         self._other0: float | None = None
         self.cpu_s = 0.0  # the client's CPU over the window, once closed
         self.begin()
@@ -251,6 +258,7 @@ class WindowClock:
     def _open(self) -> None:
         self.opened = True
         self.cpu0 = time.process_time()
+        self.host0 = host_sample()
         self._other0 = self._other_cpu_s() if self._other_cpu_s is not None else None
         self.opened_at = self._hook(self._on_start)
         self.opened_epoch = time.time() - (time.perf_counter() - self.opened_at)
@@ -278,6 +286,7 @@ class WindowClock:
             self._open()
         self.closed = True
         self.cpu1 = time.process_time()
+        self.host1 = host_sample()
         other1 = self._other_cpu_s() if self._other_cpu_s is not None else None
         self.cpu_s = self.cpu1 - self.cpu0
         if self._other0 is not None and other1 is not None:
@@ -503,6 +512,8 @@ def collect_run(records: list[RequestLog], window: WindowClock) -> LoadRun:
     start, opened, ends_at = window.start, window.opened_at, window.closed_at
     run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu_s,
                   opened_epoch=window.opened_epoch)  # fmt: skip
+    if window.host0 is not None and window.host1 is not None:
+        run.host = (window.host0, window.host1)
     for record in records:
         for begin, end, measured in zip(record.begins, record.ends, record.measured, strict=True):
             if opened <= end <= ends_at:

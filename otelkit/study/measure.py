@@ -24,10 +24,8 @@ from otelkit import semconv
 from otelkit.study.drive_asyncio import drive_tasks
 from otelkit.study.gpu_instances import scrape_instances
 from otelkit.study.host import (
-    CpuSample,
     HostUsage,
     host_cores,
-    host_sample,
     idle_cores,
     is_local,
     listening_pids,
@@ -84,7 +82,6 @@ def measure_point(
     attributes = _root_attributes(run_id, index, params)
     call = _traced_call(workload, attributes, sampled) if traced else _bare_call(workload)
     snapshots: dict[str, Snapshot] = {}
-    cpu: dict[str, CpuSample] = {}
     problems: list[str] = []
     # the host's cores are the server's only when it runs here; its own processes' CPU is
     # read wherever the study started them
@@ -92,7 +89,6 @@ def measure_point(
 
     def scraper(moment: str) -> Callable[[], None]:
         def take() -> None:
-            cpu[moment] = host_sample()
             if endpoint.metrics_url is None:
                 return
             try:
@@ -150,10 +146,10 @@ def measure_point(
         point.triton = difference(snapshots["before"], snapshots["after"])
         point.gpus = snapshots["after"].gpus
         point.triton = {m: _with_config(f, endpoint, m) for m, f in point.triton.items()}
-    if "before" in cpu and "after" in cpu:
+    if run.host is not None:
         server = (server_cpu[0], server_cpu[1])
         python = (len(pythons), python_cpu[0], python_cpu[1])
-        usage = HostUsage.between((cpu["before"], cpu["after"]), server, host_cores(), python)
+        usage = HostUsage.between(run.host, server, host_cores(), python)
         point.host = (
             replace(usage, idle_cores=idle) if local else replace(usage, cores=0, busy_cores=None)
         )

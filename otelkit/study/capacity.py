@@ -24,7 +24,7 @@ module only states each resource at one point.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from otelkit.study.point import Point
@@ -60,16 +60,7 @@ class Resource:
         return self.servers / (self.demand_ms / 1e3)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "kind": self.kind,
-            "name": self.name,
-            "servers": self.servers,
-            "demand_ms": self.demand_ms,
-            "utilisation": self.utilisation,
-            "source": self.source,
-            "model": self.model,
-        }
+        return asdict(self)
 
 
 def _utilisation(throughput: float, demand_ms: float, servers: float | None) -> float | None:

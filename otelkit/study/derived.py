@@ -32,6 +32,7 @@ from otelkit.study.point import Point, point_label
 __all__ = [
     "Knee",
     "Row",
+    "along",
     "curves",
     "efficiency",
     "knee",
@@ -93,15 +94,21 @@ class Knee:
     plateau: bool
 
 
-def curves(points: Iterable[Point], axis: str) -> dict[str, list[Point]]:
-    """The measured points with ``axis``, grouped by their other parameters, sorted along it."""
+def along(points: Iterable[Point], axis: str, leave_out: str = "") -> dict[str, list[Point]]:
+    """Every point with ``axis`` (failed ones too), grouped by its other parameters (``leave_out``
+    aside) and sorted along ``axis``; a group may hold a single point."""
     grouped: dict[str, list[Point]] = {}
     for point in points:
-        if point.status != "ok" or axis not in point.params:
-            continue
-        others = {k: v for k, v in point.params.items() if k != axis}
-        grouped.setdefault(point_label(others) if others else "", []).append(point)
-    return {k: sorted(v, key=lambda p: p.params[axis]) for k, v in grouped.items() if len(v) > 1}
+        if axis in point.params:
+            others = {k: v for k, v in point.params.items() if k not in (axis, leave_out)}
+            grouped.setdefault(point_label(others) if others else "", []).append(point)
+    return {k: sorted(v, key=lambda p: p.params[axis]) for k, v in grouped.items()}
+
+
+def curves(points: Iterable[Point], axis: str) -> dict[str, list[Point]]:
+    """The measured points with ``axis``, grouped by their other parameters, sorted along it."""
+    measured = [p for p in points if p.status == "ok"]
+    return {k: v for k, v in along(measured, axis).items() if len(v) > 1}
 
 
 def scaling(values: Sequence[tuple[float, float]]) -> list[Row]:

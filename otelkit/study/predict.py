@@ -31,8 +31,8 @@ from typing import Any
 
 from otelkit.errors import StudyError
 from otelkit.study.capacity import resources
-from otelkit.study.derived import LOAD_AXES
-from otelkit.study.point import Point, point_label
+from otelkit.study.derived import LOAD_AXES, along
+from otelkit.study.point import Point
 from otelkit.study.verdicts import Evidence, judge
 
 __all__ = ["Prediction", "Station", "closed_loop", "parse_changes", "predict"]
@@ -227,13 +227,7 @@ def predict(
         return _batch_what_if(ok, changes, batch, loads, tolerance)
     found = []
     for axis in LOAD_AXES[:2]:
-        grouped: dict[str, list[Point]] = {}
-        for point in ok:
-            if axis in point.params:
-                others = {k: v for k, v in point.params.items() if k != axis}
-                grouped.setdefault(point_label(others) if others else "", []).append(point)
-        for curve, members in grouped.items():
-            members.sort(key=lambda p: p.params[axis])
+        for curve, members in along(ok, axis).items():
             verdict = judge(members, axis, curve, tolerance=tolerance) if len(members) > 1 else None
             evidence = verdict.evidence if verdict else _single(members[0])
             stations, bounds, think = _model(_cycle_ms(members[0]), evidence, changes)
@@ -247,18 +241,6 @@ def predict(
             prediction.points = _solve(stations, bounds, think, axis, at)
             found.append(prediction)
     return found
-
-
-def _curves(points: Sequence[Point], axis: str, leave_out: str = "") -> dict[str, list[Point]]:
-    """The points along ``axis`` grouped by their other parameters (but ``leave_out``)."""
-    grouped: dict[str, list[Point]] = {}
-    for point in points:
-        if axis in point.params:
-            others = {k: v for k, v in point.params.items() if k not in (axis, leave_out)}
-            grouped.setdefault(point_label(others) if others else "", []).append(point)
-    for members in grouped.values():
-        members.sort(key=lambda p: p.params[axis])
-    return grouped
 
 
 def _line(values: Sequence[tuple[float, float]], at: float) -> float:
@@ -282,7 +264,7 @@ def _batch_what_if(
     sizes the study measured, at the lowest load of each."""
     found = []
     for axis in LOAD_AXES[:2]:
-        for curve, members in _curves(points, axis, leave_out="batch_size").items():
+        for curve, members in along(points, axis, leave_out="batch_size").items():
             sizes = sorted({int(p.params.get("batch_size", p.batch_size)) for p in members})
             if len(sizes) < 2:
                 continue

@@ -48,8 +48,8 @@ from typing import Any, Literal
 
 from otelkit.analysis.breakdown import NETWORK, SERVER_QUEUE
 from otelkit.study.capacity import resources
-from otelkit.study.derived import LOAD_AXES, knee
-from otelkit.study.point import Point, point_label
+from otelkit.study.derived import LOAD_AXES, along, knee
+from otelkit.study.point import Point
 
 __all__ = ["Evidence", "Kind", "Verdict", "judge", "verdicts"]
 
@@ -610,12 +610,7 @@ def verdicts(
     points = list(points)
     found = []
     for axis in LOAD_AXES:
-        grouped: dict[str, list[Point]] = {}
-        for point in points:
-            if axis in point.params:
-                others = {k: v for k, v in point.params.items() if k != axis}
-                grouped.setdefault(point_label(others) if others else "", []).append(point)
-        for curve, members in grouped.items():
+        for curve, members in along(points, axis).items():
             if len(members) > 1 and sum(p.status == "ok" for p in members) > 0:
                 found.append(judge(members, axis, curve, unit=unit, tolerance=tolerance))
     return found

@@ -15,7 +15,7 @@ The bottleneck law, X <= m_k / D_k for every k, says what each resource allows a
 ``limit_per_s``. Which resource caps a curve, and why, is ``verdicts.py``'s question; this
 module only states each resource at one point.
 
->>> from otelkit.study.histogram import LatencyHistogram
+>>> from otelkit.study.point import LatencyHistogram
 >>> point = Point(0, {"concurrency": 1}, requests=500, seconds=5.0, cpu_s=2.0)
 >>> client = resources(point)["client cpu"]
 >>> client.demand_ms, client.servers, round(client.utilisation, 2), client.limit_per_s

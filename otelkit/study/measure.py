@@ -21,22 +21,24 @@ from typing import Any
 from opentelemetry import trace
 
 from otelkit import semconv
-from otelkit.study.drive_asyncio import drive_tasks
-from otelkit.study.gpu_instances import scrape_instances
-from otelkit.study.host import (
+from otelkit.study.counters import (
     HostUsage,
+    ModelFigures,
+    Snapshot,
+    difference,
     host_cores,
     idle_cores,
     is_local,
     listening_pids,
     python_pids,
+    scrape,
+    scrape_instances,
     server_sample,
 )
-from otelkit.study.load import Load, LoadRun, drive, scheduled_at
+from otelkit.study.drive import Load, LoadRun, drive, drive_tasks, scheduled_at
 from otelkit.study.point import Point
 from otelkit.study.servers import Endpoint
 from otelkit.study.traces import collect
-from otelkit.study.triton_metrics import ModelFigures, Snapshot, difference, scrape
 from otelkit.study.workload import Workload
 from otelkit.telemetry import flush
 

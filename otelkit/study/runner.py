@@ -1,5 +1,9 @@
 """``Study``: sweep a deployment, measure every point, derive the figures, name what caps it.
 
+This module is the run: the points of a sweep (``expand``, checked up front by ``check``), the
+study that measures them one by one (``Study``, with ``measure.measure_point``), and the
+progress it shows on the terminal (``Progress``).
+
 >>> study = Study(
 ...     model="sleep_fp32",
 ...     server=Triton("tests/models"),
@@ -9,32 +13,74 @@
 ...     out="study.jsonl",
 ... )  # doctest: +SKIP
 >>> print(study.run().summary())  # doctest: +SKIP
+
+**The points.** A sweep is either a mapping of parameters to their values, whose product gives
+the points (the first parameter changes slowest: put ``instances`` first so the server restarts
+least), or an explicit list of points (strong scaling: concurrency and instances side by side).
+
+Parameters a study knows: ``concurrency``, ``rate`` (the load), ``batch_size`` (the inputs),
+``instances`` (the server) and ``server`` (a label among the study's servers). Any other one
+(``option``, say) must be taken by the user's request factory or the server's reconfigure hook.
+Each point is checked up front; a bad value is an error that names the point.
+
+>>> [point_label(p) for p in expand({"instances": [1, 2], "concurrency": [1, 4]})][:3]
+['instances=1 concurrency=1', 'instances=1 concurrency=4', 'instances=2 concurrency=1']
+>>> check([{"concurrency": 0}], Load(), takers={})  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+otelkit.errors.StudyError: otelkit study: point concurrency=0: concurrency is the number ...
+
+**Progress.** On a terminal the running point's line is redrawn twice a second: the point's bar
+(its planned warm-up and measured time), requests so far, then the sweep's bar (points done,
+with the time left estimated from the points so far). Elsewhere (a log file, CI) only the
+finished points are written.
+
+>>> import io
+>>> out = io.StringIO()
+>>> progress = Progress(2, stream=out)
+>>> progress.start(0, "concurrency=1", planned_s=6.0)
+>>> progress.done(0, "concurrency=1", "95.0 requests/s, p99 12.1 ms")
+>>> print(out.getvalue().strip())
+[1/2] concurrency=1: 95.0 requests/s, p99 12.1 ms
+>>> sweep_bar(done=3, total=8, elapsed_s=60.0)
+'sweep [#######.............] 3/8, 1m00s, ~1m40s left'
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from otelkit.errors import StudyError
 from otelkit.receiver import Receiver
 from otelkit.resource import installed_version
-from otelkit.study.load import Load
+from otelkit.study.drive import Load
 from otelkit.study.measure import measure_point
 from otelkit.study.point import Point, point_label
-from otelkit.study.progress import Progress
 from otelkit.study.results import ResultsWriter, StudyResults
 from otelkit.study.servers import Remote, Server
-from otelkit.study.sweep import SweepSpec, check, expand
 from otelkit.study.workload import FunctionCalls, Inputs, ModelCalls, RequestFactory, Workload
 from otelkit.telemetry import configure, shutdown
 
-__all__ = ["Study", "Tracing", "run"]
+__all__ = [
+    "LOAD_PARAMS",
+    "Progress",
+    "Study",
+    "SweepSpec",
+    "Tracing",
+    "check",
+    "expand",
+    "run",
+    "sweep_bar",
+]
+
 
 _log = logging.getLogger("otelkit.study")
 
@@ -304,3 +350,153 @@ def _done_text(point: Point, unit: str) -> str:
         f"{point.throughput:.1f} {unit}s/s, p50 {point.latency_ms(0.5):.2f} ms, "
         f"p99 {point.latency_ms(0.99):.2f} ms{errors}"
     )
+
+
+SweepSpec = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
+LOAD_PARAMS = ("concurrency", "rate")
+MAX_INSTANCES = 256
+
+
+def expand(sweep: SweepSpec | None) -> list[dict[str, Any]]:
+    """The points of ``sweep``, in order (one empty point for no sweep)."""
+    if not sweep:
+        return [{}]
+    if isinstance(sweep, Mapping):
+        for name, values in sweep.items():
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+                raise StudyError(f"sweep parameter {name!r} needs a list of values, not {values!r}")
+        names = list(sweep)
+        return [
+            dict(zip(names, combo, strict=True)) for combo in itertools.product(*sweep.values())
+        ]
+    points = [dict(point) for point in sweep]
+    if not all(isinstance(point, dict) for point in points):
+        raise StudyError("a sweep is a mapping of parameters to values, or a list of points")
+    return points
+
+
+def _whole(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def check(
+    points: Sequence[Mapping[str, Any]],
+    load: Load,
+    *,
+    takers: Mapping[str, str],
+    servers: Collection[str] = (),
+) -> None:
+    """Raise ``StudyError`` naming the first point with a parameter that nothing takes or a
+    value that makes no sense. ``takers`` maps each parameter the study's parts take to the
+    part (``"*"`` for a request factory that takes any)."""
+    for params in points:
+        label = point_label(params)
+        for name in params:
+            if name in LOAD_PARAMS or name == "server":
+                continue
+            if name not in takers and "*" not in takers:
+                known = ", ".join(sorted({*LOAD_PARAMS, *takers, *(["server"] if servers else [])}))
+                raise StudyError(
+                    f"nothing in this study takes the parameter {name!r} (it takes: {known})",
+                    point=label,
+                )
+        problems = load.at(dict(params)).problems()
+        if problems:
+            raise StudyError(problems[0], point=label)
+        if "concurrency" in params and "rate" in params:
+            raise StudyError(
+                "a point has a concurrency (closed loop) or a rate (open loop), not both",
+                point=label,
+            )
+        if "batch_size" in params and not _whole(params["batch_size"], 1, 1 << 20):
+            raise StudyError(
+                "batch_size is a whole number of inferences, 1 or more, "
+                f"not {params['batch_size']!r}",
+                point=label,
+            )
+        if "instances" in params and not _whole(params["instances"], 1, MAX_INSTANCES):
+            raise StudyError(
+                f"instances is a whole number of model instances, 1 to {MAX_INSTANCES}, "
+                f"not {params['instances']!r}",
+                point=label,
+            )
+        if "server" in params and params["server"] not in servers:
+            names = ", ".join(sorted(servers)) or "none: pass servers={label: server}"
+            raise StudyError(
+                f"no server labelled {params['server']!r} (servers: {names})", point=label
+            )
+
+
+def bar(share: float, width: int = 20) -> str:
+    """``[####......]``: ``share`` (0 to 1) of ``width`` filled."""
+    filled = int(min(1.0, max(0.0, share)) * width)
+    return f"[{'#' * filled}{'.' * (width - filled)}]"
+
+
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest:02d}s" if minutes else f"{rest}s"
+
+
+def sweep_bar(done: int, total: int, elapsed_s: float, running_s: float = 0.0) -> str:
+    """The sweep's bar: ``done`` of ``total`` points in ``elapsed_s``; the time left is the
+    mean time of the points done for each point to come, less the running one's ``running_s``."""
+    left = ""
+    if 0 < done < total:
+        per_point = (elapsed_s - running_s) / done
+        left = f", ~{_clock(max(0.0, per_point * (total - done) - running_s))} left"
+    return f"sweep {bar(done / total if total else 1.0)} {done}/{total}, {_clock(elapsed_s)}{left}"
+
+
+class Progress:
+    """Reports on ``total`` points to ``stream`` (standard error by default)."""
+
+    def __init__(self, total: int, *, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self._live = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._label = ""
+        self._index = 0
+        self._planned = 0.0
+        self._started = time.monotonic()
+        self._sweep_started = self._started
+        self._done = 0
+
+    def start(self, index: int, label: str, planned_s: float) -> None:
+        """A point begins; ``planned_s`` is its warm-up and measured time (0 when unknown)."""
+        self._index, self._label, self._planned = index, label, planned_s
+        self._started = time.monotonic()
+        self._draw("starting")
+
+    def tick(self, elapsed_s: float, done: int) -> None:
+        """Called by the driver twice a second: ``done`` requests answered so far."""
+        point = f"{bar(elapsed_s / self._planned)} " if self._planned > 0 else ""
+        self._draw(f"{point}{elapsed_s:.1f} s, {done} requests")
+
+    def note(self, text: str) -> None:
+        """A step between the load and the next point (restarting a server, reading traces)."""
+        self._draw(text)
+
+    def done(self, index: int, label: str, text: str) -> None:
+        """A point is over: its line stays."""
+        self._done = index + 1
+        if not self.enabled:
+            return
+        end = "\r\033[K" if self._live else ""
+        self.stream.write(f"{end}[{index + 1}/{self.total}] {label}: {text}\n")
+        if self._live and self._done < self.total:
+            self.stream.write(self._sweep(0.0))
+        self.stream.flush()
+
+    def _sweep(self, running_s: float) -> str:
+        elapsed = time.monotonic() - self._sweep_started
+        return sweep_bar(self._done, self.total, elapsed, running_s)
+
+    def _draw(self, text: str) -> None:
+        if not self._live:
+            return
+        running = time.monotonic() - self._started
+        line = f"[{self._index + 1}/{self.total}] {self._label}: {text} | {self._sweep(running)}"
+        self.stream.write(f"\r\033[K{line}")
+        self.stream.flush()

@@ -18,9 +18,9 @@ import pytest
 
 from otelkit.analysis.breakdown import TOTAL
 from otelkit.study import Load, Point, Remote, Study, StudyResults, Tracing, Triton
-from otelkit.study.histogram import LatencyHistogram
+from otelkit.study.counters import ModelFigures
+from otelkit.study.point import LatencyHistogram
 from otelkit.study.traces import ComponentStat, PointTraces
-from otelkit.study.triton_metrics import ModelFigures
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS, ROOT, TESTS
 

@@ -15,9 +15,8 @@ import pytest
 from otelkit.cli import main
 from otelkit.errors import StudyError
 from otelkit.study import read_results
-from otelkit.study.parts import part_arguments
-from otelkit.study.ray_parts import run_on_ray
-from otelkit.study.slurm import slurm_files
+from otelkit.study.cli import run_on_ray
+from otelkit.study.parts import part_arguments, slurm_files
 from otelkit.tritonserver import TritonServer
 from tests.conftest import LocalRay
 from tests.paths import ROOT

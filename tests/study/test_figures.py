@@ -10,7 +10,7 @@ import pytest
 
 from otelkit.analysis.breakdown import NETWORK
 from otelkit.study import StudyResults, derived
-from otelkit.study.host import HostUsage
+from otelkit.study.counters import HostUsage
 from otelkit.study.point import Point
 from otelkit.study.verdicts import Verdict, judge, verdicts
 from tests.study.conftest import figures, make_point

@@ -21,9 +21,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from tritonclient.utils import InferenceServerException
 
 from otelkit.study import Load, Point, Remote, Study, StudyResults, Tracing, read_results
-from otelkit.study.compare import compare, format_comparison
-from otelkit.study.drive_asyncio import drive_tasks
-from otelkit.study.load import drive, error_kind
+from otelkit.study.drive import drive, drive_tasks, error_kind
+from otelkit.study.results import compare, format_comparison
 from otelkit.study.servers import Endpoint
 from otelkit.tritonserver import free_port
 

@@ -10,7 +10,7 @@ import pytest
 from otelkit.cli import main
 from otelkit.errors import StudyError
 from otelkit.study import Load, Study, StudyResults, Triton, read_results
-from otelkit.study.arguments import confirm
+from otelkit.study.cli import confirm
 from otelkit.study.predict import Station, closed_loop, parse_changes
 from tests.paths import TESTS
 

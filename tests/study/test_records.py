@@ -11,14 +11,12 @@ import pytest
 
 from otelkit.errors import StudyError
 from otelkit.study import Load, merge_parts, read_results
-from otelkit.study.compare import compare, format_comparison, interval
-from otelkit.study.histogram import LatencyHistogram
-from otelkit.study.inputs import inputs_from_metadata
-from otelkit.study.point import Point, Window
-from otelkit.study.results import ResultsWriter, StudyResults
+from otelkit.study.counters import RECORDED, difference, parse
+from otelkit.study.point import LatencyHistogram, Point, Window
+from otelkit.study.results import ResultsWriter, StudyResults, compare, format_comparison, interval
+from otelkit.study.runner import check, expand
 from otelkit.study.servers import set_instance_count, stage_repository
-from otelkit.study.sweep import check, expand
-from otelkit.study.triton_metrics import RECORDED, difference, parse
+from otelkit.study.workload import inputs_from_metadata
 from tests.study.conftest import STUDY_MODELS, figures, make_point
 
 

@@ -260,7 +260,7 @@ class Posts(Workload):
 def test_ray_serve_replicas_of_a_cpu_bound_deployment_are_saturated(
     ray_local: LocalRay, tmp_path: Path
 ) -> None:
-    from otelkit.study.ray_server import RayServe
+    from otelkit.study.servers import RayServe
     from tests.study.truth.ray_busy import busy_app
 
     results = Study(

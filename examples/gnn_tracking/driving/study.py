@@ -177,7 +177,7 @@ def run_sweeps(plan: Plan, out: Path, events: Sequence[torch.Tensor], models: Mo
             if len(plan.instances) == 1:  # along concurrency alone (strong scaling along it)
                 sweep.pop("instances")
             if plan.ray:  # NERSC's figure: the two servers' throughput against instances
-                from otelkit.study.ray_server import RayServe  # Ray only when asked for
+                from otelkit.study.servers import RayServe  # Ray only when asked for
 
                 scaling = {"triton": triton, "ray": RayServe(RAY_PIPELINE, num_cpus=2)}
                 done["scaling"] = study("scaling", request=reconstruction, servers=scaling,

@@ -1,4 +1,5 @@
-"""How a point loads the server: a closed loop at a concurrency, or an open loop at a rate.
+"""How a point loads the server: a closed loop at a concurrency (threads, or asyncio tasks), or
+an open loop at a rate.
 
 A closed loop keeps ``concurrency`` requests in flight, one thread each, as CMS and ATLAS
 clients do with a thread per event (up to 1,000 threads, as NERSC's client had). An open loop
@@ -21,32 +22,49 @@ and latencies come from the same requests, and none ends after the window's clos
 []
 >>> Load(concurrency=0).problems()
 ['concurrency is the number of requests in flight, 1 to 1000, not 0']
+
+**Asyncio.** A thread per request in flight stops paying somewhere in the thousands (memory,
+switches); an asyncio task costs a few kilobytes. ``drive_tasks`` keeps ``load.concurrency``
+tasks each awaiting one request at a time, on an event loop of its own in the calling thread,
+with the same measured window and hooks as the threaded loop (the hooks, a blocking scrape, run
+on a helper thread so the requests in flight go on meanwhile).
+
+>>> import asyncio
+>>> async def request(index: int, measured: bool) -> None:
+...     await asyncio.sleep(0.001)
+>>> run = drive_tasks(request, Load(concurrency=50, requests=200, warmup_s=0.0, asyncio=True))
+>>> len(run.latencies_s)
+200
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import math
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from otelkit.study.host import CpuSample, host_sample
+from otelkit.study.counters import CpuSample, host_sample
 
 __all__ = [
     "MAX_CONCURRENCY",
     "MAX_TASKS",
+    "AsyncCall",
     "Load",
     "LoadRun",
     "drive",
+    "drive_tasks",
     "error_kind",
     "scheduled_at",
 ]
+
 
 _log = logging.getLogger("otelkit.study")
 
@@ -73,7 +91,7 @@ class Load:
     """One point's load: closed loop at ``concurrency`` or, with ``rate``, an open loop.
 
     With ``asyncio``, the closed loop's requests are asyncio tasks on one thread (many requests
-    in flight from few threads; the request needs an asyncio form: ``otelkit.study.drive_asyncio``).
+    in flight from few threads; the request needs an asyncio form: ``otelkit.study.drive``).
     ``seconds`` or ``requests`` sets how much is measured after ``warmup_s``; an open loop
     runs each request on a pool of at most ``max_in_flight`` threads. A point stops early
     after ``max_errors`` failed requests (a dead server), and is marked ``errors`` (left out of
@@ -530,3 +548,80 @@ def collect_run(records: list[RequestLog], window: WindowClock) -> LoadRun:
             elif begin < start:
                 run.warmup_failed += 1
     return run
+
+
+#: What the driver awaits for each request: ``call(index, measured)``; it raises on failure.
+AsyncCall = Callable[[int, bool], Awaitable[None]]
+
+
+def drive_tasks(
+    call: AsyncCall,
+    load: Load,
+    *,
+    on_window_start: Callable[[], None] = lambda: None,
+    on_window_end: Callable[[], None] = lambda: None,
+    progress: Callable[[float, int], None] | None = None,
+    finish: Callable[[], Awaitable[None]] | None = None,
+    other_cpu_s: Callable[[], float | None] | None = None,
+) -> LoadRun:
+    """Run ``load``'s closed loop as asyncio tasks; ``finish`` is awaited on the loop at the
+    end (closing asyncio clients bound to it); ``other_cpu_s`` as ``drive`` takes it. Ctrl-C
+    cancels the tasks and re-raises."""
+    problems = load.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    window = WindowClock(load, on_window_start, on_window_end, progress, other_cpu_s)
+    records = [RequestLog() for _ in range(load.concurrency)]
+    stopped = asyncio.run(_run(call, load, window, records, finish))
+    run = collect_run(records, window)
+    if stopped and run.stopped is None:
+        run.stopped = "errors"
+    return run
+
+
+async def _run(
+    call: AsyncCall,
+    load: Load,
+    window: WindowClock,
+    records: list[RequestLog],
+    finish: Callable[[], Awaitable[None]] | None,
+) -> bool:
+    tickets = Tickets(window, load.requests)
+    failures = [0]
+    stop = asyncio.Event()
+
+    async def worker(record: RequestLog) -> None:
+        while not stop.is_set():
+            begin = time.perf_counter()
+            ticket = tickets.take(begin)
+            if ticket is None:
+                return
+            try:
+                await call(*ticket)
+            except Exception as error:
+                record.fail(begin, ticket[1], error)
+                failures[0] += 1
+                if failures[0] >= load.max_errors:
+                    stop.set()
+                continue
+            record.done(begin, ticket[1])
+
+    loop = asyncio.get_running_loop()
+    tasks = [asyncio.create_task(worker(r)) for r in records]
+
+    def done() -> int:
+        return sum(len(r.ends) for r in records)
+
+    try:
+        pending = set(tasks)
+        while pending:
+            await loop.run_in_executor(None, window.tick, done)
+            _, pending = await asyncio.wait(pending, timeout=min(window.next_event(), 0.1))
+        if not window.closed:
+            await loop.run_in_executor(None, window.close)
+    finally:
+        for task in tasks:
+            task.cancel()
+        if finish is not None:
+            await finish()
+    return stop.is_set()

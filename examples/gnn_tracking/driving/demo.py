@@ -11,13 +11,17 @@
    ``--traces-per-s`` events a second traced end to end, by otelkit's rate-limiting sampler),
    then the whole pipeline as one model of the FastAPI twin and of Ray Serve (``--no-ray``),
    each over HTTP and over gRPC (KServe v2 both ways);
-5. snapshots every ``/metrics`` page, stops the servers, and prints the per-stage time
+5. asks ``otelkit study`` what caps the whole pipeline's throughput on Triton: the ensemble at
+   1 to 8 events in flight, untraced (``--no-study`` leaves it out), its verdicts with their
+   evidence, what to change and the plateau the operational laws predict;
+6. snapshots every ``/metrics`` page, stops the servers, and prints the per-stage time
    breakdown computed from the collected traces (``otelkit.analysis.breakdown``), the
    throughput per option, and where the traces and metrics went; writes the same traces as
-   one HTML page (``otelkit report``: breakdown bars, trace waterfalls) and prints its path;
-6. exits non-zero, naming each check that failed: labels that differ between options 0 and 4,
+   one HTML page (``otelkit report``: breakdown bars, trace waterfalls, the study's figures and
+   verdicts) and prints its path;
+7. exits non-zero, naming each check that failed: labels that differ between options 0 and 4,
    broken nesting in the traces, a run with failed events or none at all, a Triton that could
-   not be kept alive.
+   not be kept alive, a study that failed or gave no verdict.
 
 tritonserver 2.51 (bundled with nvidia-pytriton) can still crash under traced load (upstream
 issue 7795): the demo then keeps the crashed server's log (``triton-crash-N.log``), restarts
@@ -51,12 +55,15 @@ from gnn_tracking.driving.options import (
 )
 from gnn_tracking.physics.models import Models, load_models
 from gnn_tracking.serving.serve import models_metrics_base, triton_server
-from gnn_tracking.serving.stages import STAGE_ORDER
+from gnn_tracking.serving.stages import ENSEMBLE, FEATURES, STAGE_ORDER
 from gnn_tracking.serving.twin import twin_process
 from otelkit.analysis import build_traces, load_spans
 from otelkit.analysis.breakdown import breakdown, format_breakdowns
+from otelkit.errors import StudyError
 from otelkit.receiver import Receiver
 from otelkit.report import Report
+from otelkit.study import Load, Study, StudyResults
+from otelkit.study import Remote as StudyRemote
 from otelkit.tritonserver import TritonServer, free_port
 
 __all__ = ["main"]
@@ -118,6 +125,7 @@ def failed_checks(
     reports: list[tuple[str, RunReport]],
     nesting_problems: int,
     gave_up: str | None = None,
+    study_problem: str | None = None,
 ) -> list[str]:
     """Every check of the demo that failed, in words; empty when all hold.
 
@@ -138,6 +146,8 @@ def failed_checks(
             failed.append(f"run {label} at {report.threads} threads: no event completed")
     if nesting_problems:
         failed.append(f"nesting: {nesting_problems} problems in the traces")
+    if study_problem:
+        failed.append(f"study: {study_problem}")
     return failed
 
 
@@ -168,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-particles", type=int, default=40, help="event size (~10 hits each)")
     parser.add_argument("--no-twin", action="store_true", help="skip the FastAPI comparison")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray Serve comparison")
+    parser.add_argument("--no-study", action="store_true", help="skip what caps throughput")
+    parser.add_argument("--study-seconds", type=float, default=1.5, help="measured per point")
+    parser.add_argument("--study-concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument(
         "--traces-per-s", type=float, default=20.0,
         help="at most this many events a second traced end to end (otelkit's rate-limiting "
@@ -248,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                 reports.append((f"{option.number} {option.title}", report))
             if gave_up:
                 break
+        study: StudyResults | None = None
+        study_problem: str | None = None
+        if not args.no_study and not gave_up:
+            study, study_problem = _what_caps_throughput(server, events, args)
         if not args.no_twin and not gave_up:
             say("starting the FastAPI twin (KServe v2 over HTTP)...")
             twin_metrics_port, twin_grpc_port = free_port(), free_port()
@@ -287,7 +304,41 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{receiver.spans_stored} spans collected; computing the breakdown from the traces")
     if crashed_runs:
         say(f"{len(crashed_runs)} run(s) cut short by a Triton crash: their traces are left out")
-    return _report(out, reports, args.threads, crashed_runs, label_problem, gave_up)
+    return _report(
+        out, reports, args.threads, crashed_runs, label_problem, gave_up, study, study_problem
+    )
+
+
+def _what_caps_throughput(
+    server: TritonServer, events: list[torch.Tensor], args: argparse.Namespace
+) -> tuple[StudyResults | None, str | None]:
+    """``otelkit study`` of the ensemble on the demo's Triton along the events in flight, into
+    ``out/study.jsonl``; the results and what went wrong, if anything. Untraced: its requests
+    stay out of the demo's traces, and the verdict comes from Triton's counters, the host's CPU
+    and the client's (the capacity model), with no span to read."""
+    say(f"what caps throughput: otelkit study of the ensemble at {args.study_concurrency} events "
+        "in flight, untraced...")  # fmt: skip
+    pool = [event.numpy() for event in events]
+    study = Study(
+        model=ENSEMBLE,
+        inputs=lambda index, batch_size: {FEATURES: pool[index % len(pool)]},
+        server=StudyRemote(server.http_url, metrics_url=server.metrics_url),
+        sweep={"concurrency": sorted(set(args.study_concurrency))},
+        load=Load(seconds=args.study_seconds, warmup_s=0.5),
+        out=args.out / "study.jsonl",
+        unit="event",
+        tolerance=0.2,
+        progress=False,
+    )
+    try:
+        results = study.run()
+    except StudyError as error:  # a failed point: the file holds the points measured
+        return None, str(error)
+    if results.status != "complete":
+        return results, f"the study ended {results.status}: {results.message}"
+    if not results.verdicts:
+        return results, "no verdict on the ensemble's curve"
+    return results, None
 
 
 def _ray_serve_runs(
@@ -373,6 +424,8 @@ def _report(
     crashed_runs: set[str],
     label_problem: str | None,
     gave_up: str | None,
+    study: StudyResults | None,
+    study_problem: str | None,
 ) -> int:
     traces = [
         trace
@@ -386,6 +439,9 @@ def _report(
     print(format_breakdowns(groups, labels=("server", "protocol", "option", "threads")))
     print("\n=== throughput per service option ===")
     print(_throughput_table(reports, threads))
+    if study is not None:
+        print("\n=== what caps throughput: otelkit study of the ensemble on Triton, untraced ===")
+        print(study.summary())
     problems = sum(len(g.problems) for g in groups.values())
     incomplete = sum(g.incomplete for g in groups.values())
     print(
@@ -411,7 +467,9 @@ def _report(
     }  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     # the same traces as one HTML page: breakdown bars, waterfalls, facts (otelkit report)
-    page = Report.build([out / "traces"], group_by=keys, root_name=ROOT_SPAN)
+    studies = [out / "study.jsonl"] if study is not None else []
+    study_line = "".join(f"study:   {s.resolve()} (`otelkit study show`)\n" for s in studies)
+    page = Report.build([out / "traces"], studies, group_by=keys, root_name=ROOT_SPAN)
     page.title = "make demo: the reference deployment"
     report_path = page.write_html(out / "report.html").resolve()
     print(
@@ -421,9 +479,9 @@ def _report(
         "otelkit_stage_*, the client's otelkit_client_*, the twin's http_server_*, as scraped "
         "at the end)\n"
         f"summary: {(out / 'summary.json').resolve()}; Triton's log: {out / 'triton.log'}\n"
-        f"report:  {report_path} (open it in a browser; it needs nothing else)"
+        f"{study_line}report:  {report_path} (open it in a browser; it needs nothing else)"
     )
-    failed = failed_checks(label_problem, reports, problems, gave_up)
+    failed = failed_checks(label_problem, reports, problems, gave_up, study_problem)
     if failed:
         print("\nFAILED checks:\n" + "\n".join(f"- {check}" for check in failed))
         return 1

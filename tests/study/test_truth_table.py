@@ -176,10 +176,11 @@ def test_payloads_of_megabytes_are_limited_where_they_are_moved(
     truth: TruthServer, tmp_path: Path
 ) -> None:
     # 8 MB each way a request over HTTP on loopback: the copies (the client's deserialising,
-    # network + offload, into and out of the stub) are CPU and memory bandwidth. Runs here put
-    # the cores at U* 0.68 to 0.84: the verdict names the cores when they are at their limit
-    # (their plateau then predicted 18 % high: the copies also wait on memory bandwidth, which
-    # the study does not measure), else the transfer itself, with no plateau predicted.
+    # the kernel's loopback TCP, into and out of the stub) are CPU. Runs here put the cores at
+    # U* 0.68 to 0.84: the verdict names the cores when they are at their limit, else the
+    # transfer itself, with no plateau predicted. The cores' plateau is not asserted within 15 %:
+    # the kernel's time a request grows with load (docs/study.md: 22 -> 24.5 ms of CPU from 1 to
+    # 8 in flight), which a prediction from the lowest point cannot see.
     calls = ModelCalls("payload", free_dim=2_000_000, pool=2)
     results = study(truth, tmp_path, request=calls, sweep={"concurrency": [1, 4]})
     verdict = only(results)
@@ -188,6 +189,9 @@ def test_payloads_of_megabytes_are_limited_where_they_are_moved(
     if verdict.resource == "transfer":
         assert "8.0 MB sent and 8.0 MB received" in verdict.sentence
         assert verdict.predicted_per_s is None
+    else:  # the demand only grows with load: the prediction errs high, by about its growth
+        assert verdict.predicted_per_s is not None and verdict.plateau_per_s is not None
+        assert 0.95 < verdict.predicted_per_s / verdict.plateau_per_s < 1.25
     # told of a 1 Gb/s link, the same figures name the link, its plateau predicted: 8 MB at
     # 1 Gb/s is 64 ms a request, at most 15.6 requests/s: below what loopback served
     linked = [replace(p, link_gbps=1.0) for p in results.points]

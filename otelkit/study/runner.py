@@ -455,7 +455,7 @@ class Progress:
         self.total = total
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = enabled
-        self._live = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._live = enabled and self.stream.isatty()
         self._label = ""
         self._index = 0
         self._planned = 0.0

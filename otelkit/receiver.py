@@ -1,7 +1,8 @@
 """An embedded OTLP/HTTP trace receiver: the local default sink, no Collector needed.
 
-``POST /v1/traces`` in protobuf or JSON, gzip, deflate or plain; each request becomes one OTLP
-JSON line of ``traces.jsonl``, which ``otelkit.analysis`` loads. Memory stays bounded: bodies
+``POST /v1/traces`` in protobuf or JSON, gzip, deflate or plain, with a ``Content-Length`` or
+chunked (Envoy's OTLP exporter sends chunks); each request becomes one OTLP JSON line of
+``traces.jsonl``, which ``otelkit.analysis`` loads. Memory stays bounded: bodies
 over the size limits get 413; a request beyond the concurrency limit waits for a slot, and
 after ``slot_wait_s`` gets 503 with ``Retry-After``, which OTLP exporters retry, so a busy
 receiver slows clients, losing nothing (exporters that do not retry, as Triton's, lose only
@@ -41,6 +42,7 @@ _log = logging.getLogger("otelkit.receiver")
 TRACES_PATH = "/v1/traces"
 _PROTOBUF, _JSON = "application/x-protobuf", "application/json"
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # deflate is zlib-wrapped
+_CHUNK_LINE_LIMIT = 4096  # a chunk's size line, with its extensions; a trailer line
 _DRAIN_LIMIT = 64 << 20  # a rejected body up to this size is read, to keep the connection
 
 
@@ -230,18 +232,16 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 75  # idle keep-alive connections close; longer than the batch processor's 5 s
     server: _Server
     _unread = 0  # bytes of the request body not read yet
+    _chunked = False  # a chunked body not read yet: a reject closes the connection
 
     def do_POST(self) -> None:
-        receiver, self._unread = self.server.receiver, 0
+        receiver, self._unread, self._chunked = self.server.receiver, 0, False
         try:
             content_type, coding = self._check_headers(receiver)
             if not receiver._slots.acquire(timeout=receiver.slot_wait_s):
                 raise _Reject(HTTPStatus.SERVICE_UNAVAILABLE, "receiver busy, retry later")
             try:
-                body = self.rfile.read(self._unread)
-                if len(body) < self._unread:
-                    raise _Reject(HTTPStatus.BAD_REQUEST, "body cut short", close=True)
-                self._unread = 0
+                body = self._read_body(receiver.max_body_bytes)
                 receiver._store(_decode(body, coding, receiver.max_decoded_bytes), content_type)
             finally:
                 receiver._slots.release()
@@ -262,10 +262,23 @@ class _Handler(BaseHTTPRequestHandler):
         self._reject(_Reject(status, f"{self.command} {self.path}: only POST {TRACES_PATH}"))
 
     def _check_headers(self, receiver: Receiver) -> tuple[str, str]:
-        length = self.headers.get("Content-Length", "")
-        if not length.strip().isdigit():
-            raise _Reject(HTTPStatus.LENGTH_REQUIRED, "Content-Length required", close=True)
-        self._unread = int(length)
+        length = self.headers.get("Content-Length")
+        transfer = self.headers.get("Transfer-Encoding")
+        if transfer is not None:
+            # a length beside it is how requests are smuggled past proxies: refuse both
+            if transfer.strip().lower() != "chunked" or length is not None:
+                raise _Reject(
+                    HTTPStatus.BAD_REQUEST,
+                    f"Transfer-Encoding {transfer!r}: only chunked, and without Content-Length",
+                    close=True,
+                )
+            self._chunked = True
+        elif length is None or not length.strip().isdigit():
+            raise _Reject(
+                HTTPStatus.LENGTH_REQUIRED, "Content-Length or chunked required", close=True
+            )
+        else:
+            self._unread = int(length)
         if (path := self.path.split("?")[0]) != TRACES_PATH:
             raise _Reject(HTTPStatus.NOT_FOUND, f"no such path {path}: use {TRACES_PATH}")
         if self._unread > receiver.max_body_bytes:
@@ -283,8 +296,50 @@ class _Handler(BaseHTTPRequestHandler):
             )
         return content_type, coding
 
+    def _read_body(self, limit: int) -> bytes:
+        if not self._chunked:
+            body = self.rfile.read(self._unread)
+            if len(body) < self._unread:
+                raise _Reject(HTTPStatus.BAD_REQUEST, "body cut short", close=True)
+            self._unread = 0
+            return body
+        chunks: list[bytes] = []
+        size = 0
+        while True:  # RFC 9112, 7.1: size in hex, extensions after ";", CRLF, data, CRLF
+            line = self._chunk_line()
+            digits = line.split(b";", 1)[0].strip()
+            try:
+                chunk = int(digits, 16)
+            except ValueError:
+                raise _Reject(
+                    HTTPStatus.BAD_REQUEST, f"bad chunk size {digits[:32]!r}", close=True
+                ) from None
+            if chunk == 0:
+                break
+            size += chunk
+            if size > limit:
+                raise _Reject(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                    f"chunked body over the limit of {limit} bytes",
+                    close=True,
+                )
+            data = self.rfile.read(chunk)
+            if len(data) < chunk or self.rfile.read(2) != b"\r\n":
+                raise _Reject(HTTPStatus.BAD_REQUEST, "chunk cut short", close=True)
+            chunks.append(data)
+        while self._chunk_line():  # trailer fields, up to the empty line; none is used
+            pass
+        self._chunked = False
+        return b"".join(chunks)
+
+    def _chunk_line(self) -> bytes:
+        line = self.rfile.readline(_CHUNK_LINE_LIMIT + 1)
+        if len(line) > _CHUNK_LINE_LIMIT or not line.endswith(b"\n"):
+            raise _Reject(HTTPStatus.BAD_REQUEST, "chunked body cut short", close=True)
+        return line.rstrip(b"\r\n")
+
     def _reject(self, reject: _Reject) -> None:
-        close = reject.close or self._unread > _DRAIN_LIMIT
+        close = reject.close or self._chunked or self._unread > _DRAIN_LIMIT
         while self._unread > 0 and not close:  # drop the body to keep the connection usable
             chunk = self.rfile.read(min(self._unread, 1 << 16))
             close, self._unread = not chunk, self._unread - len(chunk)

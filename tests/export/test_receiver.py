@@ -122,6 +122,90 @@ def test_keeps_the_connection_alive_and_answers_in_protobuf(receiver: Receiver) 
     assert receiver.spans_stored == 6
 
 
+def _exchange(receiver: Receiver, raw: bytes, hang_up: bool = False) -> tuple[bytes, bytes]:
+    """``raw`` sent on one connection (then its sending side shut, with ``hang_up``); the first
+    reply's status line, and what follows once the receiver closes the connection or 1 s
+    passes (b"" when closed at once)."""
+    with socket.create_connection(("127.0.0.1", receiver.port), timeout=10) as connection:
+        connection.sendall(raw)
+        if hang_up:
+            connection.shutdown(socket.SHUT_WR)
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            reply += connection.recv(4096)
+        head, _, rest = reply.partition(b"\r\n\r\n")
+        connection.settimeout(1.0)
+        try:
+            while chunk := connection.recv(4096):
+                rest += chunk
+        except TimeoutError:
+            rest += b"(still open)"
+    return head.split(b"\r\n")[0], rest
+
+
+def chunked(body: bytes, size: int) -> bytes:
+    """``body`` in chunks of ``size`` bytes, with an extension on the first and a trailer."""
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+    coded = [f"{len(p):x}{';ext=1' if i == 0 else ''}\r\n".encode() + p + b"\r\n"
+             for i, p in enumerate(pieces)]  # fmt: skip
+    return b"".join(coded) + b"0\r\nX-Trailer: ignored\r\n\r\n"
+
+
+def test_chunked_bodies_are_stored_as_envoys_exporter_sends_them(receiver: Receiver) -> None:
+    spans = make_spans(4)
+    body = encode_spans(spans).SerializeToString()
+    # requests sends a generator's pieces as chunks, with no Content-Length
+    response = requests.post(
+        receiver.traces_url, data=iter([body[:7], body[7:50], body[50:]]), headers=PROTOBUF,
+        timeout=10,
+    )  # fmt: skip
+    assert response.request.headers.get("Transfer-Encoding") == "chunked"
+    assert response.status_code == 200
+    head = (
+        b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    gzipped = gzip.compress(json.dumps(triton_body()).encode())
+    status, _ = _exchange(receiver, head + chunked(gzipped, 10))
+    assert status == b"HTTP/1.1 200 OK"
+    assert stored(receiver) == [spans_to_json(spans), stored(receiver)[1]]
+    assert stored(receiver)[1]["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["name"] == (
+        "compute"
+    )
+    assert (receiver.spans_stored, receiver.requests_rejected) == (5, 0)
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status"),
+    [
+        ("Transfer-Encoding: chunked", b"zz\r\nabc\r\n0\r\n\r\n", b"400"),  # not hex
+        ("Transfer-Encoding: chunked", b"a\r\nabc", b"400"),  # cut short: the client hangs up
+        ("Transfer-Encoding: chunked", b"3\r\nabcXY0\r\n\r\n", b"400"),  # no CRLF after data
+        ("Transfer-Encoding: chunked", b"f" * 5000 + b"\r\n", b"400"),  # a size line too long
+        ("Transfer-Encoding: chunked", b"100001\r\n", b"413"),  # over max_body_bytes
+        ("Transfer-Encoding: chunked\r\nContent-Length: 3", b"abc", b"400"),  # smuggling
+        ("Transfer-Encoding: gzip, chunked", b"0\r\n\r\n", b"400"),
+        ("", b"", b"411"),  # neither a length nor chunks
+    ],
+)
+def test_malformed_framing_is_refused_and_the_connection_closed(
+    tmp_path: Path, headers: str, body: bytes, status: bytes
+) -> None:
+    with Receiver(tmp_path, max_body_bytes=1 << 20) as receiver:
+        extra = f"{headers}\r\n" if headers else ""
+        head = f"POST /v1/traces HTTP/1.1\r\nHost: x\r\n{PROTOBUF_HEADER}{extra}\r\n"
+        line, after = _exchange(receiver, head.encode() + body, hang_up=body.endswith(b"abc"))
+        assert line.split(b" ")[1] == status
+        assert after == b"" or not after.endswith(b"(still open)")  # closed: framing is lost
+        assert (receiver.spans_stored, receiver.requests_rejected) == (0, 1)
+        # the receiver serves the next connection as before
+        ok = requests.post(receiver.traces_url, json=triton_body(), timeout=10)
+        assert ok.status_code == 200 and receiver.spans_stored == 1
+
+
+PROTOBUF_HEADER = "Content-Type: application/x-protobuf\r\n"
+
+
 def test_json_with_hex_ids_as_triton_sends(receiver: Receiver) -> None:
     response = requests.post(receiver.traces_url, json=triton_body(), timeout=10)
     assert (response.status_code, response.json()) == (200, {})

@@ -4,7 +4,8 @@
 ``configure()``. ``MissingExtraError`` is an ``ImportError`` that names the ``pip install``
 line for the optional integration that is missing. ``TritonStartError`` says why the
 ``tritonserver`` launcher could not get a server ready. ``StudyError`` says which point of a
-study could not be measured, and why.
+study could not be measured, and why. ``FleetError`` says why the fleet's registry could not be
+read or written; ``RegistrationError`` why a server's registration was refused.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from typing import Any, Literal
 
 __all__ = [
     "ConfigError",
+    "FleetError",
     "MissingExtraError",
     "OtelkitError",
+    "RegistrationError",
     "StartFailure",
     "StudyError",
     "TritonStartError",
@@ -94,3 +97,20 @@ class StudyError(OtelkitError):
         self.point = point
         self.reason = message
         self.results: Any = None  # the study's results up to the failure, when it ran
+
+
+class FleetError(OtelkitError):
+    """The fleet's registry (etcd, or the shared directory) could not be read or written."""
+
+
+class RegistrationError(OtelkitError, ValueError):
+    """A server's registration is malformed or hostile: nothing is rendered from it.
+
+    ``key`` is where it was found in the registry (``None`` before it was written), ``reason``
+    what is wrong with it.
+    """
+
+    def __init__(self, reason: str, *, key: str | None = None):
+        where = f" {key!r}" if key else ""
+        super().__init__(f"otelkit fleet: registration{where} refused: {reason}")
+        self.key, self.reason = key, reason

@@ -1,0 +1,281 @@
+"""Envoy's configuration for a fleet: one listener a protocol, the servers from the renderer's
+EDS files, health-checked on Triton's readiness, least-request balancing, retries to another
+server, and a parent-based OpenTelemetry tracer.
+
+``envoy_config(...)`` returns the bootstrap as a dictionary; ``write_config`` writes it as JSON
+(which Envoy reads as YAML too). What it sets, and why:
+
+- **listeners**: ``http_port`` (KServe v2 over HTTP/1.1) and ``grpc_port`` (over HTTP/2), each
+  routing every request to its cluster: a client changes the address it calls, nothing else;
+- **clusters** ``<prefix>_http`` and ``<prefix>_grpc`` read their endpoints from
+  ``<eds_dir>/<cluster>.json`` (``path_config_source`` with ``watched_directory``: the renderer
+  moves each new file into place); ``LEAST_REQUEST`` (as SuperSONIC and NERSC balance);
+  ``ignore_health_on_host_removal`` (a server that leaves the registry leaves at once);
+- **health checks** on ``/v2/health/ready`` every ``health_interval_s``, even with no traffic
+  (Envoy's 60 s default for an idle cluster would keep a dead server for a minute), one failure
+  to eject; **outlier detection** after 5 consecutive errors (NERSC's setting);
+- **retries** on ``unavailable`` (gRPC), ``reset``, ``connect-failure`` and ``refused-stream``,
+  twice, each on another server (``previous_hosts``): a request in flight to a server that dies
+  is retried elsewhere, and never retried after a server answered it with an error;
+- **tracing**: Envoy's spans (``ingress`` and, with ``spawn_upstream_span``, ``egress`` to the
+  server that answered) go by OTLP/HTTP to ``traces_url``. Envoy sends a ``traceparent`` on
+  every request it forwards, flagged unsampled when it did not sample, and Triton traces every
+  request that carries one (its issue 8474): the sampler is parent-based around
+  ``sample_percent`` (0 by default), so Envoy traces what the client sampled and nothing else,
+  and otelkit's "no context on unsampled calls" holds through it.
+
+>>> config = envoy_config(http_port=8080, grpc_port=8081, admin_port=9901, eds_dir="/run/eds")
+>>> [listener["name"] for listener in config["static_resources"]["listeners"]]
+['otelkit_http', 'otelkit_grpc']
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from otelkit.errors import FleetError
+from otelkit.fleet.render import cluster_names, eds_response, write_if_changed
+
+__all__ = ["envoy_config", "write_config"]
+
+_TYPE = "type.googleapis.com/envoy"
+_HCM = f"{_TYPE}.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_ROUTER = f"{_TYPE}.extensions.filters.http.router.v3.Router"
+_HTTP_OPTIONS = f"{_TYPE}.extensions.upstreams.http.v3.HttpProtocolOptions"
+_OTEL = f"{_TYPE}.config.trace.v3.OpenTelemetryConfig"
+_SAMPLERS = f"{_TYPE}.extensions.tracers.opentelemetry.samplers.v3"
+_PREVIOUS_HOSTS = f"{_TYPE}.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+TRACES_CLUSTER = "otelkit_traces"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3f}s"
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _tracing(traces_url: str, sample_percent: float, service_name: str) -> dict[str, Any]:
+    ratio = {
+        "name": "envoy.tracers.opentelemetry.samplers.trace_id_ratio_based",
+        "typed_config": {
+            "@type": f"{_SAMPLERS}.TraceIdRatioBasedSamplerConfig",
+            "sampling_percentage": {
+                "numerator": round(sample_percent * 10_000),
+                "denominator": "MILLION",
+            },
+        },
+    }
+    return {
+        "random_sampling": {"value": 100},  # every request goes to the sampler, which decides
+        "spawn_upstream_span": True,
+        "provider": {
+            "name": "envoy.tracers.opentelemetry",
+            "typed_config": {
+                "@type": _OTEL,
+                "service_name": service_name,
+                "http_service": {
+                    "http_uri": {"uri": traces_url, "cluster": TRACES_CLUSTER, "timeout": "2s"},
+                },
+                "sampler": {
+                    "name": "envoy.tracers.opentelemetry.samplers.parent_based",
+                    "typed_config": {
+                        "@type": f"{_SAMPLERS}.ParentBasedSamplerConfig",
+                        "wrapped_sampler": ratio,
+                    },
+                },
+            },
+        },
+    }
+
+
+def _listener(
+    name: str,
+    host: str,
+    port: int,
+    cluster: str,
+    grpc: bool,
+    timeout_s: float,
+    tracing: dict[str, Any] | None,
+) -> dict[str, Any]:
+    retry_on = (
+        "unavailable,reset,connect-failure,refused-stream"
+        if grpc
+        else ("reset,connect-failure,refused-stream")
+    )
+    route = {
+        "match": {"prefix": "/"},
+        "route": {
+            "cluster": cluster,
+            "timeout": _seconds(timeout_s),
+            "retry_policy": {
+                "retry_on": retry_on,
+                "num_retries": 2,
+                "retry_host_predicate": [
+                    {
+                        "name": "envoy.retry_host_predicates.previous_hosts",
+                        "typed_config": {"@type": _PREVIOUS_HOSTS},
+                    }
+                ],
+                "host_selection_retry_max_attempts": 5,
+            },
+        },
+    }
+    manager: dict[str, Any] = {
+        "@type": _HCM,
+        "stat_prefix": name,
+        "codec_type": "AUTO",
+        "route_config": {
+            "name": name,
+            "virtual_hosts": [{"name": name, "domains": ["*"], "routes": [route]}],
+        },
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}}],
+        "generate_request_id": True,
+    }
+    if tracing is not None:
+        manager["tracing"] = tracing
+    return {
+        "name": name,
+        "address": _address(host, port),
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": manager,
+                    }
+                ]
+            }
+        ],
+    }
+
+
+def _cluster(name: str, eds_dir: Path, grpc: bool, health_interval_s: float) -> dict[str, Any]:
+    protocol: dict[str, Any] = (
+        {"http2_protocol_options": {}} if grpc else {"http_protocol_options": {}}
+    )
+    return {
+        "name": name,
+        "type": "EDS",
+        "eds_cluster_config": {
+            "eds_config": {
+                "resource_api_version": "V3",
+                "path_config_source": {
+                    "path": str(eds_dir / f"{name}.json"),
+                    "watched_directory": {"path": str(eds_dir)},
+                },
+            }
+        },
+        "connect_timeout": "1s",
+        "lb_policy": "LEAST_REQUEST",
+        "ignore_health_on_host_removal": True,
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _HTTP_OPTIONS,
+                "explicit_http_config": protocol,
+            }
+        },
+        "health_checks": [
+            {
+                "timeout": _seconds(max(0.25, min(1.0, health_interval_s))),
+                "interval": _seconds(health_interval_s),
+                "no_traffic_interval": _seconds(health_interval_s),
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "http_health_check": {"path": "/v2/health/ready", "codec_client_type": "HTTP1"},
+            }
+        ],
+        "outlier_detection": {
+            "consecutive_5xx": 5,
+            "interval": "1s",
+            "base_ejection_time": "5s",
+            "max_ejection_percent": 100,
+        },
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+    }
+
+
+def _traces_cluster(traces_url: str) -> dict[str, Any]:
+    parsed = urllib.parse.urlsplit(traces_url)
+    if parsed.scheme != "http" or not parsed.hostname:
+        raise FleetError(f"traces_url {traces_url!r}: give http://host:port/v1/traces")
+    host, port = parsed.hostname, parsed.port or 80
+    try:
+        ipaddress.ip_address(host)
+        kind = "STATIC"
+    except ValueError:
+        kind = "STRICT_DNS"
+    return {
+        "name": TRACES_CLUSTER,
+        "type": kind,
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": TRACES_CLUSTER,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(host, port)}}]}],
+        },
+    }
+
+
+def envoy_config(
+    *,
+    http_port: int,
+    grpc_port: int,
+    admin_port: int,
+    eds_dir: str | Path,
+    host: str = "0.0.0.0",
+    admin_host: str = "127.0.0.1",
+    cluster_prefix: str = "otelkit",
+    traces_url: str | None = None,
+    sample_percent: float = 0.0,
+    service_name: str = "envoy",
+    health_interval_s: float = 1.0,
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    """Envoy's bootstrap for the fleet (see the module's text)."""
+    if not 0 <= sample_percent <= 100:
+        raise FleetError(f"sample_percent is 0 to 100, not {sample_percent}")
+    if not health_interval_s > 0 or not timeout_s > 0:
+        raise FleetError("health_interval_s and timeout_s are seconds, above 0")
+    eds = Path(eds_dir).resolve()
+    clusters = cluster_names(cluster_prefix)
+    tracing = _tracing(traces_url, sample_percent, service_name) if traces_url else None
+    static: dict[str, Any] = {
+        "listeners": [
+            _listener(
+                clusters["http"], host, http_port, clusters["http"], False, timeout_s, tracing
+            ),
+            _listener(
+                clusters["grpc"], host, grpc_port, clusters["grpc"], True, timeout_s, tracing
+            ),
+        ],
+        "clusters": [
+            _cluster(clusters[p], eds, p == "grpc", health_interval_s) for p in ("http", "grpc")
+        ],
+    }
+    if traces_url:
+        static["clusters"].append(_traces_cluster(traces_url))
+    return {
+        "node": {"id": "otelkit-fleet", "cluster": cluster_prefix},
+        "admin": {"address": _address(admin_host, admin_port)},
+        "static_resources": static,
+    }
+
+
+def write_config(path: str | Path, config: dict[str, Any]) -> Path:
+    """``config`` as JSON at ``path``, and an EDS file without endpoints for each of its
+    clusters that has none yet (Envoy refuses to start without them; the renderer fills them);
+    the path."""
+    for cluster in config["static_resources"]["clusters"]:
+        source = cluster.get("eds_cluster_config", {}).get("eds_config", {})
+        eds = source.get("path_config_source", {}).get("path")
+        if eds and not Path(eds).exists():
+            Path(eds).parent.mkdir(parents=True, exist_ok=True)
+            write_if_changed(Path(eds), eds_response(cluster["name"], "http", {})[0])
+    target = Path(path)
+    target.write_text(json.dumps(config, indent=1) + "\n")
+    return target

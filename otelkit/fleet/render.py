@@ -1,0 +1,272 @@
+"""The renderer: watches the registry and writes, from the servers in it, Envoy's endpoints
+(EDS) and Prometheus' scrape targets (``file_sd``).
+
+For each cluster of Envoy's configuration (``envoy.py``: ``otelkit_http`` and
+``otelkit_grpc``) it writes ``<eds_dir>/<cluster>.json``, a discovery response holding the
+cluster's ``ClusterLoadAssignment``: each registered server's endpoint, its health checked on
+its HTTP port, its name and site in the endpoint's metadata. Envoy reloads such a file only
+when one is moved into place, so each is written to a temporary file and renamed (``watched
+_directory`` in Envoy's configuration). ``file_sd`` is one JSON file of the servers' metrics
+endpoints, labelled with their names and sites.
+
+A file is rewritten only when what it says changes. The renderer reads the registry again
+whenever it changes (an etcd watch) and every ``resync_s`` anyway; a registry it cannot read
+leaves the files as they were (Envoy keeps routing to the last servers known), is logged once
+an outage and counted in ``errors``, and is tried again with a growing pause (up to
+``resync_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from otelkit.errors import FleetError
+from otelkit.fleet.record import ServerRecord, parse_address
+from otelkit.fleet.registry import Listing, Registry
+
+__all__ = [
+    "CLUSTERS",
+    "Renderer",
+    "cluster_names",
+    "eds_response",
+    "file_sd_targets",
+    "write_if_changed",
+]
+
+_log = logging.getLogger("otelkit.fleet")
+
+CLUSTERS = ("http", "grpc")  # the protocols Envoy's listeners serve, a cluster each
+_ASSIGNMENT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+
+#: An address resolved for Envoy (EDS takes IP addresses only), or None where it cannot be.
+Resolve = Callable[[str, int], "str | None"]
+
+
+def cluster_names(prefix: str = "otelkit") -> dict[str, str]:
+    """Each protocol's cluster name: ``{"http": "otelkit_http", "grpc": "otelkit_grpc"}``."""
+    return {protocol: f"{prefix}_{protocol}" for protocol in CLUSTERS}
+
+
+def resolve_address(host: str, port: int) -> str | None:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    return str(infos[0][4][0]) if infos else None
+
+
+def eds_response(
+    cluster: str,
+    protocol: str,
+    servers: Mapping[str, ServerRecord],
+    *,
+    resolve: Resolve = resolve_address,
+    weights: Mapping[str, int] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """The discovery response of ``cluster`` (servers that have a ``protocol`` endpoint), and
+    the names of those left out because their address did not resolve.
+
+    >>> record = ServerRecord("t0", http="127.0.0.1:8000", grpc="127.0.0.1:8001", started=0)
+    >>> response, _ = eds_response("otelkit_grpc", "grpc", {"t0": record})
+    >>> endpoint = response["resources"][0]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    >>> endpoint["address"]["socket_address"], endpoint["health_check_config"]
+    ({'address': '127.0.0.1', 'port_value': 8001}, {'port_value': 8000})
+    """
+    endpoints, unresolved = [], []
+    for name, record in sorted(servers.items()):
+        address = getattr(record, protocol)
+        if address is None:
+            continue
+        host, port = parse_address(address)
+        http_host, http_port = parse_address(record.http)
+        ip = resolve(host, port)
+        if ip is None:
+            unresolved.append(name)
+            continue
+        endpoint: dict[str, Any] = {
+            "address": {"socket_address": {"address": ip, "port_value": port}},
+            "hostname": name,
+        }
+        if (http_host, http_port) != (host, port):  # health checked where it serves HTTP
+            endpoint["health_check_config"] = {"port_value": http_port}
+            if http_host != host:
+                http_ip = resolve(http_host, http_port)
+                if http_ip is None:
+                    unresolved.append(name)
+                    continue
+                endpoint["health_check_config"]["address"] = {
+                    "socket_address": {"address": http_ip, "port_value": http_port}
+                }
+        entry: dict[str, Any] = {
+            "endpoint": endpoint,
+            "metadata": {"filter_metadata": {"otelkit": {"server": name, "site": record.site}}},
+        }
+        if weights is not None and name in weights:
+            entry["load_balancing_weight"] = weights[name]
+        endpoints.append(entry)
+    assignment = {
+        "@type": _ASSIGNMENT,
+        "cluster_name": cluster,
+        "endpoints": [{"lb_endpoints": endpoints}] if endpoints else [],
+    }
+    return {"version_info": "0", "resources": [assignment]}, unresolved
+
+
+def file_sd_targets(servers: Mapping[str, ServerRecord]) -> list[dict[str, Any]]:
+    """Prometheus ``file_sd``: one target group a server with a metrics endpoint.
+
+    >>> file_sd_targets({"t0": ServerRecord("t0", http="h:8000", metrics="h:8002", site="s")})
+    [{'targets': ['h:8002'], 'labels': {'otelkit_server': 't0', 'otelkit_site': 's'}}]
+    """
+    return [
+        {
+            "targets": [record.metrics],
+            "labels": {"otelkit_server": name, "otelkit_site": record.site},
+        }
+        for name, record in sorted(servers.items())
+        if record.metrics is not None
+    ]
+
+
+def write_if_changed(path: Path, document: Any) -> bool:
+    """Write ``document`` as JSON to ``path`` by a rename (a reader never sees half a file),
+    unless the file says that already; True when it was written."""
+    text = json.dumps(document, indent=1, sort_keys=True) + "\n"
+    try:
+        if path.read_text() == text:
+            return False
+    except (OSError, UnicodeDecodeError):
+        pass
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text)
+        temporary.replace(path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise FleetError(f"cannot write {path}: {error.strerror or error}") from None
+    return True
+
+
+class Renderer:
+    """Writes Envoy's EDS files and Prometheus' targets from ``registry``, kept current."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        eds_dir: str | Path,
+        file_sd: str | Path | None = None,
+        cluster_prefix: str = "otelkit",
+        resync_s: float = 5.0,
+        resolve: Resolve = resolve_address,
+        weights: Callable[[Listing], Mapping[str, int]] | None = None,
+    ) -> None:
+        if not resync_s > 0:
+            raise FleetError(f"resync_s is a period in seconds, above 0, not {resync_s}")
+        self.registry, self.resync_s, self._resolve = registry, resync_s, resolve
+        self.eds_dir = Path(eds_dir)
+        self.file_sd = Path(file_sd) if file_sd is not None else None
+        self.clusters = cluster_names(cluster_prefix)
+        self.weights = weights
+        self.renders = 0  # times a file was rewritten
+        self.errors = 0  # reads of the registry or writes of a file that failed
+        self.listing = Listing()  # as last rendered
+        self.unresolved: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+        self._rendered = threading.Condition()
+        self._passes = 0
+
+    def render_once(self) -> Listing:
+        """Read the registry and write what changed; ``FleetError`` when either fails."""
+        listing = self.registry.listing()
+        for key, reason in listing.refused.items():
+            if key not in self.listing.refused:
+                _log.warning(
+                    "fleet: registration %r refused, nothing rendered from it: %s", key, reason
+                )
+        self.eds_dir.mkdir(parents=True, exist_ok=True)
+        weights = self.weights(listing) if self.weights is not None else None
+        unresolved: set[str] = set()
+        changed = False
+        for protocol, cluster in self.clusters.items():
+            response, left_out = eds_response(
+                cluster, protocol, listing.servers, resolve=self._resolve, weights=weights
+            )
+            unresolved.update(left_out)
+            changed |= write_if_changed(self.eds_dir / f"{cluster}.json", response)
+        if self.file_sd is not None:
+            changed |= write_if_changed(self.file_sd, file_sd_targets(listing.servers))
+        for name in sorted(unresolved - set(self.unresolved)):
+            _log.warning("fleet: %s left out: its address does not resolve", name)
+        self.unresolved = sorted(unresolved)
+        if changed:
+            self.renders += 1
+            before, after = set(self.listing.servers), set(listing.servers)
+            _log.info(
+                "fleet: %d servers%s%s",
+                len(after),
+                "".join(f" +{n}" for n in sorted(after - before)),
+                "".join(f" -{n}" for n in sorted(before - after)),
+            )
+        self.listing = listing
+        with self._rendered:
+            self._passes += 1
+            self._rendered.notify_all()
+        return listing
+
+    def start(self) -> Renderer:
+        self._thread = threading.Thread(target=self.run, name="otelkit-fleet-renderer", daemon=True)
+        self._thread.start()
+        return self
+
+    def run(self) -> None:
+        """Render until ``close()``: at each change of the registry, and every ``resync_s``."""
+        pause = 0.1
+        while not self._stop.is_set():
+            try:
+                listing = self.render_once()
+            except FleetError as error:
+                self.errors += 1
+                if not self._failing:
+                    _log.warning(
+                        "fleet: %s; Envoy and Prometheus keep the last servers rendered, retrying",
+                        error,
+                    )
+                self._failing = True
+                self._stop.wait(pause)
+                pause = min(self.resync_s, pause * 2)
+                continue
+            if self._failing:
+                _log.info("fleet: the registry answers again")
+            self._failing, pause = False, 0.1
+            try:
+                self.registry.wait_for_change(listing, self.resync_s)
+            except FleetError:
+                self._stop.wait(pause)  # the next render says what is wrong
+
+    def wait_for_render(self, timeout_s: float) -> bool:
+        """Wait for the next pass of the renderer over the registry (tests, ``status``)."""
+        with self._rendered:
+            passes = self._passes
+            return self._rendered.wait_for(lambda: self._passes > passes, timeout_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.registry.interrupt()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> Renderer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -9,6 +9,7 @@ and ``run(args) -> int``; this module only dispatches.
     otelkit gpu record --out gpus.json                   # real NVML readings, for replay
     otelkit study run --triton REPO --model M --sweep concurrency=1,2,4  # what caps throughput
     otelkit report ./otelkit-traces --study study.jsonl  # one HTML page: plots, waterfalls
+    otelkit fleet render --etcd http://etcd:2379 --eds-dir /run/eds  # servers behind Envoy
     otelkit config                                       # the settings configure() would use
 """
 
@@ -34,6 +35,7 @@ _COMMANDS = {
     "dashboards": ("otelkit.dashboards.cli", "write the Grafana dashboards' JSON"),
     "study": ("otelkit.study.cli", "sweep a deployment, measure each point, name what caps it"),
     "report": ("otelkit.report.cli", "one self-contained HTML page: plots and trace waterfalls"),
+    "fleet": ("otelkit.fleet.cli", "servers behind Envoy: register, render, status, Envoy config"),
 }
 
 

@@ -349,6 +349,56 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     GPU_LOST, GPU_READ_ERRORS, GPU_SAMPLE_DURATION,
 )  # fmt: skip
 
+# -- the fleet (otelkit.fleet): the renderer's own metrics, and the labels it gives targets --------
+M_SITE = "site"  # the fleet's metrics: a server's site (M_SERVER: its name)
+#: ``file_sd`` labels on every series scraped from a registered server: which server, which site
+FLEET_SERVER_LABEL = "otelkit_server"
+FLEET_SITE_LABEL = "otelkit_site"
+FLEET_SERVERS = MetricSpec(
+    f"{PREFIX}.fleet.servers",
+    "gauge",
+    "{server}",
+    "Servers registered with a live heartbeat and rendered into Envoy's endpoints, by site.",
+)
+FLEET_REFUSED = MetricSpec(
+    f"{PREFIX}.fleet.registrations.refused",
+    "gauge",
+    "{registration}",
+    "Entries of the registry refused as malformed or hostile: nothing is rendered from them.",
+)
+FLEET_HEARTBEAT_AGE = MetricSpec(
+    f"{PREFIX}.fleet.heartbeat.age",
+    "gauge",
+    "s",
+    "Seconds since each registered server's last heartbeat, by server and site.",
+)
+FLEET_RENDERS = MetricSpec(
+    f"{PREFIX}.fleet.renders",
+    "counter",
+    "{render}",
+    "Times the renderer rewrote Envoy's endpoints or Prometheus' targets.",
+)
+FLEET_REGISTRY_ERRORS = MetricSpec(
+    f"{PREFIX}.fleet.registry.errors",
+    "counter",
+    "{error}",
+    "Reads of the registry or writes of a rendered file that failed (the last files stay).",
+)
+FLEET_UNRESOLVED = MetricSpec(
+    f"{PREFIX}.fleet.unresolved",
+    "gauge",
+    "{server}",
+    "Registered servers left out of Envoy's endpoints because their address does not resolve.",
+)
+FLEET_METRICS: tuple[MetricSpec, ...] = (
+    FLEET_SERVERS,
+    FLEET_REFUSED,
+    FLEET_HEARTBEAT_AGE,
+    FLEET_RENDERS,
+    FLEET_REGISTRY_ERRORS,
+    FLEET_UNRESOLVED,
+)
+
 # -- Triton's own Prometheus metrics (tritonserver 2.51, port 8002), as the dashboards query them --
 # Counters keep Triton's names (no _total). Labels: model, version; nv_gpu_* carry gpu_uuid.
 # The *_summary_us quantiles exist with --metrics-config=summary_latencies=true.

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gpu",),  # NVML and torch sampling, CUDA-timed spans
     ("telemetry",),  # configure(): providers and pipelines built from the settings
     ("client", "server"),  # instrumentation of tritonclient; stages and model servers
-    ("analysis", "receiver", "tritonserver", "dashboards"),  # tools that read or run things
+    ("analysis", "receiver", "tritonserver", "dashboards", "fleet"),  # tools: read or run things
     ("study",),  # sweeps a deployment: drives clients, runs servers, reads traces and metrics
     ("report",),  # one HTML page and paper figures from traces and study results
     ("instrumentation", "auto", "cli", "__init__"),  # the public entry points

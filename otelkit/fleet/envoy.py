@@ -16,13 +16,18 @@ server, and a parent-based OpenTelemetry tracer.
   to eject; **outlier detection** after 5 consecutive errors (NERSC's setting);
 - **retries** on ``unavailable`` (gRPC), ``reset``, ``connect-failure`` and ``refused-stream``,
   twice, each on another server (``previous_hosts``): a request in flight to a server that dies
-  is retried elsewhere, and never retried after a server answered it with an error;
+  is retried elsewhere, and never retried after a server answered it with an error. As many
+  retries may run at once as requests (Envoy's default, 3 at a time, failed 7 calls of 4
+  threads when a server was killed here), and the circuit breakers' other limits are lifted
+  to 65,536: the servers' queues limit a fleet, not Envoy;
 - **tracing**: Envoy's spans (``ingress`` and, with ``spawn_upstream_span``, ``egress`` to the
   server that answered) go by OTLP/HTTP to ``traces_url``. Envoy sends a ``traceparent`` on
   every request it forwards, flagged unsampled when it did not sample, and Triton traces every
   request that carries one (its issue 8474): the sampler is parent-based around
   ``sample_percent`` (0 by default), so Envoy traces what the client sampled and nothing else,
-  and otelkit's "no context on unsampled calls" holds through it.
+  and otelkit's "no context on unsampled calls" holds through it. Envoy still sends an
+  unsampled ``traceparent`` (flag 00) with every request it did not sample, which Triton would
+  trace: a Lua filter on each cluster's upstream side takes it off.
 
 >>> config = envoy_config(http_port=8080, grpc_port=8081, admin_port=9901, eds_dir="/run/eds")
 >>> [listener["name"] for listener in config["static_resources"]["listeners"]]
@@ -49,6 +54,21 @@ _HTTP_OPTIONS = f"{_TYPE}.extensions.upstreams.http.v3.HttpProtocolOptions"
 _OTEL = f"{_TYPE}.config.trace.v3.OpenTelemetryConfig"
 _SAMPLERS = f"{_TYPE}.extensions.tracers.opentelemetry.samplers.v3"
 _PREVIOUS_HOSTS = f"{_TYPE}.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+_LUA = f"{_TYPE}.extensions.filters.http.lua.v3.Lua"
+_UPSTREAM_CODEC = f"{_TYPE}.extensions.filters.http.upstream_codec.v3.UpstreamCodec"
+# Envoy sends every request on with a traceparent, flagged 00 when it did not sample it, and
+# Triton traces any request that carries one (its issue 8474): an upstream filter, after
+# Envoy has written its context, takes an unsampled one off
+_UNSAMPLED_OFF = """function envoy_on_request(handle)
+  local headers = handle:headers()
+  local parent = headers:get("traceparent")
+  if parent ~= nil and string.sub(parent, -2) == "00" then
+    headers:remove("traceparent")
+    headers:remove("tracestate")
+  end
+end
+"""
+_LIMITS = 1 << 16  # connections, requests, pending: the servers' queues limit, not Envoy
 TRACES_CLUSTER = "otelkit_traces"
 
 
@@ -178,7 +198,35 @@ def _cluster(name: str, eds_dir: Path, grpc: bool, health_interval_s: float) -> 
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": _HTTP_OPTIONS,
                 "explicit_http_config": protocol,
+                "http_filters": [
+                    {
+                        "name": "envoy.filters.http.lua",
+                        "typed_config": {
+                            "@type": _LUA,
+                            "default_source_code": {"inline_string": _UNSAMPLED_OFF},
+                        },
+                    },
+                    {
+                        "name": "envoy.filters.http.upstream_codec",
+                        "typed_config": {"@type": _UPSTREAM_CODEC},
+                    },
+                ],
             }
+        },
+        # a server that dies has all its requests in flight retried at once: as many retries
+        # may run as requests (Envoy's default is 3 at a time), and no limit below the queues'
+        "circuit_breakers": {
+            "thresholds": [
+                {
+                    "max_connections": _LIMITS,
+                    "max_pending_requests": _LIMITS,
+                    "max_requests": _LIMITS,
+                    "retry_budget": {
+                        "budget_percent": {"value": 100.0},
+                        "min_retry_concurrency": 64,
+                    },
+                }
+            ]
         },
         "health_checks": [
             {
@@ -235,6 +283,7 @@ def envoy_config(
     service_name: str = "envoy",
     health_interval_s: float = 1.0,
     timeout_s: float = 60.0,
+    trace_flush_ms: int = 1000,
 ) -> dict[str, Any]:
     """Envoy's bootstrap for the fleet (see the module's text)."""
     if not 0 <= sample_percent <= 100:
@@ -259,9 +308,16 @@ def envoy_config(
     }
     if traces_url:
         static["clusters"].append(_traces_cluster(traces_url))
+    # Envoy's tracer sends its spans every 5 s, or 5 spans, by default: a second keeps a
+    # trace's Envoy spans about as fresh as the servers' batch processors keep theirs
+    runtime = {
+        "tracing.opentelemetry.flush_interval_ms": trace_flush_ms,
+        "tracing.opentelemetry.min_flush_spans": 512,
+    }
     return {
         "node": {"id": "otelkit-fleet", "cluster": cluster_prefix},
         "admin": {"address": _address(admin_host, admin_port)},
+        "layered_runtime": {"layers": [{"name": "otelkit", "static_layer": runtime}]},
         "static_resources": static,
     }
 

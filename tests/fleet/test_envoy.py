@@ -1,0 +1,320 @@
+"""Envoy in front of real tritonservers, its endpoints rendered from a real etcd: traffic,
+ejection of a killed server, a heartbeat stopped, a newcomer, one trace through it all."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from otelkit.analysis import Span, load_spans
+from otelkit.fleet import (
+    EtcdRegistry,
+    Registration,
+    Renderer,
+    ServerRecord,
+    envoy_config,
+    write_config,
+)
+from otelkit.fleet.cli import envoy_binary, envoy_hosts
+from otelkit.receiver import Receiver
+from otelkit.tritonserver import TritonServer, free_port
+from tests.fleet.components import EnvoyProxy
+from tests.paths import MODELS
+
+pytestmark = pytest.mark.triton
+
+HEALTH_INTERVAL_S = 1.0
+TTL_S = 5.0  # a heartbeat every 1.7 s: this process also runs the load on 2 busy cores
+MODEL = "identity_fp32"
+
+
+@dataclass
+class Fleet:
+    servers: dict[str, TritonServer]
+    registrations: dict[str, Registration]
+    registry: EtcdRegistry
+    renderer: Renderer
+    envoy: EnvoyProxy
+    http_url: str
+    grpc_url: str
+    eds_dir: Path
+    traces: Path
+    receiver: Receiver
+    extra: list[TritonServer] = field(default_factory=list)
+
+    def register(self, name: str, server: TritonServer) -> Registration:
+        metrics = server.metrics_url.split("//", 1)[1].split("/", 1)[0]
+        record = ServerRecord(
+            name,
+            http=server.http_url,
+            grpc=server.grpc_url,
+            metrics=metrics,
+            models=(MODEL,),
+            site="tests",
+        )
+        registration = Registration(record, self.registry, ttl_s=TTL_S).start()
+        self.registrations[name] = registration
+        return registration
+
+    def requests(self) -> dict[str, int]:
+        """Requests Envoy sent to each server so far, both clusters."""
+        hosts = envoy_hosts(self.envoy.admin_url)
+        return {
+            name: sum(c["requests"] for c in clusters.values()) for name, clusters in hosts.items()
+        }
+
+    def healthy(self) -> dict[str, bool]:
+        """Whether Envoy routes to each server it knows, in both clusters."""
+        hosts = envoy_hosts(self.envoy.admin_url)
+        return {
+            name: len(each) == 2 and all(c["healthy"] for c in each.values())
+            for name, each in hosts.items()
+        }
+
+
+def triton(tmp: Path, name: str, receiver: Receiver) -> TritonServer:
+    return TritonServer(
+        MODELS,
+        model_control="explicit",
+        load_models=[MODEL],
+        trace_url=receiver.traces_url,
+        trace_rate=1_000_000,
+        trace_resource={"service.name": name},
+        log_path=tmp / f"{name}.log",
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, etcd: object) -> Iterator[Fleet]:
+    tmp = tmp_path_factory.mktemp("fleet")
+    receiver = Receiver(tmp / "traces", max_concurrent=16).start()
+    registry = EtcdRegistry(etcd.url, prefix=f"/tests/fleet-{secrets.token_hex(4)}/")  # type: ignore[attr-defined]
+    eds = tmp / "eds"
+    http_port, grpc_port, admin_port = free_port(), free_port(), free_port()
+    config = envoy_config(
+        http_port=http_port,
+        grpc_port=grpc_port,
+        admin_port=admin_port,
+        eds_dir=eds,
+        host="127.0.0.1",
+        traces_url=receiver.traces_url,
+        health_interval_s=HEALTH_INTERVAL_S,
+        trace_flush_ms=200,
+    )
+    path = write_config(tmp / "envoy.json", config)
+    servers = {f"triton-{i}": triton(tmp, f"triton-{i}", receiver) for i in range(3)}
+    for server in servers.values():
+        server.start()
+    renderer = Renderer(registry, eds_dir=eds, resync_s=5).start()
+    envoy = EnvoyProxy(path, admin_port, tmp / "envoy.log")
+    state = Fleet(
+        servers,
+        {},
+        registry,
+        renderer,
+        envoy,
+        f"127.0.0.1:{http_port}",
+        f"127.0.0.1:{grpc_port}",
+        eds,
+        tmp / "traces",
+        receiver,
+    )
+    try:
+        for name, server in servers.items():
+            state.register(name, server)
+        envoy.start()
+        until(lambda: state.healthy() == dict.fromkeys(servers, True), 10)
+        yield state
+    finally:
+        envoy.stop()
+        for registration in state.registrations.values():
+            registration.close()
+        renderer.close()
+        for server in [*servers.values(), *state.extra]:
+            server.stop()
+        receiver.stop()
+
+
+def until(condition: Callable[[], bool], timeout_s: float) -> float:
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s, f"not within {timeout_s} s"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def grpc_call(
+    client: grpcclient.InferenceServerClient, headers: dict[str, str] | None = None
+) -> None:
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+    tensor.set_data_from_numpy(data)
+    result = client.infer(MODEL, [tensor], headers=headers)
+    assert np.array_equal(result.as_numpy("OUTPUT0"), data)
+
+
+def http_call(
+    client: httpclient.InferenceServerClient, headers: dict[str, str] | None = None
+) -> None:
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+    tensor.set_data_from_numpy(data)
+    result = client.infer(MODEL, [tensor], headers=headers)
+    assert np.array_equal(result.as_numpy("OUTPUT0"), data)
+
+
+class Load:
+    """``threads`` clients calling through Envoy over gRPC until stopped; errors counted."""
+
+    def __init__(self, url: str, threads: int = 4) -> None:
+        self.url, self.calls, self.errors = url, 0, []  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def _run(self) -> None:
+        client = grpcclient.InferenceServerClient(self.url)
+        while not self._stop.is_set():
+            try:
+                grpc_call(client)
+                with self._lock:
+                    self.calls += 1
+            except Exception as error:  # every failure is a finding: counted, never hidden
+                with self._lock:
+                    self.errors.append(str(error)[:200])
+            time.sleep(0.005)
+        client.close()
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+
+def test_the_configuration_validates(fleet: Fleet) -> None:
+    binary = envoy_binary()
+    assert binary is not None
+    done = subprocess.run(
+        [binary, "--mode", "validate", "-c", str(fleet.envoy.config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_requests_through_envoy_reach_every_server_over_both_protocols(fleet: Fleet) -> None:
+    before = fleet.requests()
+    grpc_client = grpcclient.InferenceServerClient(fleet.grpc_url)
+    http_client = httpclient.InferenceServerClient(fleet.http_url)
+    with Load(fleet.grpc_url, threads=3) as load:
+        for _ in range(60):
+            http_call(http_client)
+            grpc_call(grpc_client)
+    grpc_client.close()
+    http_client.close()
+    after = fleet.requests()
+    served = {name: after[name] - before.get(name, 0) for name in fleet.servers}
+    assert load.errors == [] and load.calls > 0
+    assert all(count > 0 for count in served.values()), served
+    assert sum(served.values()) == load.calls + 120
+
+
+def test_a_killed_server_is_ejected_and_its_calls_go_elsewhere(fleet: Fleet) -> None:
+    victim = fleet.servers["triton-1"]
+    with Load(fleet.grpc_url, threads=4) as load:
+        time.sleep(0.5)
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        # ejected by the health check within its interval and a second
+        until(lambda: not fleet.healthy()["triton-1"], HEALTH_INTERVAL_S + 1.0)
+        routed = fleet.requests()["triton-1"]
+        time.sleep(1.0)
+    assert fleet.requests()["triton-1"] == routed  # nothing routed to it once ejected
+    assert time.monotonic() - killed > 1.0
+    # a call in flight to it, and any sent before the ejection, was retried on another server
+    retries = [
+        line
+        for line in fleet.envoy.stats().splitlines()
+        if "retry" in line and "grpc" in line and not line.startswith("#")
+    ]
+    assert load.errors == [], (load.errors[:3], retries)
+    assert load.calls > 20
+    victim.stop(timeout=5)
+    victim.start()  # back on its ports; its registration never stopped
+    assert until(lambda: fleet.healthy()["triton-1"], HEALTH_INTERVAL_S + 1.0 + 1.0)
+
+
+def test_a_stopped_heartbeat_takes_a_live_server_out_and_a_newcomer_serves(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.registrations.pop("triton-2").close(leave=False)  # hung: alive, but no heartbeat
+    stopped = time.monotonic()
+    until(lambda: "triton-2" not in fleet.requests(), TTL_S + 1.0 + 1.0)  # out of Envoy
+    assert time.monotonic() - stopped <= TTL_S + 1.0 + 1.0  # TTL, a render, Envoy's reload
+    with Load(fleet.grpc_url, threads=2) as load:
+        time.sleep(1.0)
+    assert "triton-2" not in fleet.requests() and load.errors == []
+    # a new server joins: serving within a render, a health check and a second
+    server = triton(tmp_path, "triton-3", fleet.receiver).start()
+    fleet.extra.append(server)
+    fleet.register("triton-3", server)
+    joined = time.monotonic()
+    with Load(fleet.grpc_url, threads=2) as load:
+        until(lambda: fleet.requests().get("triton-3", 0) > 0, 1.0 + HEALTH_INTERVAL_S + 1.0)
+    assert time.monotonic() - joined <= 1.0 + HEALTH_INTERVAL_S + 1.0 + 0.5
+    assert load.errors == []
+    fleet.register("triton-2", fleet.servers["triton-2"])  # back for the other tests
+    until(lambda: fleet.healthy().get("triton-2") is True, TTL_S + 2.0)
+
+
+def test_one_trace_through_envoy_and_nothing_for_unsampled_calls(fleet: Fleet) -> None:
+    def spans(trace_id: str | None = None) -> list[Span]:
+        every = load_spans(fleet.traces)
+        return [s for s in every if trace_id is None or s.trace_id == trace_id]
+
+    def service(span: Span) -> str:
+        return str(span.resource.get("service.name"))
+
+    client = httpclient.InferenceServerClient(fleet.http_url)
+    traced = secrets.token_hex(16)  # a call the client sampled: its context says so
+    http_call(client, {"traceparent": f"00-{traced}-{secrets.token_hex(8)}-01"})
+    until(lambda: len({service(s) for s in spans(traced)}) >= 2, 10)
+    time.sleep(1.0)  # Envoy's and Triton's exporters flush every 200 ms
+    joined = spans(traced)
+    by_service: dict[str, list[str]] = {}
+    for span in joined:
+        by_service.setdefault(service(span), []).append(span.name)
+    assert "envoy" in by_service, by_service  # Envoy's OTLP exporter: chunked bodies taken
+    envoy_kinds = sorted({s.kind.name for s in joined if service(s) == "envoy"})
+    assert envoy_kinds == ["CLIENT", "SERVER"], (envoy_kinds, by_service)
+    assert len([s for s in by_service if s.startswith("triton-")]) == 1, by_service
+    # calls the client did not sample carry no context (otelkit's clients send none): Envoy,
+    # parent-based, samples none of them, and Triton, which traces any context it gets, none
+    before = len(spans())
+    for _ in range(20):
+        http_call(client)
+    client.close()
+    time.sleep(1.5)
+    new = spans()[before:]
+    assert new == [], sorted({(service(s), s.name, s.attributes.get("traceparent")) for s in new})[
+        :20
+    ]

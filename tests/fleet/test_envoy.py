@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,22 @@ class Fleet:
             name: sum(c["requests"] for c in clusters.values()) for name, clusters in hosts.items()
         }
 
+    def diagnose(self) -> str:
+        """Envoy's hosts and the rendered endpoints, for a failure's message."""
+        with urllib.request.urlopen(f"{self.envoy.admin_url}/clusters", timeout=2) as response:
+            clusters = [
+                line
+                for line in response.read().decode().splitlines()
+                if "::health_flags::" in line
+                or "::rq_total::" in line
+                or "::cx_connect_fail::" in line
+            ]
+        rendered = {
+            c: (self.eds_dir / f"{c}.json").read_text() for c in ("otelkit_http", "otelkit_grpc")
+        }
+        ports = {n: (s.http_url, s.grpc_url, s.running) for n, s in self.servers.items()}
+        return f"envoy: {clusters}\nservers: {ports}\nrendered: {rendered}"
+
     def healthy(self) -> dict[str, bool]:
         """Whether Envoy routes to each server it knows, in both clusters."""
         hosts = envoy_hosts(self.envoy.admin_url)
@@ -134,6 +151,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, etcd: object) -> Iterator[Fl
     try:
         for name, server in servers.items():
             state.register(name, server)
+        # Envoy starts on the whole fleet rendered (servers joining while it starts are the
+        # newcomer test's)
+        until(lambda: set(renderer.listing.servers) == set(servers), 5)
         envoy.start()
         until(lambda: state.healthy() == dict.fromkeys(servers, True), 10)
         yield state
@@ -233,7 +253,7 @@ def test_requests_through_envoy_reach_every_server_over_both_protocols(fleet: Fl
     after = fleet.requests()
     served = {name: after[name] - before.get(name, 0) for name in fleet.servers}
     assert load.errors == [] and load.calls > 0
-    assert all(count > 0 for count in served.values()), served
+    assert all(count > 0 for count in served.values()), (served, fleet.diagnose())
     assert sum(served.values()) == load.calls + 120
 
 

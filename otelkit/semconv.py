@@ -390,6 +390,18 @@ FLEET_UNRESOLVED = MetricSpec(
     "{server}",
     "Registered servers left out of Envoy's endpoints because their address does not resolve.",
 )
+FLEET_SATURATION = MetricSpec(
+    f"{PREFIX}.fleet.saturation",
+    "gauge",
+    "ms",
+    "Each server's queue ms per execution over the draining window (SuperSONIC's signal).",
+)
+FLEET_DRAINED = MetricSpec(
+    f"{PREFIX}.fleet.drained",
+    "gauge",
+    "",
+    "1 while a server is drained (Envoy sends it no new request) for its saturation, else 0.",
+)
 FLEET_METRICS: tuple[MetricSpec, ...] = (
     FLEET_SERVERS,
     FLEET_REFUSED,
@@ -397,6 +409,8 @@ FLEET_METRICS: tuple[MetricSpec, ...] = (
     FLEET_RENDERS,
     FLEET_REGISTRY_ERRORS,
     FLEET_UNRESOLVED,
+    FLEET_SATURATION,
+    FLEET_DRAINED,
 )
 
 # -- Triton's own Prometheus metrics (tritonserver 2.51, port 8002), as the dashboards query them --

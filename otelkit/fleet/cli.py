@@ -34,6 +34,7 @@ from otelkit.config import resolve
 from otelkit.errors import ConfigError, FleetError, RegistrationError
 from otelkit.export.processor import PullReader
 from otelkit.export.prometheus import PrometheusEndpoint
+from otelkit.fleet.drain import Draining
 from otelkit.fleet.envoy import envoy_config, write_config
 from otelkit.fleet.record import ServerRecord
 from otelkit.fleet.registry import (
@@ -80,6 +81,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render.add_argument("--once", action="store_true", help="render once and exit")
     render.add_argument("--metrics-port", type=int, help="serve the fleet's metrics here")
     render.add_argument("--metrics-host", default="0.0.0.0")
+    render.add_argument(
+        "--drain-above",
+        type=float,
+        metavar="MS",
+        help="drain a server whose queue ms per execution stays this high",
+    )
+    render.add_argument(
+        "--drain-below",
+        type=float,
+        metavar="MS",
+        help="bring it back at or below this (half of --drain-above)",
+    )
+    render.add_argument("--drain-window", type=float, default=5.0, help="seconds measured")
+    render.add_argument("--drain-sustain", type=float, default=5.0, help="seconds held")
 
     status = commands.add_parser("status", help="the registered servers, and Envoy's view")
     _registry_arguments(status)
@@ -145,6 +160,18 @@ def _register(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
+    draining = None
+    if args.drain_above is not None:
+        try:
+            draining = Draining(
+                high_ms=args.drain_above,
+                low_ms=args.drain_below,
+                window_s=args.drain_window,
+                sustain_s=args.drain_sustain,
+            )
+        except ValueError as error:
+            print(f"otelkit fleet render: {error}", file=sys.stderr)
+            return 2
     renderer = Renderer(
         registry_of(args),
         eds_dir=args.eds_dir,
@@ -152,6 +179,7 @@ def _render(args: argparse.Namespace) -> int:
         cluster_prefix=args.cluster_prefix,
         resync_s=args.resync,
         ages=args.metrics_port is not None,
+        draining=draining,
     )
     if args.once:
         listing = renderer.render_once()

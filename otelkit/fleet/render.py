@@ -9,6 +9,9 @@ when one is moved into place, so each is written to a temporary file and renamed
 _directory`` in Envoy's configuration). ``file_sd`` is one JSON file of the servers' metrics
 endpoints, labelled with their names and sites.
 
+With ``draining`` (``drain.py``), each pass also reads every server's saturation, and a server
+drained for it is written with Envoy's ``DRAINING`` status.
+
 A file is rewritten only when what it says changes. The renderer reads the registry again
 whenever it changes (an etcd watch) and every ``resync_s`` anyway; a registry it cannot read
 leaves the files as they were (Envoy keeps routing to the last servers known), is logged once
@@ -23,7 +26,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otelkit import semconv
 from otelkit.errors import FleetError
+from otelkit.fleet.drain import Draining
 from otelkit.fleet.record import ServerRecord, parse_address
 from otelkit.fleet.registry import Listing, Registry
 
@@ -72,7 +76,7 @@ def eds_response(
     servers: Mapping[str, ServerRecord],
     *,
     resolve: Resolve = resolve_address,
-    weights: Mapping[str, int] | None = None,
+    drained: Collection[str] = (),
 ) -> tuple[dict[str, Any], list[str]]:
     """The discovery response of ``cluster`` (servers that have a ``protocol`` endpoint), and
     the names of those left out because their address did not resolve.
@@ -112,8 +116,8 @@ def eds_response(
             "endpoint": endpoint,
             "metadata": {"filter_metadata": {"otelkit": {"server": name, "site": record.site}}},
         }
-        if weights is not None and name in weights:
-            entry["load_balancing_weight"] = weights[name]
+        if name in drained:  # Envoy sends it no new request; those it has finish
+            entry["health_status"] = "DRAINING"
         endpoints.append(entry)
     assignment = {
         "@type": _ASSIGNMENT,
@@ -170,7 +174,7 @@ class Renderer:
         cluster_prefix: str = "otelkit",
         resync_s: float = 5.0,
         resolve: Resolve = resolve_address,
-        weights: Callable[[Listing], Mapping[str, int]] | None = None,
+        draining: Draining | None = None,
         ages: bool = False,
     ) -> None:
         if not resync_s > 0:
@@ -179,7 +183,7 @@ class Renderer:
         self.eds_dir = Path(eds_dir)
         self.file_sd = Path(file_sd) if file_sd is not None else None
         self.clusters = cluster_names(cluster_prefix)
-        self.weights, self.ages = weights, ages  # ages: each server's heartbeat age, read
+        self.draining, self.ages = draining, ages  # ages: each server's heartbeat age, read
         # from the registry each pass (one etcd call a server): for the metrics
         self.renders = 0  # times a file was rewritten
         self.errors = 0  # reads of the registry or writes of a file that failed
@@ -200,12 +204,12 @@ class Renderer:
                     "fleet: registration %r refused, nothing rendered from it: %s", key, reason
                 )
         self.eds_dir.mkdir(parents=True, exist_ok=True)
-        weights = self.weights(listing) if self.weights is not None else None
+        drained = self.draining.poll(listing.servers) if self.draining is not None else set()
         unresolved: set[str] = set()
         changed = False
         for protocol, cluster in self.clusters.items():
             response, left_out = eds_response(
-                cluster, protocol, listing.servers, resolve=self._resolve, weights=weights
+                cluster, protocol, listing.servers, resolve=self._resolve, drained=drained
             )
             unresolved.update(left_out)
             changed |= write_if_changed(self.eds_dir / f"{cluster}.json", response)
@@ -254,8 +258,11 @@ class Renderer:
             if self._failing:
                 _log.info("fleet: the registry answers again")
             self._failing, pause = False, 0.1
+            every = self.resync_s
+            if self.draining is not None:  # saturation is read at each pass
+                every = min(every, self.draining.interval_s)
             try:
-                self.registry.wait_for_change(listing, self.resync_s)
+                self.registry.wait_for_change(listing, every)
             except FleetError:
                 self._stop.wait(pause)  # the next render says what is wrong
 
@@ -313,6 +320,24 @@ def observe(meter: Meter, renderer: Renderer) -> None:
     meter.create_observable_counter(
         callbacks=[one(lambda: renderer.renders)], **spec(semconv.FLEET_RENDERS)
     )
+    draining = renderer.draining
+    if draining is not None:
+
+        def saturation(_: CallbackOptions) -> list[Observation]:
+            return [
+                Observation(ms, {semconv.M_SERVER: name})
+                for name, ms in sorted(draining.saturation().items())
+            ]
+
+        def drained(_: CallbackOptions) -> list[Observation]:
+            out = draining.drained
+            return [
+                Observation(int(name in out), {semconv.M_SERVER: name})
+                for name in sorted(renderer.listing.servers)
+            ]
+
+        meter.create_observable_gauge(callbacks=[saturation], **spec(semconv.FLEET_SATURATION))
+        meter.create_observable_gauge(callbacks=[drained], **spec(semconv.FLEET_DRAINED))
     meter.create_observable_counter(
         callbacks=[one(lambda: renderer.errors)], **spec(semconv.FLEET_REGISTRY_ERRORS)
     )

@@ -21,6 +21,7 @@ import tritonclient.http as httpclient
 
 from otelkit.analysis import Span, load_spans
 from otelkit.fleet import (
+    Draining,
     EtcdRegistry,
     Registration,
     Renderer,
@@ -39,6 +40,8 @@ pytestmark = pytest.mark.triton
 HEALTH_INTERVAL_S = 1.0
 TTL_S = 5.0  # a heartbeat every 1.7 s: this process also runs the load on 2 busy cores
 MODEL = "identity_fp32"
+SLOW = "sleep_fp32"  # 0.5 s a batch of up to 8: a queue on demand
+DRAIN_ABOVE_MS = 100.0
 
 
 @dataclass
@@ -105,7 +108,7 @@ def triton(tmp: Path, name: str, receiver: Receiver) -> TritonServer:
     return TritonServer(
         MODELS,
         model_control="explicit",
-        load_models=[MODEL],
+        load_models=[MODEL, SLOW],
         trace_url=receiver.traces_url,
         trace_rate=1_000_000,
         trace_resource={"service.name": name},
@@ -134,7 +137,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, etcd: object) -> Iterator[Fl
     servers = {f"triton-{i}": triton(tmp, f"triton-{i}", receiver) for i in range(3)}
     for server in servers.values():
         server.start()
-    renderer = Renderer(registry, eds_dir=eds, resync_s=5).start()
+    draining = Draining(
+        high_ms=DRAIN_ABOVE_MS, low_ms=20.0, window_s=2.0, sustain_s=1.0, interval_s=0.5
+    )
+    renderer = Renderer(registry, eds_dir=eds, resync_s=5, draining=draining).start()
     envoy = EnvoyProxy(path, admin_port, tmp / "envoy.log")
     state = Fleet(
         servers,
@@ -280,7 +286,7 @@ def test_a_killed_server_is_ejected_and_its_calls_go_elsewhere(fleet: Fleet) -> 
     assert load.calls > 20
     victim.stop(timeout=5)
     victim.start()  # back on its ports; its registration never stopped
-    assert until(lambda: fleet.healthy()["triton-1"], HEALTH_INTERVAL_S + 1.0 + 1.0)
+    until(lambda: fleet.healthy()["triton-1"], HEALTH_INTERVAL_S + 1.0 + 1.0)
 
 
 def test_a_stopped_heartbeat_takes_a_live_server_out_and_a_newcomer_serves(
@@ -338,3 +344,41 @@ def test_one_trace_through_envoy_and_nothing_for_unsampled_calls(fleet: Fleet) -
     assert new == [], sorted({(service(s), s.name, s.attributes.get("traceparent")) for s in new})[
         :20
     ]
+
+
+def test_a_saturated_server_is_drained_until_its_queue_empties(fleet: Fleet) -> None:
+    hot = fleet.servers["triton-0"]
+    flooding = threading.Event()
+
+    def flood() -> None:  # straight to triton-0, not through Envoy: its queue only
+        client = httpclient.InferenceServerClient(hot.http_url, network_timeout=30)
+        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+        while flooding.is_set():
+            client.infer(SLOW, [tensor])
+        client.close()
+
+    flooding.set()
+    threads = [threading.Thread(target=flood) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    draining = fleet.renderer.draining
+    assert draining is not None
+    try:
+        # 16 in flight for batches of 8 that take 0.5 s: seconds queued per execution
+        until(lambda: draining.drained == {"triton-0"}, 10)
+        assert draining.saturation()["triton-0"] > DRAIN_ABOVE_MS
+        until(lambda: fleet.healthy()["triton-0"] is False, 3)  # Envoy: DRAINING
+        before = fleet.requests()
+        with Load(fleet.grpc_url, threads=2) as load:
+            time.sleep(1.5)
+        after = fleet.requests()
+        assert after["triton-0"] == before["triton-0"]  # no new request to it
+        assert after["triton-1"] > before["triton-1"] and load.errors == []
+    finally:
+        flooding.clear()
+        for thread in threads:
+            thread.join(timeout=30)
+    # its queue empties: back after the window and the time held
+    until(lambda: fleet.healthy()["triton-0"] is True, 2.0 + 1.0 + 3.0)
+    assert draining.drained == set()

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -181,21 +182,14 @@ def until(condition: Callable[[], bool], timeout_s: float) -> float:
     return time.monotonic() - start
 
 
-def grpc_call(
-    client: grpcclient.InferenceServerClient, headers: dict[str, str] | None = None
-) -> None:
-    data = np.arange(16, dtype=np.float32).reshape(1, 16)
-    tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
-    tensor.set_data_from_numpy(data)
-    result = client.infer(MODEL, [tensor], headers=headers)
-    assert np.array_equal(result.as_numpy("OUTPUT0"), data)
+Client = grpcclient.InferenceServerClient | httpclient.InferenceServerClient
 
 
-def http_call(
-    client: httpclient.InferenceServerClient, headers: dict[str, str] | None = None
-) -> None:
+def call(client: Client, headers: dict[str, str] | None = None) -> None:
+    """One identity call over ``client``'s protocol; its answer checked."""
+    module: Any = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
     data = np.arange(16, dtype=np.float32).reshape(1, 16)
-    tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+    tensor = module.InferInput("INPUT0", [1, 16], "FP32")
     tensor.set_data_from_numpy(data)
     result = client.infer(MODEL, [tensor], headers=headers)
     assert np.array_equal(result.as_numpy("OUTPUT0"), data)
@@ -214,7 +208,7 @@ class Load:
         client = grpcclient.InferenceServerClient(self.url)
         while not self._stop.is_set():
             try:
-                grpc_call(client)
+                call(client)
                 with self._lock:
                     self.calls += 1
             except Exception as error:  # every failure is a finding: counted, never hidden
@@ -252,8 +246,8 @@ def test_requests_through_envoy_reach_every_server_over_both_protocols(fleet: Fl
     http_client = httpclient.InferenceServerClient(fleet.http_url)
     with Load(fleet.grpc_url, threads=3) as load:
         for _ in range(60):
-            http_call(http_client)
-            grpc_call(grpc_client)
+            call(http_client)
+            call(grpc_client)
     grpc_client.close()
     http_client.close()
     after = fleet.requests()
@@ -322,7 +316,7 @@ def test_one_trace_through_envoy_and_nothing_for_unsampled_calls(fleet: Fleet) -
 
     client = httpclient.InferenceServerClient(fleet.http_url)
     traced = secrets.token_hex(16)  # a call the client sampled: its context says so
-    http_call(client, {"traceparent": f"00-{traced}-{secrets.token_hex(8)}-01"})
+    call(client, {"traceparent": f"00-{traced}-{secrets.token_hex(8)}-01"})
     until(lambda: len({service(s) for s in spans(traced)}) >= 2, 10)
     time.sleep(1.0)  # Envoy's and Triton's exporters flush every 200 ms
     joined = spans(traced)
@@ -337,7 +331,7 @@ def test_one_trace_through_envoy_and_nothing_for_unsampled_calls(fleet: Fleet) -
     # parent-based, samples none of them, and Triton, which traces any context it gets, none
     before = len(spans())
     for _ in range(20):
-        http_call(client)
+        call(client)
     client.close()
     time.sleep(1.5)
     new = spans()[before:]

@@ -146,8 +146,10 @@ def _exchange(receiver: Receiver, raw: bytes, hang_up: bool = False) -> tuple[by
 def chunked(body: bytes, size: int) -> bytes:
     """``body`` in chunks of ``size`` bytes, with an extension on the first and a trailer."""
     pieces = [body[i : i + size] for i in range(0, len(body), size)]
-    coded = [f"{len(p):x}{';ext=1' if i == 0 else ''}\r\n".encode() + p + b"\r\n"
-             for i, p in enumerate(pieces)]  # fmt: skip
+    coded = [
+        f"{len(p):x}{';ext=1' if i == 0 else ''}\r\n".encode() + p + b"\r\n"
+        for i, p in enumerate(pieces)
+    ]
     return b"".join(coded) + b"0\r\nX-Trailer: ignored\r\n\r\n"
 
 
@@ -156,9 +158,11 @@ def test_chunked_bodies_are_stored_as_envoys_exporter_sends_them(receiver: Recei
     body = encode_spans(spans).SerializeToString()
     # requests sends a generator's pieces as chunks, with no Content-Length
     response = requests.post(
-        receiver.traces_url, data=iter([body[:7], body[7:50], body[50:]]), headers=PROTOBUF,
+        receiver.traces_url,
+        data=iter([body[:7], body[7:50], body[50:]]),
+        headers=PROTOBUF,
         timeout=10,
-    )  # fmt: skip
+    )
     assert response.request.headers.get("Transfer-Encoding") == "chunked"
     assert response.status_code == 200
     head = (
@@ -339,9 +343,13 @@ def test_a_request_waits_for_a_slot_before_it_is_refused(tmp_path: Path) -> None
         slow = _hold_the_slot(receiver, body)
         time.sleep(0.2)  # the slow request holds the slot now
         answers: list[int] = []
-        waiting = threading.Thread(target=lambda: answers.append(
-            requests.post(receiver.traces_url, data=body, headers=PROTOBUF, timeout=20).status_code
-        ))  # fmt: skip
+        waiting = threading.Thread(
+            target=lambda: answers.append(
+                requests.post(
+                    receiver.traces_url, data=body, headers=PROTOBUF, timeout=20
+                ).status_code
+            )
+        )
         waiting.start()
         time.sleep(0.5)
         assert answers == []  # still waiting for the slot, not refused

@@ -42,11 +42,22 @@ class EtcdServer:
     def start(self) -> EtcdServer:
         peer = f"http://127.0.0.1:{self.peer_port}"
         command = [
-            self.binary, "--name", "fleet-tests", "--data-dir", str(self.directory / "data"),
-            "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"fleet-tests={peer}",
-        ]  # fmt: skip
+            self.binary,
+            "--name",
+            "fleet-tests",
+            "--data-dir",
+            str(self.directory / "data"),
+            "--listen-client-urls",
+            self.url,
+            "--advertise-client-urls",
+            self.url,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"fleet-tests={peer}",
+        ]
         with self.log.open("ab") as log:
             self._proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         _wait(self._ready, 20, "etcd", self.log)
@@ -75,8 +86,14 @@ class EnvoyProxy:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> EnvoyProxy:
-        command = [self.binary, "-c", str(self.config), "--log-level", "warn",
-                   "--disable-hot-restart"]  # fmt: skip
+        command = [
+            self.binary,
+            "-c",
+            str(self.config),
+            "--log-level",
+            "warn",
+            "--disable-hot-restart",
+        ]
         with self.log.open("ab") as log:
             self._proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         _wait(self._ready, 30, "envoy", self.log)

@@ -316,8 +316,10 @@ def _what_caps_throughput(
     ``out/study.jsonl``; the results and what went wrong, if anything. Untraced: its requests
     stay out of the demo's traces, and the verdict comes from Triton's counters, the host's CPU
     and the client's (the capacity model), with no span to read."""
-    say(f"what caps throughput: otelkit study of the ensemble at {args.study_concurrency} events "
-        "in flight, untraced...")  # fmt: skip
+    say(
+        f"what caps throughput: otelkit study of the ensemble at {args.study_concurrency} events "
+        "in flight, untraced..."
+    )
     pool = [event.numpy() for event in events]
     study = Study(
         model=ENSEMBLE,

@@ -134,6 +134,13 @@ WIRE_S = f"{PREFIX}.client.wire_s"  # on the wire and in the server, as the clie
 
 # -- server side: pipeline stages and HTTP server spans -----------------------------------------
 STAGE_NAME = f"{PREFIX}.stage.name"
+# -- a proxy between client and server (Envoy's spans: an ``ingress`` SERVER span, one
+# ``egress`` CLIENT span an attempt, to the server that answered) ---------------------------
+PROXY_COMPONENT = "component"  # Envoy tags its spans component=proxy
+PROXY = "proxy"
+PROXY_UPSTREAM_ADDRESS = "upstream_address"  # on an egress span: the server it called
+#: ``otelkit breakdown --group-by`` this key groups requests by the server that answered them
+ANSWERED_BY = f"{PREFIX}.server.answered"
 STAGE_GPU_S = f"{PREFIX}.stage.gpu_s"  # GPU time between CUDA events around the stage
 STAGE_GPU_MEMORY_GROWTH = f"{PREFIX}.stage.gpu.memory_growth"  # torch bytes allocated, end - start
 STAGE_BATCH_REQUESTS = f"{PREFIX}.stage.batch_requests"  # requests of a batch-wide stage

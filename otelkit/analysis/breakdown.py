@@ -8,12 +8,19 @@ its duration:
   the response (attributes of otelkit's CLIENT span);
 - ``network + offload``: the CLIENT span minus the server's span and the client's (de)serialising
   — the wire, the client library and the server's frontend, the cost of calling out at all;
+- ``load balancer``: through a proxy (Envoy, whose spans say ``component=proxy``), its
+  ``ingress`` span minus the span of the server that answered: Envoy's own work, the wire from
+  it to the server, and any attempt it retried elsewhere (the client-to-proxy wire stays in
+  ``network + offload``);
 - ``server queue``: Triton's ``QUEUE_START`` (on a model span) to ``COMPUTE_START`` (on its
   ``compute`` child), summed over model spans (each step of an ensemble queues on its own);
 - ``server <stage>``: ``otelkit.stage`` spans inside the server (outermost ones only);
 - ``server other``: the server span minus its queue and stages (Triton, the Python backend's
   stub round trip, unpacking tensors);
 - ``client other``: the root minus its calls and client stages (application glue).
+
+Grouping by ``semconv.ANSWERED_BY`` groups requests by the server that answered their first
+call: through a proxy, the address it forwarded to; else the address the client called.
 
 Each call is checked on the way: its stages and queue must fit in its server span, which must
 start after its client span; a broken nesting is reported, never silently averaged. (A server
@@ -35,13 +42,14 @@ from dataclasses import dataclass, field
 from otelkit import semconv
 from otelkit.analysis.loader import Span, SpanKind, Trace, build_traces, load_spans
 
-__all__ = ["Breakdown", "breakdown", "format_breakdowns", "trace_components"]
+__all__ = ["Breakdown", "answered_by", "breakdown", "format_breakdowns", "trace_components"]
 
 TOTAL = "total"
 CLIENT_OTHER = "client other"
 SERVER_OTHER = "server other"
 SERVER_QUEUE = "server queue"
 NETWORK = "network + offload"
+LOAD_BALANCER = "load balancer"
 NO_SERVER_SPAN = "call, server span missing"
 _NS = 1e-9
 
@@ -134,6 +142,41 @@ def _add(components: dict[str, float], name: str, seconds: float) -> None:
     components[name] = components.get(name, 0.0) + seconds
 
 
+def _is_proxy(span: Span) -> bool:
+    return (
+        span.kind == SpanKind.SERVER
+        and span.attributes.get(semconv.PROXY_COMPONENT) == semconv.PROXY
+    )
+
+
+def _answered(trace: Trace, proxy: Span) -> tuple[Span, Span] | None:
+    """The proxy's last attempt that reached a server (its ``egress`` span), and that server's
+    span; ``None`` when no server span joined (a lost context, an attempt that failed)."""
+    found = None
+    for attempt in trace.children(proxy):
+        if attempt.kind == SpanKind.CLIENT and (servers := trace.children(attempt)):
+            found = attempt, servers[0]
+    return found
+
+
+def answered_by(trace: Trace, root: Span) -> str:
+    """The server that answered ``root``'s first call: the address a proxy forwarded it to, or
+    the one the client called; "" without a call."""
+    pending = list(trace.children(root))
+    while pending:
+        span = pending.pop(0)
+        if span.kind != SpanKind.CLIENT:
+            pending[:0] = trace.children(span)
+            continue
+        first = trace.children(span)
+        if first and _is_proxy(first[0]) and (answered := _answered(trace, first[0])):
+            return str(answered[0].attributes.get(semconv.PROXY_UPSTREAM_ADDRESS, ""))
+        host = span.attributes.get(semconv.SERVER_ADDRESS)
+        port = span.attributes.get(semconv.SERVER_PORT)
+        return f"{host}:{port}" if host and port else str(host or "")
+    return ""
+
+
 def _call(trace: Trace, call: Span, out: dict[str, float], problems: list[str]) -> None:
     serialize = float(call.attributes.get(semconv.SERIALIZE_S, 0.0))
     deserialize = float(call.attributes.get(semconv.DESERIALIZE_S, 0.0))
@@ -145,6 +188,17 @@ def _call(trace: Trace, call: Span, out: dict[str, float], problems: list[str]) 
         return
     server = servers[0]
     _add(out, NETWORK, call.duration_ns * _NS - server.duration_ns * _NS - serialize - deserialize)
+    if _is_proxy(server):
+        proxy, answered = server, _answered(trace, server)
+        if answered is None:
+            _add(out, NO_SERVER_SPAN, call.duration_ns * _NS)
+            return
+        server = answered[1]
+        _add(out, LOAD_BALANCER, (proxy.duration_ns - server.duration_ns) * _NS)
+        if server.start_ns < proxy.start_ns:
+            problems.append(
+                f"{server.name}: server span starts before the proxy's ({trace.trace_id})"
+            )
     queue = sum(_queue_ns(trace, span) for span in _subtree(trace, server)) * _NS
     _add(out, SERVER_QUEUE, queue)
     staged = 0.0
@@ -193,14 +247,26 @@ def breakdown(
         for root in trace.roots:
             if trace.is_orphan(root) or (root_name is not None and root.name != root_name):
                 continue
-            key = tuple(str(root.attributes.get(k, "")) for k in group_by)
+            key = tuple(
+                answered_by(trace, root)
+                if k == semconv.ANSWERED_BY
+                else str(root.attributes.get(k, ""))
+                for k in group_by
+            )
             groups.setdefault(key, Breakdown(key)).add(trace, root)
     return groups
 
 
 def _order(names: Iterable[str]) -> list[str]:
-    rank = {"client": 0, "client serialize": 1, NETWORK: 2, SERVER_QUEUE: 3, "server": 4}
-    rank.update({SERVER_OTHER: 5, "client deserialize": 6, CLIENT_OTHER: 7})
+    rank = {
+        "client": 0,
+        "client serialize": 1,
+        NETWORK: 2,
+        LOAD_BALANCER: 3,
+        SERVER_QUEUE: 4,
+        "server": 5,
+    }
+    rank.update({SERVER_OTHER: 6, "client deserialize": 7, CLIENT_OTHER: 8})
 
     def key(name: str) -> int:
         return rank.get(name, rank.get(name.split(" ")[0], 9))

@@ -19,8 +19,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from opentelemetry import trace
 
-from otelkit.analysis import Span, load_spans
+import otelkit
+from otelkit import semconv
+from otelkit.analysis import Span, Trace, build_traces, load_spans
+from otelkit.analysis.breakdown import LOAD_BALANCER, NETWORK, breakdown
 from otelkit.fleet import (
     Draining,
     EtcdRegistry,
@@ -376,3 +380,39 @@ def test_a_saturated_server_is_drained_until_its_queue_empties(fleet: Fleet) -> 
     # its queue empties: back after the window and the time held
     until(lambda: fleet.healthy()["triton-0"] is True, 2.0 + 1.0 + 3.0)
     assert draining.drained == set()
+
+
+def test_the_breakdown_names_the_load_balancer_and_the_server_that_answered(fleet: Fleet) -> None:
+    otelkit.configure(
+        service_name="fleet-tests",
+        traces_endpoint=fleet.receiver.traces_url,
+        bsp_schedule_delay_ms=50,
+        metrics_exporter="none",
+    )
+    try:
+        client = otelkit.instrument(httpclient.InferenceServerClient(fleet.http_url))
+        tracer = trace.get_tracer("fleet-tests")
+        events = []
+        for _ in range(6):
+            with tracer.start_as_current_span("event") as event:
+                call(client)
+                events.append(format(event.get_span_context().trace_id, "032x"))
+        client.close()
+    finally:
+        otelkit.uninstrument()
+        otelkit.shutdown()
+
+    def joined() -> dict[str, Trace]:
+        traces = build_traces(load_spans(fleet.traces))
+        return {t: traces[t] for t in events if t in traces and len(traces[t].spans) >= 5}
+
+    until(lambda: len(joined()) == len(events), 10)
+    time.sleep(0.5)
+    groups = breakdown(joined().values(), group_by=(semconv.ANSWERED_BY,), root_name="event")
+    addresses = {s.http_url for s in [*fleet.servers.values(), *fleet.extra]}
+    assert groups and set(k[0] for k in groups) <= addresses, (groups.keys(), addresses)
+    for group in groups.values():
+        assert group.incomplete == 0 and group.problems == []
+        assert group.mean(LOAD_BALANCER) > 0  # Envoy's time, apart from the wire and Triton's
+        assert group.mean(NETWORK) > 0 and group.mean("server other") > 0
+    assert sum(g.traces for g in groups.values()) == len(events)

@@ -420,6 +420,37 @@ FLEET_METRICS: tuple[MetricSpec, ...] = (
     FLEET_DRAINED,
 )
 
+# -- Envoy's Prometheus metrics (/stats/prometheus of its admin), as the fleet's panels and rules
+# read them. Counters keep Envoy's names (no _total). Per-server figures need the clusters'
+# per_endpoint_stats (otelkit.fleet.envoy sets it); their envoy_endpoint_hostname is the name a
+# server registered.
+ENVOY_ENDPOINT_REQUESTS = "envoy_cluster_endpoint_rq_total"
+ENVOY_ENDPOINT_ERRORS = "envoy_cluster_endpoint_rq_error"
+ENVOY_ENDPOINT_ACTIVE = "envoy_cluster_endpoint_rq_active"
+ENVOY_ENDPOINT_HEALTHY = "envoy_cluster_endpoint_healthy"
+ENVOY_MEMBERSHIP_HEALTHY = "envoy_cluster_membership_healthy"
+ENVOY_MEMBERSHIP_TOTAL = "envoy_cluster_membership_total"
+ENVOY_REQUEST_TIME_MS = "envoy_cluster_upstream_rq_time"  # a histogram, in milliseconds
+ENVOY_RETRIES = "envoy_cluster_upstream_rq_retry"
+ENVOY_EJECTIONS_ACTIVE = "envoy_cluster_outlier_detection_ejections_active"
+ENVOY_HEALTH_CHECK_FAILURES = "envoy_cluster_health_check_failure"
+ENVOY_METRICS: tuple[str, ...] = (
+    ENVOY_ENDPOINT_REQUESTS,
+    ENVOY_ENDPOINT_ERRORS,
+    ENVOY_ENDPOINT_ACTIVE,
+    ENVOY_ENDPOINT_HEALTHY,
+    ENVOY_MEMBERSHIP_HEALTHY,
+    ENVOY_MEMBERSHIP_TOTAL,
+    f"{ENVOY_REQUEST_TIME_MS}_bucket",
+    f"{ENVOY_REQUEST_TIME_MS}_sum",
+    f"{ENVOY_REQUEST_TIME_MS}_count",
+    ENVOY_RETRIES,
+    ENVOY_EJECTIONS_ACTIVE,
+    ENVOY_HEALTH_CHECK_FAILURES,
+)
+ENVOY_CLUSTER = "envoy_cluster_name"  # Envoy's label names
+ENVOY_HOSTNAME = "envoy_endpoint_hostname"
+
 # -- Triton's own Prometheus metrics (tritonserver 2.51, port 8002), as the dashboards query them --
 # Counters keep Triton's names (no _total). Labels: model, version; nv_gpu_* carry gpu_uuid.
 # The *_summary_us quantiles exist with --metrics-config=summary_latencies=true.

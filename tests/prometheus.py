@@ -11,17 +11,19 @@ another process takes one first.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from otelkit.dashboards import panel_queries, substitute
 from otelkit.tritonserver import free_port
 
 __all__ = ["PrometheusError", "PrometheusServer"]
@@ -43,12 +45,14 @@ class PrometheusServer:
         scrape_interval: str = "1s",
         rule_files: Sequence[str | Path] = (),
         start_timeout: float = 20.0,
+        scrape_configs: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.binary = binary
         self.scrape_targets = dict(targets or {})
         self.scrape_interval = scrape_interval
         self.rule_files = [str(Path(path).resolve()) for path in rule_files]
         self.start_timeout = start_timeout
+        self.extra_scrape_configs = [dict(c) for c in scrape_configs]  # file_sd, metrics paths
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if directory is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="prometheus-")
@@ -75,7 +79,8 @@ class PrometheusServer:
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": list(addresses)}]}
                 for job, addresses in self.scrape_targets.items()
-            ],
+            ]
+            + self.extra_scrape_configs,
         }
 
     def start(self, attempts: int = 3) -> PrometheusServer:
@@ -208,3 +213,37 @@ class PrometheusServer:
                 states = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets]
                 raise PrometheusError(f"targets not all up after {timeout} s: {states}")
             time.sleep(0.1)
+
+
+# -- dashboards' queries against a real Prometheus -----------------------------------------
+
+FALLBACK = re.compile(r"\s+or\s+vector\(\s*0\s*\)\s*$")
+
+
+def evaluated_queries(dashboards: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(dashboard, panel, PromQL) for every query of every panel, as Grafana would send it, and
+    each query with an ``or vector(0)`` fallback once more without it."""
+    queries = []
+    for name, dashboard in sorted(dashboards.items()):
+        for query in panel_queries(dashboard):
+            expr = substitute(query.expr, {"__rate_interval": "4s", "__range": "1m"})
+            queries.append((name, query.panel, expr))
+            bare = FALLBACK.sub("", expr)
+            if bare != expr:
+                queries.append((name, query.panel, bare))
+    return queries
+
+
+def without_data(
+    prometheus: PrometheusServer, queries: list[tuple[str, str, str]]
+) -> list[tuple[str, str, str]]:
+    return [query for query in queries if not prometheus.query(query[2])["result"]]
+
+
+def wait_until(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+    return True

@@ -48,7 +48,7 @@ def _builder(name: str) -> Callable[[DashboardOptions], JsonDict]:
 
 # file name (without .json) -> builder; each module's build() returns the grafanalib Dashboard
 DASHBOARDS: dict[str, Callable[[DashboardOptions], JsonDict]] = {
-    name: _builder(name) for name in ("inference", "stages", "gpu", "clients", "health")
+    name: _builder(name) for name in ("inference", "stages", "gpu", "clients", "health", "fleet")
 }
 
 

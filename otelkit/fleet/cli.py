@@ -27,13 +27,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.sdk.metrics import MeterProvider
-
 from otelkit._core.signals import stop_on_signals
-from otelkit.config import resolve
 from otelkit.errors import ConfigError, FleetError, RegistrationError
-from otelkit.export.processor import PullReader
-from otelkit.export.prometheus import PrometheusEndpoint
 from otelkit.fleet.drain import Draining
 from otelkit.fleet.envoy import envoy_config, write_config
 from otelkit.fleet.record import ServerRecord
@@ -45,8 +40,7 @@ from otelkit.fleet.registry import (
     Registration,
     Registry,
 )
-from otelkit.fleet.render import Renderer, observe
-from otelkit.resource import make_resource
+from otelkit.fleet.render import Renderer, RendererMetrics
 
 __all__ = ["add_arguments", "envoy_hosts", "format_status", "run"]
 
@@ -188,25 +182,17 @@ def _render(args: argparse.Namespace) -> int:
             + (f" and {args.file_sd}" if args.file_sd else "")
         )
         return 0
-    provider: MeterProvider | None = None
-    endpoint: PrometheusEndpoint | None = None
+    metrics: RendererMetrics | None = None
     if args.metrics_port is not None:
         try:
-            resource = make_resource(resolve({"service_name": "otelkit-fleet-renderer"}))
+            metrics = RendererMetrics(renderer, args.metrics_host, args.metrics_port)
         except ConfigError as error:
             print(error, file=sys.stderr)
             return 2
-        reader = PullReader()
-        provider = MeterProvider(metric_readers=[reader], resource=resource)
-        observe(provider.get_meter("otelkit.fleet"), renderer)
-        try:
-            endpoint = PrometheusEndpoint(
-                reader, args.metrics_host, args.metrics_port, resource.attributes
-            )
         except OSError as error:
             print(f"cannot serve metrics on port {args.metrics_port}: {error}", file=sys.stderr)
             return 1
-        _log.info("fleet metrics at %s", endpoint.url)
+        _log.info("fleet metrics at %s", metrics.url)
     _log.info("rendering %s into %s", renderer.registry.describe(), args.eds_dir)
     with stop_on_signals() as stop:
         renderer.start()
@@ -214,10 +200,8 @@ def _render(args: argparse.Namespace) -> int:
             stop.wait()
         finally:
             renderer.close()
-            if endpoint is not None:
-                endpoint.close()
-            if provider is not None:
-                provider.shutdown()
+            if metrics is not None:
+                metrics.close()
     return 0
 
 

@@ -193,6 +193,8 @@ def _cluster(name: str, eds_dir: Path, grpc: bool, health_interval_s: float) -> 
         },
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
+        # requests, errors, health per server on /stats/prometheus (the fleet dashboard)
+        "track_cluster_stats": {"per_endpoint_stats": True},
         "ignore_health_on_host_removal": True,
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {

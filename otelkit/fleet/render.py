@@ -31,12 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.sdk.metrics import MeterProvider
 
 from otelkit import semconv
+from otelkit.config import resolve
 from otelkit.errors import FleetError
+from otelkit.export.processor import PullReader
+from otelkit.export.prometheus import PrometheusEndpoint
 from otelkit.fleet.drain import Draining
 from otelkit.fleet.record import ServerRecord, parse_address
 from otelkit.fleet.registry import Listing, Registry
+from otelkit.resource import make_resource
 
 __all__ = [
     "CLUSTERS",
@@ -341,3 +346,28 @@ def observe(meter: Meter, renderer: Renderer) -> None:
     meter.create_observable_counter(
         callbacks=[one(lambda: renderer.errors)], **spec(semconv.FLEET_REGISTRY_ERRORS)
     )
+
+
+class RendererMetrics:
+    """``renderer``'s metrics on a Prometheus endpoint at ``host:port`` (0: a free port);
+    ``close()`` stops it. ``OSError`` when the port is taken, ``ConfigError`` for a bad
+    ``OTEL_RESOURCE_ATTRIBUTES``."""
+
+    def __init__(self, renderer: Renderer, host: str = "0.0.0.0", port: int = 0) -> None:
+        resource = make_resource(resolve({"service_name": "otelkit-fleet-renderer"}))
+        reader = PullReader()
+        self._provider = MeterProvider(metric_readers=[reader], resource=resource)
+        observe(self._provider.get_meter("otelkit.fleet"), renderer)
+        try:
+            self.endpoint = PrometheusEndpoint(reader, host, port, resource.attributes)
+        except OSError:
+            self._provider.shutdown()
+            raise
+
+    @property
+    def url(self) -> str:
+        return self.endpoint.url
+
+    def close(self) -> None:
+        self.endpoint.close()
+        self._provider.shutdown()

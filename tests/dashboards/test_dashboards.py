@@ -51,7 +51,8 @@ TRACED_HISTOGRAMS = (
 def emitted_names() -> set[str]:
     """Every sample name otelkit and Triton put on a Prometheus endpoint."""
     names = set(semconv.TRITON_METRICS) | set(semconv.RAY_SERVE_METRICS)
-    for spec in semconv.METRICS:
+    names |= set(semconv.ENVOY_METRICS)
+    for spec in (*semconv.METRICS, *semconv.FLEET_METRICS):
         base = semconv.prometheus_name(spec)
         suffixes = ("_bucket", "_sum", "_count") if spec.kind == "histogram" else ("",)
         names.update(f"{base}{suffix}" for suffix in suffixes)

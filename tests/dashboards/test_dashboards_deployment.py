@@ -24,12 +24,11 @@ import contextlib
 import copy
 import itertools
 import json
-import re
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -46,13 +45,13 @@ from tritonclient.utils import InferenceServerException
 import otelkit
 from otelkit import semconv
 from otelkit.analysis import load_spans
-from otelkit.dashboards import panel_queries, render, substitute
+from otelkit.dashboards import render
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import free_port
 from tests.gpu.test_gpu import FIXTURES as GPU_FIXTURES
 from tests.gpu.test_gpu import run_exporter
 from tests.gpu.test_gpu import stop as stop_exporter
-from tests.prometheus import PrometheusServer
+from tests.prometheus import PrometheusServer, evaluated_queries, wait_until, without_data
 from tests.support import LocalRay, TrackingServer, require_binary
 
 pytestmark = [pytest.mark.triton, pytest.mark.prometheus]
@@ -72,7 +71,6 @@ NO_DATA_HERE: dict[tuple[str, str, str], str] = {
     ("gpu", "Power usage vs limit", "nv_gpu_power_usage"): _TRITON_GPU,
     ("gpu", "Power usage vs limit", "nv_gpu_power_limit"): _TRITON_GPU,
 }
-_FALLBACK = re.compile(r"\s+or\s+vector\(\s*0\s*\)\s*$")
 # processes and GPM, clocks held down (idle); a GPU lost mid-run (the "GPUs lost" panel)
 GPU_REPLAYS = ("h100x1.json", "h100x8.json", "a100x2-lost.json")
 LATENCY_HISTOGRAMS = (
@@ -269,40 +267,11 @@ def grpc_server_under_load() -> Iterator[None]:
         server.stop(1)
 
 
-def evaluated_queries(dashboards: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """(dashboard, panel, PromQL) for every query of every panel, as Grafana would send it, and
-    each query with an ``or vector(0)`` fallback once more without it."""
-    queries = []
-    for name, dashboard in sorted(dashboards.items()):
-        for query in panel_queries(dashboard):
-            expr = substitute(query.expr, {"__rate_interval": "4s", "__range": "1m"})
-            queries.append((name, query.panel, expr))
-            bare = _FALLBACK.sub("", expr)
-            if bare != expr:
-                queries.append((name, query.panel, bare))
-    return queries
-
-
 def excuse(dashboard: str, panel: str, expr: str) -> str | None:
     for (where, title, piece), why in NO_DATA_HERE.items():
         if (where, title) == (dashboard, panel) and piece in expr:
             return why
     return None
-
-
-def without_data(
-    prometheus: PrometheusServer, queries: list[tuple[str, str, str]]
-) -> list[tuple[str, str, str]]:
-    return [query for query in queries if not prometheus.query(query[2])["result"]]
-
-
-def wait_until(check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(1.0)
-    return True
 
 
 def exemplar_trace_ids(prometheus: PrometheusServer, since: float) -> dict[str, set[str]]:
@@ -344,7 +313,8 @@ def test_every_panel_shows_the_running_reference_deployment(
         "down": [f"127.0.0.1:{free_port()}"],  # nothing listens: "Targets down" has a target
         "ray": [f"127.0.0.1:{ray_local.metrics_port}"],  # Ray's own, ray_serve_* among them
     }
-    queries = evaluated_queries(render())
+    # the fleet's dashboard needs Envoy and a registry: tests/fleet/test_envoy.py shows it
+    queries = evaluated_queries({k: v for k, v in render().items() if k != "fleet"})
     events = event_pool(8, 20, seed=321)
     started = time.time()
     try:

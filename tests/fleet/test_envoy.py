@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import otelkit
 from otelkit import semconv
 from otelkit.analysis import Span, Trace, build_traces, load_spans
 from otelkit.analysis.breakdown import LOAD_BALANCER, NETWORK, breakdown
+from otelkit.dashboards import render
 from otelkit.fleet import (
     Draining,
     EtcdRegistry,
@@ -35,10 +37,13 @@ from otelkit.fleet import (
     write_config,
 )
 from otelkit.fleet.cli import envoy_binary, envoy_hosts
+from otelkit.fleet.render import RendererMetrics
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
 from tests.fleet.components import EnvoyProxy
 from tests.paths import MODELS
+from tests.prometheus import PrometheusServer, evaluated_queries, wait_until, without_data
+from tests.support import require_binary
 
 pytestmark = pytest.mark.triton
 
@@ -61,6 +66,7 @@ class Fleet:
     eds_dir: Path
     traces: Path
     receiver: Receiver
+    metrics: RendererMetrics
     extra: list[TritonServer] = field(default_factory=list)
 
     def register(self, name: str, server: TritonServer) -> Registration:
@@ -145,7 +151,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, etcd: object) -> Iterator[Fl
     draining = Draining(
         high_ms=DRAIN_ABOVE_MS, low_ms=20.0, window_s=2.0, sustain_s=1.0, interval_s=0.5
     )
-    renderer = Renderer(registry, eds_dir=eds, resync_s=5, draining=draining).start()
+    renderer = Renderer(
+        registry,
+        eds_dir=eds,
+        file_sd=tmp / "fleet-targets.json",
+        resync_s=5,
+        draining=draining,
+        ages=True,
+    ).start()
+    metrics = RendererMetrics(renderer, "127.0.0.1", 0)
     envoy = EnvoyProxy(path, admin_port, tmp / "envoy.log")
     state = Fleet(
         servers,
@@ -158,6 +172,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, etcd: object) -> Iterator[Fl
         eds,
         tmp / "traces",
         receiver,
+        metrics,
     )
     try:
         for name, server in servers.items():
@@ -169,6 +184,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, etcd: object) -> Iterator[Fl
         until(lambda: state.healthy() == dict.fromkeys(servers, True), 10)
         yield state
     finally:
+        metrics.close()
         envoy.stop()
         for registration in state.registrations.values():
             registration.close()
@@ -416,3 +432,47 @@ def test_the_breakdown_names_the_load_balancer_and_the_server_that_answered(flee
         assert group.mean(LOAD_BALANCER) > 0  # Envoy's time, apart from the wire and Triton's
         assert group.mean(NETWORK) > 0 and group.mean("server other") > 0
     assert sum(g.traces for g in groups.values()) == len(events)
+
+
+@pytest.mark.prometheus
+def test_every_fleet_panel_shows_the_running_fleet(fleet: Fleet, tmp_path: Path) -> None:
+    """A real Prometheus scrapes what a site's would: Envoy's /stats/prometheus, the renderer's
+    metrics and, through the renderer's file_sd, each registered Triton; under load through
+    Envoy, every query of every panel of the fleet dashboard must return a series."""
+    admin = urllib.parse.urlsplit(fleet.envoy.admin_url).netloc
+    file_sd = fleet.renderer.file_sd
+    assert file_sd is not None
+    jobs = {"fleet-renderer": [urllib.parse.urlsplit(fleet.metrics.url).netloc]}
+    configs = [
+        {
+            "job_name": "envoy",
+            "metrics_path": "/stats/prometheus",
+            "static_configs": [{"targets": [admin]}],
+        },
+        {
+            "job_name": "triton",
+            "file_sd_configs": [{"files": [str(file_sd)], "refresh_interval": "1s"}],
+        },
+    ]
+    dashboards = {"fleet": render()["fleet"]}
+    queries = evaluated_queries(dashboards)
+    binary = require_binary("prometheus")
+    with (
+        PrometheusServer(binary, jobs, tmp_path, scrape_configs=configs) as prometheus,
+        Load(fleet.grpc_url, threads=2) as load,
+    ):
+        targets = prometheus.wait_for_targets(timeout=30)
+        servers = {t["labels"].get(semconv.FLEET_SERVER_LABEL) for t in targets}
+        assert set(fleet.servers) <= servers  # file_sd: each Triton labelled with its name
+        empty: list[tuple[str, str, str]] = []
+
+        def all_panels_have_data() -> bool:
+            empty[:] = without_data(prometheus, queries)
+            return not empty
+
+        wait_until(all_panels_have_data, 30)
+    assert load.errors == []
+    assert empty == [], "queries without data:\n" + "\n".join(
+        f"{dashboard} / {title}: {expr}" for dashboard, title, expr in empty
+    )
+    assert len(queries) >= 20

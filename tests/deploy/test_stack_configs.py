@@ -206,8 +206,8 @@ def promql_names(expr: str) -> tuple[set[str], set[str]]:
 
 def emitted_names() -> set[str]:
     """Every sample name otelkit and Triton put on a Prometheus endpoint, and ``up``."""
-    names = {*semconv.TRITON_METRICS, "up"}
-    for spec in semconv.METRICS:
+    names = {*semconv.TRITON_METRICS, *semconv.ENVOY_METRICS, "up"}
+    for spec in (*semconv.METRICS, *semconv.FLEET_METRICS):
         base = semconv.prometheus_name(spec)
         suffixes = ("_bucket", "_sum", "_count") if spec.kind == "histogram" else ("",)
         names.update(f"{base}{suffix}" for suffix in suffixes)
@@ -319,13 +319,22 @@ def test_every_alert_has_a_severity_and_names_what_it_is_about() -> None:
         assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
         assert set(rule["annotations"]) == {"summary", "description"}, rule["alert"]
         summary = rule["annotations"]["summary"]
-        assert re.search(r"\$labels\.(model|instance|gpu)\b", summary), rule["alert"]
+        about = r"\$labels\.(model|instance|gpu|envoy_cluster_name|envoy_endpoint_hostname)\b"
+        assert re.search(about, summary) or summary.startswith("The fleet "), rule["alert"]
 
 
 def test_rules_read_only_metrics_that_otelkit_or_triton_emit() -> None:
     records = {rule["record"] for rule in rules() if "record" in rule}
     known = emitted_names() | records
-    grouping = {"le", semconv.M_MODEL, semconv.M_STAGE, semconv.TRITON_MODEL}
+    grouping = {
+        "le",
+        semconv.M_MODEL,
+        semconv.M_STAGE,
+        semconv.TRITON_MODEL,
+        semconv.FLEET_SERVER_LABEL,
+        semconv.ENVOY_CLUSTER,
+        semconv.ENVOY_HOSTNAME,
+    }
     for rule in rules():
         names, labels = promql_names(rule["expr"])
         name = rule.get("record") or rule["alert"]
@@ -338,7 +347,8 @@ def test_recording_rules_are_named_level_metric_operations() -> None:
     for rule in (r for r in rules() if "record" in r):
         level, metric, operations = rule["record"].split(":")
         labels = promql_names(rule["expr"])[1] - {"le"}
-        assert set(level.split("_")) == labels, rule["record"]  # the labels it keeps
+        # the labels it keeps, joined by "_"; "fleet" when summed over every server
+        assert level == ("_".join(sorted(labels)) or "fleet"), rule["record"]
         assert re.fullmatch(r"(nv|otelkit)_[a-z_]+", metric), rule["record"]
         assert re.fullmatch(r"(p\d\d_|ratio_rate|rate|mean_|per_execution_)5m", operations)
 

@@ -41,7 +41,7 @@ from otelkit.fleet.render import RendererMetrics
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
 from tests.fleet.components import EnvoyProxy
-from tests.paths import MODELS
+from tests.paths import MODELS, ROOT
 from tests.prometheus import PrometheusServer, evaluated_queries, wait_until, without_data
 from tests.support import require_binary
 
@@ -52,6 +52,7 @@ TTL_S = 5.0  # a heartbeat every 1.7 s: this process also runs the load on 2 bus
 MODEL = "identity_fp32"
 SLOW = "sleep_fp32"  # 0.5 s a batch of up to 8: a queue on demand
 DRAIN_ABOVE_MS = 100.0
+RULES = ROOT / "collector" / "prometheus" / "rules" / "otelkit.rules.yml"
 
 
 @dataclass
@@ -458,7 +459,9 @@ def test_every_fleet_panel_shows_the_running_fleet(fleet: Fleet, tmp_path: Path)
     queries = evaluated_queries(dashboards)
     binary = require_binary("prometheus")
     with (
-        PrometheusServer(binary, jobs, tmp_path, scrape_configs=configs) as prometheus,
+        PrometheusServer(
+            binary, jobs, tmp_path, scrape_configs=configs, rule_files=[RULES]
+        ) as prometheus,
         Load(fleet.grpc_url, threads=2) as load,
     ):
         targets = prometheus.wait_for_targets(timeout=30)
@@ -471,8 +474,20 @@ def test_every_fleet_panel_shows_the_running_fleet(fleet: Fleet, tmp_path: Path)
             return not empty
 
         wait_until(all_panels_have_data, 30)
+        # the fleet's recording rules, on the same series: one value a server, and the fleet's
+        per_server = "otelkit_server:nv_inference_queue_duration_ms:per_execution_5m"
+        registered = set(fleet.renderer.listing.servers)
+        wait_until(lambda: len(prometheus.query(per_server)["result"]) == len(registered), 20)
+        recorded = {
+            r["metric"][semconv.FLEET_SERVER_LABEL] for r in prometheus.query(per_server)["result"]
+        }
+        fleetwide = prometheus.query("fleet:nv_inference_queue_duration_ms:per_execution_5m")
+        # and a healthy fleet fires no fleet alert
+        alerts = prometheus.query('ALERTS{alertname=~"OtelkitFleet.*"}')["result"]
     assert load.errors == []
     assert empty == [], "queries without data:\n" + "\n".join(
         f"{dashboard} / {title}: {expr}" for dashboard, title, expr in empty
     )
     assert len(queries) >= 20
+    assert recorded == registered and len(fleetwide["result"]) == 1
+    assert alerts == []

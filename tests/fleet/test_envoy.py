@@ -219,8 +219,9 @@ def call(client: Client, headers: dict[str, str] | None = None) -> None:
 class Load:
     """``threads`` clients calling through Envoy over gRPC until stopped; errors counted."""
 
-    def __init__(self, url: str, threads: int = 4) -> None:
+    def __init__(self, url: str, threads: int = 4, *, traced: bool = False) -> None:
         self.url, self.calls, self.errors = url, 0, []  # type: ignore[var-annotated]
+        self.traced = traced  # each call with a sampled context of its own
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
@@ -228,8 +229,12 @@ class Load:
     def _run(self) -> None:
         client = grpcclient.InferenceServerClient(self.url)
         while not self._stop.is_set():
+            headers = None
+            if self.traced:
+                parent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+                headers = {"traceparent": parent}
             try:
-                call(client)
+                call(client, headers)
                 with self._lock:
                     self.calls += 1
             except Exception as error:  # every failure is a finding: counted, never hidden
@@ -247,6 +252,15 @@ class Load:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
+
+
+def envoy_counter(fleet: Fleet, name: str) -> float:
+    """The gRPC cluster's value of one of Envoy's counters."""
+    cluster = f'{semconv.ENVOY_CLUSTER}="otelkit_grpc"'
+    for line in fleet.envoy.stats().splitlines():
+        if line.startswith(f"{name}{{") and cluster in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_the_configuration_validates(fleet: Fleet) -> None:
@@ -280,7 +294,8 @@ def test_requests_through_envoy_reach_every_server_over_both_protocols(fleet: Fl
 
 def test_a_killed_server_is_ejected_and_its_calls_go_elsewhere(fleet: Fleet) -> None:
     victim = fleet.servers["triton-1"]
-    with Load(fleet.grpc_url, threads=4) as load:
+    retried = envoy_counter(fleet, semconv.ENVOY_RETRIES)
+    with Load(fleet.grpc_url, threads=4, traced=True) as load:
         time.sleep(0.5)
         assert victim.pid is not None
         os.kill(victim.pid, signal.SIGKILL)
@@ -299,6 +314,25 @@ def test_a_killed_server_is_ejected_and_its_calls_go_elsewhere(fleet: Fleet) -> 
     ]
     assert load.errors == [], (load.errors[:3], retries)
     assert load.calls > 20
+    # each attempt Envoy made to the dead server is an error span in the call's trace, under
+    # the call's ingress span that another server answered
+    retried = envoy_counter(fleet, semconv.ENVOY_RETRIES) - retried
+    time.sleep(1.0)  # Envoy's tracer flushes every 200 ms
+    spans = load_spans(fleet.traces)
+    by_id = {s.span_id: s for s in spans}
+    failed = [
+        s
+        for s in spans
+        if s.resource.get("service.name") == "envoy"
+        and s.kind.name == "CLIENT"
+        and s.attributes.get(semconv.PROXY_UPSTREAM_ADDRESS) == victim.grpc_url
+        and s.attributes.get("error") == "true"
+    ]
+    assert retried > 0 and failed, (retried, len(failed))
+    for attempt in failed:  # the call's own span succeeded: another server answered it
+        ingress = by_id[attempt.parent_span_id or ""]
+        assert ingress.attributes.get("http.status_code") == "200", ingress.attributes
+        assert attempt.attributes.get("response_flags") in ("UF", "UC", "UR", "URX")
     victim.stop(timeout=5)
     victim.start()  # back on its ports; its registration never stopped
     until(lambda: fleet.healthy()["triton-1"], HEALTH_INTERVAL_S + 1.0 + 1.0)
@@ -491,3 +525,58 @@ def test_every_fleet_panel_shows_the_running_fleet(fleet: Fleet, tmp_path: Path)
     assert len(queries) >= 20
     assert recorded == registered and len(fleetwide["result"]) == 1
     assert alerts == []
+
+
+def test_clients_count_and_trace_their_errors_while_envoy_restarts(fleet: Fleet) -> None:
+    telemetry = otelkit.configure(
+        service_name="fleet-tests",
+        traces_endpoint=fleet.receiver.traces_url,
+        bsp_schedule_delay_ms=50,
+        metrics_exporter="prometheus",
+        prometheus_port=0,
+        prometheus_host="127.0.0.1",
+    )
+    failed: list[str] = []
+    try:
+        client = otelkit.instrument(httpclient.InferenceServerClient(fleet.http_url))
+        call(client)
+        fleet.envoy.stop()  # a restart: nothing listens on Envoy's ports for a while
+        for _ in range(5):
+            try:
+                call(client)
+            except Exception as error:  # what the user's code sees: tritonclient's own error
+                failed.append(type(error).__name__)
+        client.close()
+        fleet.envoy.start()
+        until(lambda: all(fleet.healthy().values()), 10)
+        client = otelkit.instrument(httpclient.InferenceServerClient(fleet.http_url))
+        call(client)  # served again
+        client.close()
+        assert telemetry.prometheus_url is not None
+        with urllib.request.urlopen(telemetry.prometheus_url, timeout=5) as response:
+            page = response.read().decode()
+        otelkit.flush()
+    finally:
+        otelkit.uninstrument()
+        otelkit.shutdown()
+    assert len(failed) == 5
+    errors_name = semconv.prometheus_name(semconv.CLIENT_ERRORS)
+    counted = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith(errors_name + "{")
+    )
+    assert counted == 5  # each failure counted once
+
+    def error_spans() -> list[Span]:
+        return [
+            s
+            for s in load_spans(fleet.traces)
+            if s.resource.get("service.name") == "fleet-tests"
+            and s.kind.name == "CLIENT"
+            and s.status_code.name == "ERROR"
+        ]
+
+    until(lambda: len(error_spans()) >= 5, 10)
+    assert len(error_spans()) == 5  # and traced once each, saying why
+    assert all(s.status_message for s in error_spans())

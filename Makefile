@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install debian-packages test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report clean
+.PHONY: install debian-packages test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-fleet clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,11 @@ bench-ray: install
 
 bench-study: install
 	$(PY) benchmarks/bench_study.py
+
+# The fleet: the latency Envoy adds (direct and through it, traced and not, interleaved), and
+# the time from a heartbeat stopping to the last request routed (real etcd, Envoy, Tritons).
+bench-fleet: install debian-packages
+	$(PY) benchmarks/bench_fleet.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces demo-output study-output

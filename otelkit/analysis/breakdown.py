@@ -42,7 +42,14 @@ from dataclasses import dataclass, field
 from otelkit import semconv
 from otelkit.analysis.loader import Span, SpanKind, Trace, build_traces, load_spans
 
-__all__ = ["Breakdown", "answered_by", "breakdown", "format_breakdowns", "trace_components"]
+__all__ = [
+    "Breakdown",
+    "answered_by",
+    "breakdown",
+    "format_breakdowns",
+    "group_key",
+    "trace_components",
+]
 
 TOTAL = "total"
 CLIENT_OTHER = "client other"
@@ -237,6 +244,17 @@ def trace_components(trace: Trace, root: Span) -> tuple[dict[str, float], list[s
     return out, problems
 
 
+def group_key(trace: Trace, root: Span, group_by: Sequence[str]) -> tuple[str, ...]:
+    """The values of ``root``'s attributes ``group_by``; ``semconv.ANSWERED_BY`` is the server
+    that answered (``answered_by``)."""
+    return tuple(
+        answered_by(trace, root)
+        if key == semconv.ANSWERED_BY
+        else str(root.attributes.get(key, ""))
+        for key in group_by
+    )
+
+
 def breakdown(
     traces: Iterable[Trace], group_by: Sequence[str] = (), root_name: str | None = None
 ) -> dict[tuple[str, ...], Breakdown]:
@@ -247,12 +265,7 @@ def breakdown(
         for root in trace.roots:
             if trace.is_orphan(root) or (root_name is not None and root.name != root_name):
                 continue
-            key = tuple(
-                answered_by(trace, root)
-                if k == semconv.ANSWERED_BY
-                else str(root.attributes.get(k, ""))
-                for k in group_by
-            )
+            key = group_key(trace, root, group_by)
             groups.setdefault(key, Breakdown(key)).add(trace, root)
     return groups
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otelkit.analysis import Span, Trace
-from otelkit.analysis.breakdown import TOTAL, Breakdown
+from otelkit.analysis.breakdown import TOTAL, Breakdown, group_key
 from otelkit.report.waterfall import encode_trace, json_value
 
 __all__ = ["Facts", "Gathered", "group_label"]
@@ -112,10 +112,10 @@ class Gathered:
                 return root
         return None
 
-    def _key(self, root: Span) -> tuple[str, ...]:
+    def _key(self, trace: Trace, root: Span) -> tuple[str, ...]:
         if not self.group_by:
             return (root.name,)
-        return tuple(str(root.attributes.get(k, "")) for k in self.group_by)
+        return group_key(trace, root, self.group_by)
 
     def label(self, key: tuple[str, ...]) -> str:
         return group_label(key, self.group_by)
@@ -126,7 +126,7 @@ class Gathered:
             self.facts.add(span)
         self.facts.traces += 1
         root = self._root(trace)
-        key = self._key(root) if root is not None else ("other traces",)
+        key = self._key(trace, root) if root is not None else ("other traces",)
         encoded: dict[str, Any] | None = None
         if self.kept_spans + len(trace.spans) <= self.max_spans:
             encoded = self.kept[trace.trace_id] = encode_trace(trace, self.label(key))

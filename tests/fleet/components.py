@@ -3,15 +3,13 @@ process on free loopback ports that a test can stop, kill and start again."""
 
 from __future__ import annotations
 
-import json
-import signal
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 from otelkit.fleet.cli import envoy_binary
-from otelkit.tritonserver import free_port
+from otelkit.fleet.etcd import LocalEtcd
 from tests.support import require_binary
 
 
@@ -27,51 +25,11 @@ def _wait(check: object, timeout_s: float, what: str, log: Path) -> None:
     raise RuntimeError(f"{what} not ready after {timeout_s} s: {log.read_text()[-2000:]}")
 
 
-class EtcdServer:
-    """Debian's etcd on a data directory of its own; ``url`` is its client URL."""
+class EtcdServer(LocalEtcd):
+    """Debian's etcd for the tests: skipped here (failed under CI) where it is not installed."""
 
     def __init__(self, directory: Path) -> None:
-        self.binary = require_binary("etcd")
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        self.client_port, self.peer_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
-        self.log = directory / "etcd.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> EtcdServer:
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        command = [
-            self.binary,
-            "--name",
-            "fleet-tests",
-            "--data-dir",
-            str(self.directory / "data"),
-            "--listen-client-urls",
-            self.url,
-            "--advertise-client-urls",
-            self.url,
-            "--listen-peer-urls",
-            peer,
-            "--initial-advertise-peer-urls",
-            peer,
-            "--initial-cluster",
-            f"fleet-tests={peer}",
-        ]
-        with self.log.open("ab") as log:
-            self._proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        _wait(self._ready, 20, "etcd", self.log)
-        return self
-
-    def _ready(self) -> bool:
-        with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
-            return bool(json.load(response).get("health") == "true")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self._proc is not None:
-            self._proc.send_signal(sig)
-            self._proc.wait(timeout=20)
-            self._proc = None
+        super().__init__(directory, binary=require_binary("etcd"))
 
 
 class EnvoyProxy:

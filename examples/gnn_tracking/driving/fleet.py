@@ -31,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +55,7 @@ from otelkit.fleet import (
     write_config,
 )
 from otelkit.fleet.cli import envoy_binary, envoy_hosts
+from otelkit.fleet.etcd import LocalEtcd
 from otelkit.fleet.render import RendererMetrics
 from otelkit.receiver import Receiver
 from otelkit.report import Report
@@ -82,36 +82,6 @@ def until(check: Callable[[], bool], timeout_s: float, poll_s: float = 0.05) -> 
             pass
         time.sleep(poll_s)
     return None
-
-
-def start_etcd(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("etcd")
-    if binary is None:
-        raise SystemExit("etcd is not installed: make debian-packages (Debian's etcd-server)")
-    client, peer = free_port(), free_port()
-    url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-    process = subprocess.Popen(
-        [
-            binary,
-            "--data-dir",
-            str(directory / "etcd"),
-            "--listen-client-urls",
-            url,
-            "--advertise-client-urls",
-            url,
-            "--listen-peer-urls",
-            peer_url,
-            "--initial-advertise-peer-urls",
-            peer_url,
-            "--initial-cluster",
-            f"default={peer_url}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    if until(lambda: urllib.request.urlopen(f"{url}/health", timeout=1).status == 200, 20) is None:
-        raise SystemExit("etcd did not start")
-    return process, url
 
 
 def failed_checks(
@@ -225,7 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out / stale, ignore_errors=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="otelkit-fleet-"))
-    etcd, etcd_url = start_etcd(work)
+    try:
+        etcd = LocalEtcd(work / "etcd").start()
+    except FleetError as error:  # not installed, or it would not start
+        raise SystemExit(str(error)) from None
+    etcd_url = etcd.url
     say(f"etcd at {etcd_url}")
     receiver = Receiver(out / "traces", max_concurrent=32).start()
     registry = EtcdRegistry(etcd_url)
@@ -343,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         fleet.close()
         time.sleep(1.0)  # the servers' and Envoy's last spans
         receiver.stop()
-        etcd.terminate()
-        etcd.wait(timeout=10)
+        etcd.stop()
         shutil.rmtree(work, ignore_errors=True)
     traces = build_traces(load_spans(out / "traces"))
     error_spans = sum(

@@ -17,6 +17,7 @@ registry cannot be read (``status``) or Envoy's configuration does not validate.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import logging
 import shutil
@@ -212,8 +213,8 @@ def envoy_hosts(admin_url: str, timeout_s: float = 2.0) -> dict[str, dict[str, A
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             document = json.load(response)
-    except (OSError, ValueError) as error:
-        raise FleetError(f"Envoy's admin at {admin_url}: {error}") from None
+    except (OSError, ValueError, http.client.HTTPException) as error:
+        raise FleetError(f"Envoy's admin at {admin_url}: {error!r}") from None
     hosts: dict[str, dict[str, Any]] = {}
     for cluster in document.get("cluster_statuses", []):
         for host in cluster.get("host_statuses", []):

@@ -134,6 +134,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, etcd: object) -> Iterator[Fl
     receiver = Receiver(tmp / "traces", max_concurrent=16).start()
     registry = EtcdRegistry(etcd.url, prefix=f"/tests/fleet-{secrets.token_hex(4)}/")  # type: ignore[attr-defined]
     eds = tmp / "eds"
+    servers = {f"triton-{i}": triton(tmp, f"triton-{i}", receiver) for i in range(3)}
+    for server in servers.values():
+        server.start()
+    # Envoy's ports picked once the servers are up: one picked before may be theirs now
     http_port, grpc_port, admin_port = free_port(), free_port(), free_port()
     config = envoy_config(
         http_port=http_port,
@@ -146,9 +150,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, etcd: object) -> Iterator[Fl
         trace_flush_ms=200,
     )
     path = write_config(tmp / "envoy.json", config)
-    servers = {f"triton-{i}": triton(tmp, f"triton-{i}", receiver) for i in range(3)}
-    for server in servers.values():
-        server.start()
     draining = Draining(
         high_ms=DRAIN_ABOVE_MS, low_ms=20.0, window_s=2.0, sustain_s=1.0, interval_s=0.5
     )

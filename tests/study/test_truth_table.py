@@ -172,8 +172,24 @@ def test_a_client_limited_by_its_own_cpu_is_named(truth: TruthServer, tmp_path: 
     assert_predicted(verdict, results)
 
 
+@pytest.fixture
+def payload_server(tmp_path: Path) -> Iterator[TruthServer]:
+    """A tritonserver of its own for the 8 MB payloads, untraced: tritonserver 2.51 once
+    aborted under them here ("corrupted double-linked list", SIGABRT, then its crash handler
+    hung), and the module's server must outlive that for the tests after this one."""
+    with TritonServer(
+        TRUTH / "models",
+        model_control="explicit",
+        load_models=["payload"],
+        env={"OTELKIT_TRUTH_LOCK": str(tmp_path / "match.lock")},
+        log_path=tmp_path / "tritonserver.log",
+    ) as server:
+        yield TruthServer(server, free_port())
+        assert server.failure() is None, server.log_tail(20)
+
+
 def test_payloads_of_megabytes_are_limited_where_they_are_moved(
-    truth: TruthServer, tmp_path: Path
+    payload_server: TruthServer, tmp_path: Path
 ) -> None:
     # 8 MB each way a request over HTTP on loopback: the copies (the client's deserialising,
     # the kernel's loopback TCP, into and out of the stub) are CPU. Runs here put the cores at
@@ -182,11 +198,23 @@ def test_payloads_of_megabytes_are_limited_where_they_are_moved(
     # the kernel's time a request grows with load (docs/study.md: 22 -> 24.5 ms of CPU from 1 to
     # 8 in flight), which a prediction from the lowest point cannot see.
     calls = ModelCalls("payload", free_dim=2_000_000, pool=2)
-    results = study(truth, tmp_path, request=calls, sweep={"concurrency": [1, 4]})
+    results = study(
+        payload_server, tmp_path, request=calls, sweep={"concurrency": [1, 4]}, traced=False
+    )
     verdict = only(results)
     assert results.points[0].payload_bytes == (8_000_000, 8_000_000)
-    assert (verdict.kind, verdict.resource) in (("network", "transfer"), ("contended", "cores"))
-    if verdict.resource == "transfer":
+    # untraced, the study cannot tell the transfer from the model's own work: the model's time
+    # doubling while no measured resource is full is a wait for an unmeasured one (the kernel's
+    # copies), the cores named as the busiest measured
+    assert (verdict.kind, verdict.resource) in (
+        ("network", "transfer"),
+        ("contended", "cores"),
+        ("contended", "unmeasured"),
+    )
+    if verdict.resource == "unmeasured":
+        assert "the busiest measured is the host's 2 cores" in verdict.sentence
+        assert verdict.predicted_per_s is None
+    elif verdict.resource == "transfer":
         assert "8.0 MB sent and 8.0 MB received" in verdict.sentence
         assert verdict.predicted_per_s is None
     else:  # the demand only grows with load: the prediction errs high, by about its growth

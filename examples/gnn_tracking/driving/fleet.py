@@ -212,20 +212,6 @@ def main(argv: list[str] | None = None) -> int:
         draining=Draining(high_ms=100.0),
     ).start()
     metrics = RendererMetrics(renderer, "127.0.0.1", 0)
-    http_port, grpc_port, admin_port = free_port(), free_port(), free_port()
-    config = write_config(
-        out / "envoy.json",
-        envoy_config(
-            http_port=http_port,
-            grpc_port=grpc_port,
-            admin_port=admin_port,
-            eds_dir=out / "eds",
-            host="127.0.0.1",
-            traces_url=receiver.traces_url,
-            health_interval_s=HEALTH_INTERVAL_S,
-        ),
-    )
-    admin = f"http://127.0.0.1:{admin_port}"
     fleet = Servers(registry, receiver.traces_url, out, args.ttl)
     envoy: subprocess.Popen[bytes] | None = None
     client_metrics = free_port()
@@ -249,6 +235,22 @@ def main(argv: list[str] | None = None) -> int:
         victim, newcomer = names[1], f"triton-{args.servers}"
         fleet.start(newcomer)  # a server that comes up now and joins half way through the run
         say(f"{newcomer} ready, not registered yet")
+        # Envoy's ports are picked now, its servers up: a port picked earlier may have gone to
+        # one of theirs meanwhile
+        http_port, grpc_port, admin_port = free_port(), free_port(), free_port()
+        config = write_config(
+            out / "envoy.json",
+            envoy_config(
+                http_port=http_port,
+                grpc_port=grpc_port,
+                admin_port=admin_port,
+                eds_dir=out / "eds",
+                host="127.0.0.1",
+                traces_url=receiver.traces_url,
+                health_interval_s=HEALTH_INTERVAL_S,
+            ),
+        )
+        admin = f"http://127.0.0.1:{admin_port}"
         envoy = subprocess.Popen(
             [envoy_path, "-c", str(config), "--disable-hot-restart", "--log-level", "warning"],
             stdout=(out / "logs" / "envoy.log").open("wb"),

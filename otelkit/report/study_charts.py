@@ -28,6 +28,7 @@ _AXIS_TITLES = {
     "concurrency": "client threads (requests in flight)",
     "rate": "offered load (requests/s)",
     "instances": "model instances",
+    "servers": "servers behind the load balancer",
     "batch_size": "batch size (inferences per request)",
 }
 
@@ -105,6 +106,7 @@ def _derived(results: StudyResults, prefix: str) -> list[Chart]:
     charts = []
     specs = (
         ("efficiency", "Throughput scaling efficiency ε = (Tᵢ/i)/T₁", "ε (1 = ideal)", 1.0),
+        ("server_efficiency", "Scaling over servers (Tₛ/s)/T₁", "ε (1 = ideal)", 1.0),
         ("strong_scaling", "Strong scaling (t₁/n)/tₙ", "strong scaling (1 = ideal)", 1.0),
     )
     for figure, title, y_title, ideal in specs:

@@ -20,17 +20,19 @@ knees, and one verdict per curve. The command: ``otelkit study run|show|predict|
 
 The package reads in its flow. ``runner`` expands the sweep and runs it point by point;
 ``drive`` loads the server (threads or asyncio tasks, closed or open loop) through a
-``workload`` on one of the ``servers``; ``measure`` opens and closes the window around it,
-reading ``counters`` (the hosts' CPU, Triton's metrics, the GPU exporter) and ``traces``; the
-result is a ``point``. Across points, ``derived`` computes the figures of merit, ``capacity``
-the operational model of each point, ``verdicts`` what caps each curve and ``predict`` what a
-change would give; ``results`` writes and reads the file, and compares two. ``parts`` merges
-points driven by several client processes; ``cli`` is the command.
+``workload`` on one of the ``servers`` (or a ``fleet`` of them behind Envoy); ``measure`` opens
+and closes the window around it, reading ``counters`` (the hosts' CPU, Triton's metrics, the
+GPU exporter) and ``traces``; the result is a ``point``. Across points, ``derived`` computes
+the figures of merit, ``capacity`` the operational model of each point, ``verdicts`` what caps
+each curve and ``predict`` what a change would give; ``results`` writes and reads the file,
+and compares two. ``parts`` merges points driven by several client processes; ``cli`` is the
+command.
 """
 
 from __future__ import annotations
 
 from otelkit.study.drive import Load
+from otelkit.study.fleet import Fleet
 from otelkit.study.point import Point, merge_parts
 from otelkit.study.results import StudyResults, compare, format_comparison, read_results
 from otelkit.study.runner import Study, Tracing, run
@@ -38,6 +40,7 @@ from otelkit.study.servers import Remote, Triton
 from otelkit.study.workload import FunctionCalls, ModelCalls, Workload
 
 __all__ = [
+    "Fleet",
     "FunctionCalls",
     "Load",
     "ModelCalls",

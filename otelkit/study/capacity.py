@@ -3,8 +3,9 @@
 For each resource k, measured over the point's window (Denning and Buzen 1978; Lazowska et al.,
 *Quantitative System Performance*, chs. 3-5):
 
-- its parallelism m_k: a model's configured instances, the cores of the host that serves, 1 for
-  the client's Python threads (one GIL) or for a GPU;
+- its parallelism m_k: a model's configured instances (times the servers of a fleet), the cores
+  of the host that serves, a load balancer's worker threads, 1 for the client's Python threads
+  (one GIL) or for a GPU;
 - its demand D_k: busy milliseconds per request of the study's unit, with its visits (a model
   an event calls twice counts twice);
 - its utilisation U_k = X . D_k / m_k (the utilisation law), X the point's throughput; where
@@ -33,10 +34,11 @@ __all__ = ["Resource", "ResourceKind", "resources"]
 
 #: instances: a model's (or a deployment's) instances; client: the client process's CPU under
 #: its GIL; gil: a Python server process's CPU under its GIL; cores: the serving host's cores;
+#: balancer: the load balancer in front of a fleet, its worker threads (Envoy's ``--concurrency``);
 #: gpu: one GPU; network: the link between client and server, each way (full duplex) at the
 #: rate the study was told; stage: a traced stage of a model, whose parallelism is its
 #: model's instances (``None`` where no model says).
-ResourceKind = Literal["instances", "client", "gil", "cores", "gpu", "network", "stage"]
+ResourceKind = Literal["instances", "client", "gil", "cores", "balancer", "gpu", "network", "stage"]
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,15 @@ def resources(point: Point) -> dict[str, Resource]:
             host.python_processes,
             host.python_cores * 1e3 / x,
             "the server process's CPU time",
+        )
+    if host is not None and host.balancer_workers and host.balancer_cores:
+        add(
+            "load balancer",
+            "balancer",
+            "the load balancer",
+            host.balancer_workers,
+            host.balancer_cores * 1e3 / x,
+            "the load balancer's CPU time (Envoy's workers)",
         )
     if point.payload_bytes is not None and point.link_gbps:
         # a full-duplex link: each direction is its own; the busier one is the demand

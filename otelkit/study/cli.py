@@ -198,6 +198,11 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--triton", metavar="REPOSITORY", help="launch tritonserver on it")
     where.add_argument("--url", help="host:port of a running KServe v2 server")
     where.add_argument(
+        "--fleet",
+        metavar="REPOSITORY",
+        help="launch tritonservers on it behind Envoy, as many as the point's servers",
+    )
+    where.add_argument(
         "--ray-serve",
         metavar="MODULE:BUILDER",
         help="deploy builder(params, env_vars) on a local Ray Serve",
@@ -226,6 +231,14 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
         help="the network's rate between clients and servers, Gb/s one way: weighs each "
         "request's tensor bytes against it",
     )
+    parser.add_argument(
+        "--etcd",
+        metavar="URL",
+        help="--fleet: register the servers in this etcd (default: a directory of the study's own)",
+    )
+    parser.add_argument(
+        "--balancer-workers", type=int, default=1, help="--fleet: Envoy's worker threads"
+    )
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=1, help="requests in flight")
@@ -253,6 +266,12 @@ def _study(args: argparse.Namespace) -> Study:
     server: Server
     if args.triton:
         server = Triton(args.triton)
+    elif args.fleet:
+        from otelkit.fleet.registry import EtcdRegistry
+        from otelkit.study.fleet import Fleet
+
+        registry = EtcdRegistry(args.etcd) if args.etcd else None
+        server = Fleet(args.fleet, registry=registry, balancer_workers=args.balancer_workers)
     elif args.ray_serve:
         from otelkit.study.servers import RayServe  # Ray only when asked for
 

@@ -27,7 +27,8 @@ Triton's ``/metrics`` counters are cumulative, in microseconds. Over a point, pe
 - **capacity**: what the model's instances can serve at most, ``instances × requests per
   execution / compute time per execution``.
 
-A counter that went down (the model was reloaded) is read from zero. The page's text may come
+A counter that went down (the model was reloaded) is read from zero. A fleet's servers are read
+each and their counters summed (``combine``): the fleet as one server. The page's text may come
 from any source (``fetch``): tests replay recorded pages.
 
 >>> before = parse(RECORDED)
@@ -63,7 +64,7 @@ import os
 import socket
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ __all__ = [
     "ModelCounters",
     "ModelFigures",
     "Snapshot",
+    "combine",
     "difference",
     "host_sample",
     "idle_cores",
@@ -129,6 +131,10 @@ class HostUsage:
     python_cores: float | None = None
     # the cores the host kept busy just before the load, with no request in flight
     idle_cores: float | None = None
+    # a load balancer in front of the servers (Envoy): its worker threads and the cores its
+    # processes kept busy
+    balancer_workers: int = 0
+    balancer_cores: float | None = None
 
     @classmethod
     def between(
@@ -166,6 +172,8 @@ class HostUsage:
             int(data.get("python_processes", 0)),
             data.get("python_cores"),
             data.get("idle_cores"),
+            int(data.get("balancer_workers", 0)),
+            data.get("balancer_cores"),
         )
 
 
@@ -373,6 +381,26 @@ class Snapshot:
 
     models: dict[str, ModelCounters] = field(default_factory=dict)
     gpus: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def combine(snapshots: Sequence[Snapshot]) -> Snapshot:
+    """The counters of several servers (a fleet's) as one server's: each model's summed, the
+    GPUs side by side.
+
+    >>> one = Snapshot({"m": ModelCounters(success=3, queue_us=30.0)})
+    >>> two = Snapshot({"m": ModelCounters(success=5, queue_us=50.0)})
+    >>> combine([one, two]).models["m"].success, combine([one, two]).models["m"].queue_us
+    (8.0, 80.0)
+    """
+    models: dict[str, dict[str, float]] = {}
+    gpus: dict[str, dict[str, float]] = {}
+    for snapshot in snapshots:
+        for model, counters in snapshot.models.items():
+            summed = models.setdefault(model, {})
+            for name, value in asdict(counters).items():
+                summed[name] = summed.get(name, 0.0) + value
+        gpus.update(snapshot.gpus)
+    return Snapshot({m: ModelCounters(**f) for m, f in models.items()}, gpus)
 
 
 def parse(text: str) -> Snapshot:

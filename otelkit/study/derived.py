@@ -1,6 +1,7 @@
 """The seeds' figures of merit, computed across the points of a sweep.
 
-- **throughput scaling efficiency** over model instances, ε = (Tᵢ/i)/T₁ (AthenaTriton);
+- **throughput scaling efficiency** over model instances, ε = (Tᵢ/i)/T₁ (AthenaTriton), and
+  over a fleet's servers, (Tₛ/s)/T₁;
 - **strong scaling** with n client threads and n instances, (t₁/n)/tₙ: for a fixed amount of
   work t ∝ 1/T, so it is (Tₙ/n)/T₁ along the points where concurrency equals instances (along
   concurrency alone when instances are not swept);
@@ -39,12 +40,13 @@ __all__ = [
     "knees",
     "offload_overhead",
     "scaling",
+    "server_efficiency",
     "strong_scaling",
     "throughput_by_batch",
 ]
 
 #: The parameters along which a study's load grows, in the order knees and verdicts prefer.
-LOAD_AXES = ("concurrency", "rate", "instances")
+LOAD_AXES = ("concurrency", "rate", "instances", "servers")
 
 #: The figures that are estimates from a formula, not measurements, and what they estimate.
 ESTIMATES = {
@@ -137,6 +139,11 @@ def efficiency(points: Iterable[Point]) -> list[Row]:
     return _scaled(points, "instances", "efficiency")
 
 
+def server_efficiency(points: Iterable[Point]) -> list[Row]:
+    """ε = (Tₛ/s)/T₁ along ``servers`` (a fleet behind a load balancer), per curve."""
+    return _scaled(points, "servers", "server_efficiency")
+
+
 def strong_scaling(points: Iterable[Point]) -> list[Row]:
     """(t₁/n)/tₙ with n threads and n instances; along concurrency without instances."""
     points = [p for p in points if p.status == "ok" and "concurrency" in p.params]
@@ -207,7 +214,7 @@ def knee(values: Sequence[tuple[Any, float]], tolerance: float = 0.1) -> Knee | 
 
 
 def knees(points: Iterable[Point], tolerance: float = 0.1) -> list[Row]:
-    """The knee of every throughput curve along concurrency, rate and instances."""
+    """The knee of every throughput curve along concurrency, rate, instances and servers."""
     points = list(points)
     rows = []
     for axis in LOAD_AXES:

@@ -14,7 +14,7 @@ import logging
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,11 @@ from opentelemetry import trace
 
 from otelkit import semconv
 from otelkit.study.counters import (
+    CpuSample,
     HostUsage,
     ModelFigures,
     Snapshot,
+    combine,
     difference,
     host_cores,
     idle_cores,
@@ -89,22 +91,36 @@ def measure_point(
     # read wherever the study started them
     pids = endpoint.server_pids or (listening_pids(url) if local else ())
 
+    pythons = python_pids(pids)
+    # the server's Python interpreters, a model's own processes and the load balancer's, read
+    # at the window's edges (a few reads of /proc, cheap enough for its hooks): their rate over
+    # the whole load would count the warm-up's start and the drain, when the server idles, and
+    # give less CPU per request the longer those take (a loaded CI host: 4.70 instead of 5.33
+    # ms)
+    edges: dict[str, _Edge] = {}
+    pages = endpoint.metrics_urls or ((endpoint.metrics_url,) if endpoint.metrics_url else ())
+
     def scraper(moment: str) -> Callable[[], None]:
         def take() -> None:
-            if endpoint.metrics_url is None:
-                return
-            try:
-                snapshots[moment] = scrape(endpoint.metrics_url)
-            except Exception as error:  # the figures are missing, the point is not lost
-                problems.append(f"metrics at {endpoint.metrics_url}: {error}")
+            edges[moment] = _Edge(
+                server_sample(pythons, children=False),
+                server_sample(endpoint.balancer_pids, children=False),
+                {m: server_sample(p, children=False) for m, p in endpoint.processes.items()},
+            )
+            read = []
+            for page in pages:
+                try:
+                    read.append(scrape(page))
+                except Exception as error:  # the figures are missing, the point is not lost
+                    problems.append(f"metrics at {page}: {error}")
+                    return
+            if read:
+                snapshots[moment] = combine(read)
 
         return take
 
     point_load = load.at(params)
-    pythons = python_pids(pids)
     server_cpu = [server_sample(pids)]
-    python_cpu = [server_sample(pythons, children=False)]
-    model_cpu = {m: [server_sample(p, children=False)] for m, p in endpoint.processes.items()}
     try:
         if point_load.asyncio:
             workload.in_flight(point_load.concurrency)
@@ -132,16 +148,14 @@ def measure_point(
     finally:
         workload.close()
     server_cpu.append(server_sample(pids))
-    python_cpu.append(server_sample(pythons, children=False))
-    for model, samples in model_cpu.items():
-        samples.append(server_sample(endpoint.processes[model], children=False))
+    first, last = edges["before"], edges["after"]
     batch_size = int(params.get("batch_size", workload.batch_size))
     point = Point.from_run(index, params, run, load.windows, batch_size)
     point.sampled = next(sampled)
     point.parallelism = dict(endpoint.parallelism)
     point.payload_bytes = workload.payload_bytes()
-    for model, (first, last) in model_cpu.items():
-        cores = first.rate(last)
+    for model, begun in first.models.items():
+        cores = begun.rate(last.models[model])
         if cores is not None:
             point.process_cores[model] = cores
     if "before" in snapshots and "after" in snapshots:
@@ -150,8 +164,14 @@ def measure_point(
         point.triton = {m: _with_config(f, endpoint, m) for m, f in point.triton.items()}
     if run.host is not None:
         server = (server_cpu[0], server_cpu[1])
-        python = (len(pythons), python_cpu[0], python_cpu[1])
+        python = (len(pythons), first.python, last.python)
         usage = HostUsage.between(run.host, server, host_cores(), python)
+        if endpoint.balancer_pids and endpoint.balancer_workers:
+            usage = replace(
+                usage,
+                balancer_workers=endpoint.balancer_workers,
+                balancer_cores=first.balancer.rate(last.balancer),
+            )
         point.host = (
             replace(usage, idle_cores=idle) if local else replace(usage, cores=0, busy_cores=None)
         )
@@ -245,6 +265,16 @@ def _bare_call(workload: Workload) -> Callable[[int, bool], None]:
     return call
 
 
+@dataclass(frozen=True)
+class _Edge:
+    """The CPU of the server's Python processes, of its load balancer and of each model's
+    processes, read at one edge of a point's window."""
+
+    python: CpuSample
+    balancer: CpuSample
+    models: dict[str, CpuSample]
+
+
 def _with_config(figures: ModelFigures, endpoint: Endpoint, model: str) -> ModelFigures:
     """Triton's figures with what the model's configuration says: its instances, whether it is
     an ensemble, and its batching (the capacity model's parallelism and the batcher's delay)."""
@@ -254,7 +284,9 @@ def _with_config(figures: ModelFigures, endpoint: Endpoint, model: str) -> Model
     try:
         with urllib.request.urlopen(url, timeout=2.0) as response:
             config = json.loads(response.read())
+        # one server's configuration, through the balancer when there are several alike
         count = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
+        count *= endpoint.servers
         batcher = config.get("dynamic_batching")
         delay_ms = None
         if isinstance(batcher, dict):

@@ -38,9 +38,11 @@ from otelkit.study.verdicts import Evidence, judge
 __all__ = ["Prediction", "Station", "closed_loop", "parse_changes", "predict"]
 
 #: what may be changed: a model's instances (replicas, for Ray Serve), the host's cores, the
-#: client's processes (each with a GIL of its own) and the request's batch size
-#: (``request.batch_size``: demands fitted linear in the batch over the batch sizes measured)
-_SETTINGS = ("instances", "replicas", "cores", "processes", "batch_size")
+#: client's processes (each with a GIL of its own), a fleet's servers (``fleet.servers``: every
+#: model's instances scale with them), its load balancer's worker threads
+#: (``balancer.workers``) and the request's batch size (``request.batch_size``: demands fitted
+#: linear in the batch over the batch sizes measured)
+_SETTINGS = ("instances", "replicas", "cores", "processes", "servers", "workers", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def parse_changes(settings: Sequence[str]) -> dict[str, dict[str, int]]:
             raise StudyError(
                 f"--set {setting!r}: give RESOURCE.SETTING=N, SETTING one of "
                 f"{', '.join(_SETTINGS)} (gnn.instances=2, host.cores=4, client.processes=2, "
-                "request.batch_size=8)"
+                "fleet.servers=4, balancer.workers=2, request.batch_size=8)"
             )
         count = int(value)
         if count < 1:
@@ -168,16 +170,20 @@ def _cycle_ms(low: Point) -> float:
 
 
 def _model(
-    cycle_ms: float, evidence: Sequence[Evidence], changes: Mapping[str, Mapping[str, int]]
+    cycle_ms: float,
+    evidence: Sequence[Evidence],
+    changes: Mapping[str, Mapping[str, int]],
+    fleet_servers: float = 1,
 ) -> tuple[list[Station], list[Station], float]:
     """(queueing stations, shared bounds, think ms) from the lowest point's demands and cycle:
     what the stations do not hold is think time (the client's work, the network), which a
-    change leaves as it is."""
+    change leaves as it is. ``fleet_servers``: the servers the point had behind its balancer."""
     locks = {e.model: e for e in evidence if e.kind == "lock" and e.model}
+    scale = _changed("fleet", "servers", fleet_servers, changes) / fleet_servers
     stations, bounds = [], []
     for row in evidence:
         if row.kind == "instances":
-            servers = _changed(row.name, "instances", row.servers or 1, changes)
+            servers = _changed(row.name, "instances", row.servers or 1, changes) * scale
             held = locks.get(row.name)
             demand = row.low_ms - (held.low_ms if held else 0.0)
             stations.append(Station(row.name, max(demand, 0.0), servers))
@@ -196,6 +202,9 @@ def _model(
             )
         elif row.kind in ("gil", "network"):
             bounds.append(Station(row.name, row.low_ms, row.servers or 1))
+        elif row.kind == "balancer":
+            workers = _changed("balancer", "workers", row.servers or 1, changes)
+            bounds.append(Station(row.name, row.low_ms, workers))
         elif row.kind == "client":
             processes = _changed("client", "processes", row.servers or 1, changes)
             bounds.append(Station("the client's CPU", row.low_ms, processes))
@@ -217,10 +226,10 @@ def predict(
     ok = [p for p in points if p.status == "ok"]
     known = {e for p in ok for e in p.triton} | set(p for q in ok for p in q.parallelism)
     for resource in changes:
-        if resource not in known | {"host", "client", "request"}:
+        if resource not in known | {"host", "client", "request", "fleet", "balancer"}:
             raise StudyError(
                 f"no resource {resource!r} in the study: its models are "
-                f"{', '.join(sorted(known)) or 'none'}; host, client, request"
+                f"{', '.join(sorted(known)) or 'none'}; host, client, request, fleet, balancer"
             )
     batch = changes.get("request", {}).get("batch_size")
     if batch is not None:
@@ -230,7 +239,8 @@ def predict(
         for curve, members in along(ok, axis).items():
             verdict = judge(members, axis, curve, tolerance=tolerance) if len(members) > 1 else None
             evidence = verdict.evidence if verdict else _single(members[0])
-            stations, bounds, think = _model(_cycle_ms(members[0]), evidence, changes)
+            fleet = float(members[0].params.get("servers", 1))
+            stations, bounds, think = _model(_cycle_ms(members[0]), evidence, changes, fleet)
             at = list(loads) if loads is not None else [p.params[axis] for p in members]
             prediction = Prediction(
                 curve,

@@ -87,6 +87,7 @@ class StudyResults:
         ok = [p for p in self.points if p.status == "ok"]
         self.derived = [
             *derived.efficiency(ok),
+            *derived.server_efficiency(ok),
             *derived.strong_scaling(ok),
             *derived.throughput_by_batch(ok),
             *derived.offload_overhead(ok),

@@ -65,6 +65,15 @@ class Endpoint:
     # the processes of each model or deployment, where the server says (Ray Serve's replicas,
     # each a Python process under one GIL): their CPU is the model's demand
     processes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # several identical servers behind a load balancer (a fleet): each one's Prometheus page,
+    # their counters summed, and how many there are (a model's instances are this many times
+    # its configuration's)
+    metrics_urls: tuple[str, ...] = ()
+    servers: int = 1
+    # the load balancer the study started in front of them: its processes (their CPU is its
+    # demand) and its worker threads (its parallelism)
+    balancer_pids: tuple[int, ...] = ()
+    balancer_workers: int | None = None
 
     def url(self, protocol: str) -> str:
         url = self.http_url if protocol == "http" else self.grpc_url

@@ -10,7 +10,8 @@ resource whose U* is nearest 1 is the one that stops throughput, and the bottlen
 the plateau from the lowest point alone, m / D_low.
 
 - **saturated**: a model's instances (or a GPU) are busy all the time with their demand flat:
-  add instances or batch;
+  add instances or batch; or the load balancer in front of a fleet (its worker threads' CPU):
+  more workers or balancers, not more servers;
 - **contended**: a demand grows with load because another resource is at its limit, named:
   a stage that serves one request at a time (a lock or the GIL: its hold time, the low-load
   stage time, explains the plateau as 1 / hold), or the host's cores (more busy instances than
@@ -27,8 +28,8 @@ the plateau from the lowest point alone, m / D_low.
 - **batching**: at light load, requests wait within a dynamic batcher's configured delay: the
   latency is the batcher's, and throughput rises as batches fill;
 - **rising**: nothing is at its limit within the sweep; the nearest limit is said, predicted;
-- **underloaded** (along instances): more instances do not pay and none is busy: the load does
-  not keep them busy;
+- **underloaded** (along instances, or servers): more do not pay and none is busy: the load
+  does not keep them busy;
 - **unknown**: throughput stops while no measured resource is at its limit and no demand grew;
 - **failed**: the curve holds points that failed or erred: no verdict on it.
 
@@ -65,7 +66,15 @@ Kind = Literal[
     "failed",
 ]
 _Make = Callable[..., "Verdict"]  # (kind, resource evidence, sentence, change)
-_AXIS_WORDS = {"concurrency": "threads", "rate": "requests/s", "instances": "instances"}
+_AXIS_WORDS = {
+    "concurrency": "threads",
+    "rate": "requests/s",
+    "instances": "instances",
+    "servers": "servers",
+}
+#: the axes along which more of the deployment serves the same load: the question is why the
+#: most of it does not pay, read where there is the most of it
+_SCALE_AXES = ("instances", "servers")
 
 
 @dataclass(frozen=True)
@@ -301,7 +310,7 @@ def judge(
     behind = offered is not None and high.throughput < (1 - tolerance) * float(offered)
     low = ordered[0]
     # along instances the question is why the most instances do not pay: read them there
-    rows = _evidence(low, high if axis == "instances" else peak)
+    rows = _evidence(low, high if axis in _SCALE_AXES else peak)
     floor = tolerance * low.histogram.mean_s * 1e3
     rows += _serial(rows, tolerance, floor)
     candidates = sorted(
@@ -341,8 +350,9 @@ def judge(
             ranked,
         )
 
-    if axis == "instances":
+    if axis in _SCALE_AXES:
         busy = 1 - 2 * tolerance
+        # along servers a model's instances grow with them: they are not what every one shares
         shared = [c for c in candidates if c.kind != "instances" and (c.load or 0.0) >= busy]
         return _instances(facts, shared[0] if shared else None, verdict)
     batcher = _batching(facts)
@@ -487,6 +497,19 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
             "more server processes (workers), or less Python per request; more threads and "
             "more instances in one process will not help",
         )
+    if top.kind == "balancer":
+        workers = f"{_m(top.servers)} worker{'s' if top.servers != 1 else ''}"
+        return verdict(
+            "saturated",
+            top,
+            (
+                f"{top.name} is busy all the time: {_law(top, facts, workers, ' of CPU')}; "
+                f"{seen}, while the servers behind it wait for requests"
+            ),
+            "more worker threads for the load balancer (Envoy's --concurrency, up to its "
+            "host's cores), less work per request in its filters, or more load balancers; "
+            "more servers will not help",
+        )
     if top.kind == "client":
         return verdict(
             "client",
@@ -578,16 +601,17 @@ def _unexplained(
 
 
 def _instances(facts: _Curve, top: Evidence | None, verdict: _Make) -> Verdict:
-    """More instances at the same load: they pay while ε stays near 1."""
-    low, high, unit = facts.low, facts.high, facts.unit
-    n_low, n_high = low.params["instances"], high.params["instances"]
+    """More instances (or servers) at the same load: they pay while ε stays near 1."""
+    low, high, unit, axis = facts.low, facts.high, facts.unit, facts.axis
+    n_low, n_high = low.params[axis], high.params[axis]
+    what = "servers" if axis == "servers" else "instances"
     epsilon = (high.throughput / n_high) / (low.throughput / n_low) if low.throughput else 0.0
     trend = (
         f"throughput {low.throughput:.0f} → {high.throughput:.0f} {unit}s/s "
         f"{facts.span()} (ε = {epsilon:.2f})"
     )
     if epsilon >= 1 - facts.tolerance:
-        return verdict("rising", None, f"{trend}: more instances pay")
+        return verdict("rising", None, f"{trend}: more {what} pay")
     if top is not None:  # a resource every instance shares is at its limit
         found = _at_limit(facts, top, verdict)
         return verdict(found.kind, top, f"{trend}: {found.sentence}", found.change)
@@ -598,15 +622,16 @@ def _instances(facts: _Curve, top: Evidence | None, verdict: _Make) -> Verdict:
     return verdict(
         "underloaded",
         None,
-        (f"{trend}: the load{load} does not keep more instances busy{waits}"),
-        "more load (threads, client processes) before more instances",
+        (f"{trend}: the load{load} does not keep more {what} busy{waits}"),
+        f"more load (threads, client processes) before more {what}",
     )
 
 
 def verdicts(
     points: Iterable[Point], *, unit: str = "request", tolerance: float = 0.1
 ) -> list[Verdict]:
-    """One verdict per curve along concurrency, rate and instances, failed points included."""
+    """One verdict per curve along concurrency, rate, instances and servers, failed points
+    included."""
     points = list(points)
     found = []
     for axis in LOAD_AXES:

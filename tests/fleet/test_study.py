@@ -1,0 +1,118 @@
+"""``otelkit study`` over a fleet: real tritonservers joined and removed through a real etcd,
+behind a real Envoy, on deployments whose limit is known by construction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otelkit.analysis.breakdown import LOAD_BALANCER
+from otelkit.fleet import EtcdRegistry
+from otelkit.study import Fleet, Load, Study, StudyResults, Tracing
+from otelkit.study.capacity import resources
+from otelkit.study.verdicts import Verdict
+from tests.paths import TESTS
+
+pytestmark = pytest.mark.triton
+
+TRUTH = TESTS / "study" / "truth" / "models"
+WITHIN = 0.15  # the truth table's bound on a predicted plateau
+
+# Envoy's Lua burns this much of its worker's CPU on every request: with one worker the load
+# balancer caps the fleet at about 1 / (3 ms + Envoy's own) by construction
+SPIN_S = 0.003
+_SPIN = f"""function envoy_on_request(handle)
+  local start = os.clock()
+  while os.clock() - start < {SPIN_S} do end
+end
+"""
+BUSY_BALANCER = {
+    "name": "envoy.filters.http.lua",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+        "default_source_code": {"inline_string": _SPIN},
+    },
+}
+
+
+def run(
+    fleet: Fleet, sweep: dict[str, list[Any]], out: Path, tracing: Tracing | None = None
+) -> StudyResults:
+    results = Study(
+        model=fleet.models[0],
+        server=fleet,
+        load=Load(seconds=2.0, warmup_s=0.5),
+        sweep=sweep,
+        tracing=tracing,
+        out=out / "study.jsonl",
+        progress=False,
+    ).run()
+    print(results.summary())  # what a failure needs to be read
+    return results
+
+
+def along(results: StudyResults, axis: str) -> Verdict:
+    return next(v for v in results.verdicts if v.axis == axis)
+
+
+def test_servers_joined_and_removed_through_etcd_scale_a_saturated_model(
+    registry: EtcdRegistry, tmp_path: Path
+) -> None:
+    """(a) of the truth table on every server: one instance, 10 ms a request, 100/s a server.
+    Two servers serve twice what one does; removed through the registry, the second stops
+    taking requests, and the fleet serves what one server does again."""
+    fleet = Fleet(TRUTH, models=["saturated"], registry=registry, log_dir=tmp_path)
+    results = run(fleet, {"servers": [2, 1], "concurrency": [6]}, tmp_path)
+    two, one = results.points
+    assert (two.params["servers"], one.params["servers"]) == (2, 1)
+    assert two.status == one.status == "ok"
+    # Triton's counters of every server, summed: the fleet's instances are 1 a server
+    assert two.triton["saturated"].instances == 2
+    assert one.triton["saturated"].instances == 1
+    assert two.triton["saturated"].requests == pytest.approx(two.requests, rel=0.05)
+    assert one.throughput == pytest.approx(100, rel=0.15)  # one instance, 10 ms
+    assert two.throughput / one.throughput == pytest.approx(2, rel=0.1)
+    verdict = along(results, "servers")
+    assert verdict.kind == "rising", verdict.sentence
+    assert "more servers pay" in verdict.sentence
+    (row,) = results.figure("server_efficiency")[1:]
+    assert row.value == pytest.approx(1, rel=0.1)
+    # the load balancer is measured, and far from its limit
+    balancer = resources(two)["load balancer"]
+    assert balancer.kind == "balancer" and balancer.servers == 1
+    assert balancer.utilisation is not None and balancer.utilisation < 0.5
+    assert registry.listing().servers == {}  # the study deregistered what it registered
+
+
+def test_a_busy_load_balancer_is_named_and_its_plateau_predicted(
+    registry: EtcdRegistry, tmp_path: Path
+) -> None:
+    """Two servers of a light model (1 ms, 4 instances each) behind one Envoy worker that
+    burns 3 ms of CPU a request: the load balancer caps the fleet, and more servers would not
+    help. Traced, the sampled requests show the balancer's time as its own."""
+    fleet = Fleet(
+        TRUTH,
+        models=["light"],
+        registry=registry,
+        balancer_workers=1,
+        http_filters=[BUSY_BALANCER],
+        log_dir=tmp_path,
+    )
+    traced = Tracing(per_second=20)
+    results = run(fleet, {"servers": [2], "concurrency": [1, 8]}, tmp_path, traced)
+    verdict = along(results, "concurrency")
+    assert (verdict.kind, verdict.resource) == ("saturated", "balancer"), verdict.sentence
+    assert "worker threads" in verdict.change and "more servers will not help" in verdict.change
+    low = results.points[0]
+    demand = resources(low)["load balancer"].demand_ms
+    assert SPIN_S * 1e3 <= demand <= SPIN_S * 1e3 * 1.3  # the spin, and Envoy's own
+    # Envoy's span less the server's, in the breakdown: the spin, by the clock
+    assert low.traces is not None and low.traces.traces >= 10
+    assert SPIN_S * 1e3 <= (low.component_ms(LOAD_BALANCER) or 0.0) <= SPIN_S * 1e3 * 2
+    measured = max(p.throughput for p in results.points)
+    assert verdict.predicted_per_s == pytest.approx(measured, rel=WITHIN), verdict.sentence
+    # what a second worker would give: the next limit, above this one
+    (prediction,) = results.predict(["balancer.workers=2"])
+    assert prediction.points[-1].throughput > 1.3 * measured

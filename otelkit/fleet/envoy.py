@@ -9,7 +9,8 @@ server, and a parent-based OpenTelemetry tracer.
   routing every request to its cluster: a client changes the address it calls, nothing else;
 - **clusters** ``<prefix>_http`` and ``<prefix>_grpc`` read their endpoints from
   ``<eds_dir>/<cluster>.json`` (``path_config_source`` with ``watched_directory``: the renderer
-  moves each new file into place); ``LEAST_REQUEST`` (as SuperSONIC and NERSC balance);
+  moves each new file into place); least request (as SuperSONIC and NERSC balance), over every
+  server rather than two picked at random;
   ``ignore_health_on_host_removal`` (a server that leaves the registry leaves at once);
 - **health checks** on ``/v2/health/ready`` every ``health_interval_s``, even with no traffic
   (Envoy's 60 s default for an idle cluster would keep a dead server for a minute), one failure
@@ -62,6 +63,7 @@ _OTEL = f"{_TYPE}.config.trace.v3.OpenTelemetryConfig"
 _SAMPLERS = f"{_TYPE}.extensions.tracers.opentelemetry.samplers.v3"
 _PREVIOUS_HOSTS = f"{_TYPE}.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 _LUA = f"{_TYPE}.extensions.filters.http.lua.v3.Lua"
+_LEAST_REQUEST = f"{_TYPE}.extensions.load_balancing_policies.least_request.v3.LeastRequest"
 _UPSTREAM_CODEC = f"{_TYPE}.extensions.filters.http.upstream_codec.v3.UpstreamCodec"
 # Envoy sends every request on with a traceparent, flagged 00 when it did not sample it, and
 # Triton traces any request that carries one (its issue 8474): an upstream filter, after
@@ -203,7 +205,19 @@ def _cluster(name: str, eds_dir: Path, grpc: bool, health_interval_s: float) -> 
             }
         },
         "connect_timeout": "1s",
-        "lb_policy": "LEAST_REQUEST",
+        # the fewest requests in flight of every server, not of two picked at random (Envoy's
+        # default, which may pick one server twice): two servers of one 10 ms instance at four
+        # in flight served 192/s with a p90 of 21 ms here, against 183-188/s and 31 ms
+        "load_balancing_policy": {
+            "policies": [
+                {
+                    "typed_extension_config": {
+                        "name": "envoy.load_balancing_policies.least_request",
+                        "typed_config": {"@type": _LEAST_REQUEST, "selection_method": "FULL_SCAN"},
+                    }
+                }
+            ]
+        },
         # requests, errors, health per server on /stats/prometheus (the fleet dashboard)
         "track_cluster_stats": {"per_endpoint_stats": True},
         "ignore_health_on_host_removal": True,

@@ -27,10 +27,13 @@ What the study reads of a fleet:
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import logging
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,11 +177,6 @@ class Fleet(Server):
     def _balancer(self, traces_url: str | None) -> None:
         """The renderer, and Envoy with its tracer sending to ``traces_url``: started once,
         and Envoy again when the traces go elsewhere or it died."""
-        if self._renderer is None:
-            prefix = f"otelkit_{self.name}"
-            self._renderer = Renderer(
-                self.registry, eds_dir=self._eds, cluster_prefix=prefix, resync_s=1.0
-            ).start()
         envoy_key = traces_url or ""
         if self._envoy is not None and self._envoy.running and envoy_key == self._envoy_key:
             return
@@ -198,7 +196,19 @@ class Fleet(Server):
             health_interval_s=self._health_s,
             http_filters=self._filters,
         )
-        path = write_config(work / "envoy.json", config)
+        try:
+            # before the renderer runs: the EDS files Envoy needs to start are written here
+            # first, and the renderer replaces them
+            path = write_config(work / "envoy.json", config)
+            if self._renderer is None:
+                self._renderer = Renderer(
+                    self.registry,
+                    eds_dir=self._eds,
+                    cluster_prefix=f"otelkit_{self.name}",
+                    resync_s=1.0,
+                ).start()
+        except FleetError as error:
+            raise StudyError(f"the fleet's load balancer: {error}") from error
         log = (self.log_dir or work) / "envoy.log"
         envoy = LocalEnvoy(
             path, admin_port=self._ports["admin"], log=log, concurrency=self.balancer_workers
@@ -275,7 +285,10 @@ class Fleet(Server):
             return {}
 
     def _wait_routed(self) -> None:
-        """Until Envoy health-checks exactly the members as healthy, in both clusters."""
+        """Until Envoy health-checks exactly the members as healthy, in both clusters, and
+        then until each member has answered a readiness probe sent through Envoy on each
+        protocol: Envoy 1.40's balancing took a joined server about a second after its admin
+        called it healthy (measured here), and a point must not begin short of a server."""
         wanted = set(self.members)
         deadline = time.monotonic() + self._routed_timeout_s
         while True:
@@ -285,13 +298,50 @@ class Fleet(Server):
                 for cluster in self._clusters.values()
             }
             if set(hosts) == wanted and all(h == wanted for h in healthy.values()):
-                return
-            if time.monotonic() > deadline:
-                raise StudyError(
-                    f"Envoy did not route to exactly {sorted(wanted)} within "
-                    f"{self._routed_timeout_s:g} s: it holds {hosts}"
-                )
+                break
+            self._late(deadline, f"it holds {hosts}")
             time.sleep(0.05)
+        before = hosts
+        for protocol, cluster in self._clusters.items():
+            probe = self._probe(protocol)
+            while True:
+                hosts = self._hosts()
+                counts = {n: hosts.get(n, {}).get(cluster, {}).get("requests", 0) for n in wanted}
+                if all(counts[n] > before[n].get(cluster, {}).get("requests", 0) for n in wanted):
+                    break
+                self._late(deadline, f"probes over {protocol} reached {counts}")
+                probe()
+
+    def _late(self, deadline: float, holds: str) -> None:
+        if time.monotonic() > deadline:
+            raise StudyError(
+                f"Envoy did not route to exactly {sorted(self.members)} within "
+                f"{self._routed_timeout_s:g} s: {holds}"
+            )
+
+    def _probe(self, protocol: str) -> Callable[[], None]:
+        """One readiness call through Envoy on ``protocol``; a failed one is just no probe."""
+        url = f"127.0.0.1:{self._ports[protocol]}"
+        if protocol == "grpc":
+            import tritonclient.grpc as grpcclient
+
+            client = grpcclient.InferenceServerClient(url)
+
+            def ready() -> None:
+                with contextlib.suppress(Exception):  # a server still joining: ask again
+                    client.is_server_ready()
+
+            return ready
+
+        def ready_http() -> None:
+            ready_url = f"http://{url}/v2/health/ready"
+            with (
+                contextlib.suppress(OSError, http.client.HTTPException),
+                urllib.request.urlopen(ready_url, timeout=2) as page,
+            ):
+                page.read()
+
+        return ready_http
 
     def failure(self) -> str | None:
         if self._envoy is not None and self._envoy_key is not None and not self._envoy.running:

@@ -169,15 +169,30 @@ def _cycle_ms(low: Point) -> float:
     return low.histogram.mean_s * 1e3
 
 
+def _queued_ms(point: Point) -> float:
+    """The ms a request of ``point`` waited in the models' queues (Triton's counters): a wait
+    at the stations, not think time, when the lowest point already queues (a curve of one
+    point at a high load)."""
+    if not point.requests:
+        return 0.0
+    return sum(
+        f.queue_ms * f.requests / point.requests
+        for f in point.triton.values()
+        if not f.ensemble and f.executions
+    )
+
+
 def _model(
     cycle_ms: float,
     evidence: Sequence[Evidence],
     changes: Mapping[str, Mapping[str, int]],
     fleet_servers: float = 1,
+    queued_ms: float = 0.0,
 ) -> tuple[list[Station], list[Station], float]:
     """(queueing stations, shared bounds, think ms) from the lowest point's demands and cycle:
-    what the stations do not hold is think time (the client's work, the network), which a
-    change leaves as it is. ``fleet_servers``: the servers the point had behind its balancer."""
+    what the stations do not hold, nor a request waited for in their queues (``queued_ms``),
+    is think time (the client's work, the network), which a change leaves as it is.
+    ``fleet_servers``: the servers the point had behind its balancer."""
     locks = {e.model: e for e in evidence if e.kind == "lock" and e.model}
     scale = _changed("fleet", "servers", fleet_servers, changes) / fleet_servers
     stations, bounds = [], []
@@ -210,7 +225,7 @@ def _model(
             bounds.append(Station("the client's CPU", row.low_ms, processes))
         elif row.kind == "gpu":
             bounds.append(Station(row.name, row.low_ms, row.servers or 1))
-    think = max(0.0, cycle_ms - sum(s.demand_ms for s in stations))
+    think = max(0.0, cycle_ms - queued_ms - sum(s.demand_ms for s in stations))
     return [s for s in stations if s.demand_ms > 0], bounds, think
 
 
@@ -239,8 +254,10 @@ def predict(
         for curve, members in along(ok, axis).items():
             verdict = judge(members, axis, curve, tolerance=tolerance) if len(members) > 1 else None
             evidence = verdict.evidence if verdict else _single(members[0])
-            fleet = float(members[0].params.get("servers", 1))
-            stations, bounds, think = _model(_cycle_ms(members[0]), evidence, changes, fleet)
+            low = members[0]
+            fleet = float(low.params.get("servers", 1))
+            cycle = _cycle_ms(low)
+            stations, bounds, think = _model(cycle, evidence, changes, fleet, _queued_ms(low))
             at = list(loads) if loads is not None else [p.params[axis] for p in members]
             prediction = Prediction(
                 curve,

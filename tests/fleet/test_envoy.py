@@ -3,6 +3,7 @@ ejection of a killed server, a heartbeat stopped, a newcomer, one trace through 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -36,7 +37,7 @@ from otelkit.fleet import (
     envoy_config,
     write_config,
 )
-from otelkit.fleet.cli import envoy_binary, envoy_hosts
+from otelkit.fleet.envoy import envoy_binary, envoy_hosts
 from otelkit.fleet.render import RendererMetrics
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
@@ -264,16 +265,42 @@ def envoy_counter(fleet: Fleet, name: str) -> float:
     return 0.0
 
 
-def test_the_configuration_validates(fleet: Fleet) -> None:
+def validates(config: Path) -> None:
     binary = envoy_binary()
     assert binary is not None
     done = subprocess.run(
-        [binary, "--mode", "validate", "-c", str(fleet.envoy.config)],
+        [binary, "--mode", "validate", "-c", str(config)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_the_configuration_validates(fleet: Fleet) -> None:
+    validates(fleet.envoy.config)
+
+
+SHIPPED = ROOT / "examples" / "gnn_tracking" / "deploy" / "fleet" / "envoy.json"
+SHIPPED_EDS = "/run/otelkit/eds"
+
+
+def test_the_reference_deployments_envoy_configuration_is_current_and_validates(
+    tmp_path: Path,
+) -> None:
+    """The file a site starts from is what ``otelkit fleet envoy-config`` writes today (the
+    command is in the deployment's README), and Envoy takes it with its EDS files in place."""
+    current = envoy_config(
+        http_port=8000,
+        grpc_port=8001,
+        admin_port=9901,
+        eds_dir=SHIPPED_EDS,
+        traces_url="http://127.0.0.1:4318/v1/traces",
+    )
+    shipped = json.loads(SHIPPED.read_text())
+    assert shipped == current, "regenerate it: see examples/gnn_tracking/deploy/fleet/README.md"
+    here = json.loads(SHIPPED.read_text().replace(SHIPPED_EDS, str(tmp_path / "eds")))
+    validates(write_config(tmp_path / "envoy.json", here))
 
 
 def test_requests_through_envoy_reach_every_server_over_both_protocols(fleet: Fleet) -> None:

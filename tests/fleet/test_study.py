@@ -3,6 +3,9 @@ behind a real Envoy, on deployments whose limit is known by construction."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +13,11 @@ import pytest
 
 from otelkit.analysis.breakdown import LOAD_BALANCER
 from otelkit.fleet import EtcdRegistry
-from otelkit.study import Fleet, Load, Study, StudyResults, Tracing
+from otelkit.report.study_charts import study_charts
+from otelkit.study import Fleet, Load, Study, StudyResults, Tracing, read_results
 from otelkit.study.capacity import resources
 from otelkit.study.verdicts import Verdict
-from tests.paths import TESTS
+from tests.paths import ROOT, TESTS
 
 pytestmark = pytest.mark.triton
 
@@ -84,6 +88,27 @@ def test_servers_joined_and_removed_through_etcd_scale_a_saturated_model(
     assert balancer.kind == "balancer" and balancer.servers == 1
     assert balancer.utilisation is not None and balancer.utilisation < 0.5
     assert registry.listing().servers == {}  # the study deregistered what it registered
+    # the report plots throughput against servers, and the scaling over them
+    charts = {chart.name for chart in study_charts(results)}
+    assert {"study-throughput-servers", "study-server-efficiency"} <= charts
+    # from one server's demands, what two would give, against what two gave
+    predictions = {p.curve: p for p in results.predict(["fleet.servers=2"])}
+    predicted = predictions["servers=1"].points[-1].throughput
+    assert predicted == pytest.approx(two.throughput, rel=WITHIN)
+
+
+def test_the_command_line_sweeps_servers(tmp_path: Path) -> None:
+    out = tmp_path / "fleet.jsonl"
+    command = [sys.executable, "-m", "otelkit.cli", "study", "run", "--fleet", str(TRUTH)]
+    command += ["--model", "saturated", "--sweep", "servers=1,2", "--concurrency", "4"]
+    command += ["--seconds", "1", "--warmup", "0.3", "--no-traces", "--quiet", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = read_results(out)
+    assert [p.params["servers"] for p in results.points] == [1, 2]
+    assert results.header["server"]["kind"] == "fleet"
+    assert "more servers pay" in done.stdout
 
 
 def test_a_busy_load_balancer_is_named_and_its_plateau_predicted(

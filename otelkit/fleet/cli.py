@@ -109,6 +109,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="root requests Envoy traces itself (0: only the clients' sampled)",
     )
     config.add_argument("--health-interval", type=float, default=1.0)
+    config.add_argument(
+        "--choices",
+        type=int,
+        help="least request over N servers picked at random (default: over every server)",
+    )
     config.add_argument("--timeout", type=float, default=60.0, help="a request's, seconds")
     config.add_argument("--validate", action="store_true", help="run envoy --mode validate")
 
@@ -278,6 +283,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
         sample_percent=args.sample_percent,
         health_interval_s=args.health_interval,
         timeout_s=args.timeout,
+        choices=args.choices,
     )
     path = write_config(args.out, config)
     print(f"Envoy's configuration: {path}")

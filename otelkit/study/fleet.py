@@ -66,7 +66,7 @@ class Fleet(Server):
     """Tritonservers on ``repository`` behind an Envoy the study starts, as many as a point's
     ``servers`` (see the module's text). ``models``: those an ``instances`` sweep sets, and the
     only ones each server loads (default: the study's model). ``http_filters`` go ahead of
-    Envoy's router (``envoy_config``'s)."""
+    Envoy's router and ``balancer_choices`` is its least request's (``envoy_config``'s)."""
 
     axes = ("servers", "instances")
     ready_s = 10.0
@@ -79,6 +79,7 @@ class Fleet(Server):
         registry: Registry | None = None,
         ttl_s: float = 3.0,
         balancer_workers: int = 1,
+        balancer_choices: int | None = None,
         http_filters: Sequence[Mapping[str, Any]] = (),
         health_interval_s: float = 0.5,
         env: Mapping[str, str] | None = None,
@@ -98,6 +99,7 @@ class Fleet(Server):
         work = Path(self._work.name)
         self.registry = registry or DirectoryRegistry(work / "registry", poll_s=0.2)
         self.ttl_s, self.balancer_workers = ttl_s, balancer_workers
+        self.balancer_choices = balancer_choices
         self._filters, self._health_s = tuple(http_filters), health_interval_s
         self._env, self._extra_args = dict(env or {}), tuple(extra_args)
         self._startup_timeout, self._routed_timeout_s = startup_timeout, routed_timeout_s
@@ -195,6 +197,7 @@ class Fleet(Server):
             service_name="envoy",
             health_interval_s=self._health_s,
             http_filters=self._filters,
+            choices=self.balancer_choices,
         )
         try:
             # before the renderer runs: the EDS files Envoy needs to start are written here
@@ -373,4 +376,5 @@ class Fleet(Server):
             "registry": self.registry.describe(),
             "balancer": "envoy",
             "balancer_workers": self.balancer_workers,
+            "balancer_choices": self.balancer_choices,
         }

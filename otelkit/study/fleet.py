@@ -43,7 +43,7 @@ from otelkit.fleet.envoy import LocalEnvoy, envoy_config, envoy_hosts, write_con
 from otelkit.fleet.record import ServerRecord
 from otelkit.fleet.registry import DirectoryRegistry, Registration, Registry
 from otelkit.fleet.render import Renderer, cluster_names
-from otelkit.study.servers import Endpoint, Server, stage_repository
+from otelkit.study.servers import Endpoint, RepositoryServer
 from otelkit.tritonserver import TritonServer, free_port
 
 __all__ = ["MAX_SERVERS", "Fleet"]
@@ -62,7 +62,7 @@ class _Member:
     registration: Registration
 
 
-class Fleet(Server):
+class Fleet(RepositoryServer):
     """Tritonservers on ``repository`` behind an Envoy the study starts, as many as a point's
     ``servers`` (see the module's text). ``models``: those an ``instances`` sweep sets, and the
     only ones each server loads (default: the study's model). ``http_filters`` go ahead of
@@ -89,12 +89,9 @@ class Fleet(Server):
         log_dir: str | Path | None = None,
         name: str = "study",
     ) -> None:
-        self.repository = Path(repository).resolve()
-        if not self.repository.is_dir():
-            raise StudyError(f"no model repository at {repository}")
+        super().__init__(repository, models, log_dir)
         if not 1 <= balancer_workers <= 256:
             raise StudyError(f"balancer_workers is 1 to 256 threads, not {balancer_workers}")
-        self.models = tuple(models)
         self._work = tempfile.TemporaryDirectory(prefix="otelkit-study-fleet-")
         work = Path(self._work.name)
         self.registry = registry or DirectoryRegistry(work / "registry", poll_s=0.2)
@@ -103,7 +100,6 @@ class Fleet(Server):
         self._filters, self._health_s = tuple(http_filters), health_interval_s
         self._env, self._extra_args = dict(env or {}), tuple(extra_args)
         self._startup_timeout, self._routed_timeout_s = startup_timeout, routed_timeout_s
-        self.log_dir = Path(log_dir) if log_dir else None
         self.name = name
         self._eds = work / "eds"
         self._clusters = cluster_names(f"otelkit_{name}")
@@ -113,18 +109,8 @@ class Fleet(Server):
         self._ports: dict[str, int] = {}
         self._members: list[_Member] = []
         self._key: tuple[Any, ...] | None = None
-        self._staged: tempfile.TemporaryDirectory[str] | None = None
         self._served = self.repository
         self._joined = 0
-
-    def with_models(self, models: Sequence[str]) -> Fleet:
-        if not self.models:
-            self.models = tuple(models)
-        return self
-
-    def keep_logs(self, directory: Path) -> None:
-        if self.log_dir is None:
-            self.log_dir = directory
 
     @property
     def members(self) -> list[str]:
@@ -138,7 +124,7 @@ class Fleet(Server):
         key = (params.get("instances"), traces_url)
         if key != self._key:
             self._leave_all()
-            self._stage(params.get("instances"))
+            self._served = self.staged(params.get("instances"))
             self._key = key
         for member in [m for m in self._members if m.server.failure() is not None]:
             _log.warning("otelkit study: fleet server %s failed: replaced", member.name)
@@ -161,20 +147,6 @@ class Fleet(Server):
             balancer_pids=(self._envoy.pid,),
             balancer_workers=self.balancer_workers,
         )
-
-    def _stage(self, instances: int | None) -> None:
-        if self._staged is not None:
-            self._staged.cleanup()
-            self._staged = None
-        self._served = self.repository
-        if instances is None:
-            return
-        missing = [m for m in self.models if not (self.repository / m / "config.pbtxt").is_file()]
-        if missing:
-            raise StudyError(f"no config.pbtxt for model {missing[0]!r} in {self.repository}")
-        self._staged = tempfile.TemporaryDirectory(prefix="otelkit-study-repository-")
-        self._served = Path(self._staged.name)
-        stage_repository(self.repository, self._served, dict.fromkeys(self.models, instances))
 
     def _balancer(self, traces_url: str | None) -> None:
         """The renderer, and Envoy with its tracer sending to ``traces_url``: started once,
@@ -363,9 +335,7 @@ class Fleet(Server):
         if self._envoy is not None:
             self._envoy.stop()
             self._envoy, self._envoy_key = None, None
-        if self._staged is not None:
-            self._staged.cleanup()
-            self._staged = None
+        self.unstage()
         self._key = None
 
     def describe(self) -> dict[str, Any]:

@@ -42,7 +42,16 @@ from typing import Any
 from otelkit.errors import StudyError, TritonStartError
 from otelkit.tritonserver import TritonServer, free_port
 
-__all__ = ["AppBuilder", "Endpoint", "RayServe", "Remote", "Server", "Triton", "set_instance_count"]
+__all__ = [
+    "AppBuilder",
+    "Endpoint",
+    "RayServe",
+    "Remote",
+    "RepositoryServer",
+    "Server",
+    "Triton",
+    "set_instance_count",
+]
 
 
 _COUNT = re.compile(r"\bcount\s*:\s*\d+")
@@ -153,7 +162,51 @@ def stage_repository(source: Path, target: Path, counts: Mapping[str, int]) -> N
                 link.symlink_to(entry.resolve())
 
 
-class Triton(Server):
+class RepositoryServer(Server):
+    """What the servers a study launches on a model repository share: the ``models`` an
+    ``instances`` sweep sets (default: the study's model), where their logs go, and the copy of
+    the repository with those counts that a point serves (``staged``)."""
+
+    def __init__(
+        self, repository: str | Path, models: Sequence[str], log_dir: str | Path | None
+    ) -> None:
+        self.repository = Path(repository).resolve()
+        if not self.repository.is_dir():
+            raise StudyError(f"no model repository at {repository}")
+        self.models = tuple(models)
+        self.log_dir = Path(log_dir) if log_dir else None
+        self._staged: tempfile.TemporaryDirectory[str] | None = None
+
+    def with_models(self, models: Sequence[str]) -> RepositoryServer:
+        if not self.models:
+            self.models = tuple(models)
+        return self
+
+    def keep_logs(self, directory: Path) -> None:
+        if self.log_dir is None:
+            self.log_dir = directory
+
+    def staged(self, instances: int | None) -> Path:
+        """The repository to serve: the original, or (for an ``instances`` point) a copy whose
+        models have that many instances; the copy before it is removed."""
+        self.unstage()
+        if instances is None:
+            return self.repository
+        missing = [m for m in self.models if not (self.repository / m / _CONFIG).is_file()]
+        if missing:
+            raise StudyError(f"no {_CONFIG} for model {missing[0]!r} in {self.repository}")
+        self._staged = tempfile.TemporaryDirectory(prefix="otelkit-study-repository-")
+        served = Path(self._staged.name)
+        stage_repository(self.repository, served, dict.fromkeys(self.models, instances))
+        return served
+
+    def unstage(self) -> None:
+        if self._staged is not None:
+            self._staged.cleanup()
+            self._staged = None
+
+
+class Triton(RepositoryServer):
     """A ``tritonserver`` the study launches on ``repository``, restarted when ``instances``
     changes; ``models`` are those whose instance counts an ``instances`` sweep sets (default:
     the model under study). ``env`` and ``extra_args`` go to the server as ``TritonServer``
@@ -174,26 +227,12 @@ class Triton(Server):
         startup_timeout: float = 120.0,
         log_dir: str | Path | None = None,
     ) -> None:
-        self.repository = Path(repository).resolve()
-        if not self.repository.is_dir():
-            raise StudyError(f"no model repository at {repository}")
-        self.models = tuple(models)
+        super().__init__(repository, models, log_dir)
         self._env, self._extra_args = dict(env or {}), tuple(extra_args)
         self._startup_timeout = startup_timeout
-        self.log_dir = Path(log_dir) if log_dir else None
         self._server: TritonServer | None = None
         self._key: tuple[Any, ...] | None = None
-        self._staged: tempfile.TemporaryDirectory[str] | None = None
         self._starts = 0
-
-    def with_models(self, models: Sequence[str]) -> Triton:
-        if not self.models:
-            self.models = tuple(models)
-        return self
-
-    def keep_logs(self, directory: Path) -> None:
-        if self.log_dir is None:
-            self.log_dir = directory
 
     @property
     def server(self) -> TritonServer | None:
@@ -213,14 +252,7 @@ class Triton(Server):
 
     def _restart(self, instances: int | None, traces_url: str | None) -> None:
         self.close()
-        repository = self.repository
-        if instances is not None:
-            missing = [m for m in self.models if not (self.repository / m / _CONFIG).is_file()]
-            if missing:
-                raise StudyError(f"no {_CONFIG} for model {missing[0]!r} in {self.repository}")
-            self._staged = tempfile.TemporaryDirectory(prefix="otelkit-study-repository-")
-            repository = Path(self._staged.name)
-            stage_repository(self.repository, repository, dict.fromkeys(self.models, instances))
+        repository = self.staged(instances)
         env = dict(self._env)
         if traces_url is not None:  # the stages inside Python-backend models export there too
             env.setdefault("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces_url)
@@ -250,9 +282,7 @@ class Triton(Server):
         if self._server is not None:
             self._server.stop(timeout=3.0)  # the point's traces were read already
             self._server = None
-        if self._staged is not None:
-            self._staged.cleanup()
-            self._staged = None
+        self.unstage()
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "triton", "repository": str(self.repository), "models": list(self.models)}

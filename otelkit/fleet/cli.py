@@ -26,6 +26,7 @@ from typing import Any
 
 from otelkit._core.signals import stop_on_signals
 from otelkit.errors import ConfigError, FleetError, RegistrationError
+from otelkit.fleet.auth import Auth, read_tokens
 from otelkit.fleet.drain import Draining
 from otelkit.fleet.envoy import envoy_binary, envoy_config, envoy_hosts, write_config
 from otelkit.fleet.record import ServerRecord
@@ -109,6 +110,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="root requests Envoy traces itself (0: only the clients' sampled)",
     )
     config.add_argument("--health-interval", type=float, default=1.0)
+    config.add_argument("--jwks", metavar="FILE", help="accept JWTs signed by these keys")
+    config.add_argument("--issuer", help="the issuer (iss) a JWT must carry, with --jwks")
+    config.add_argument(
+        "--audience", action="append", default=[], help="an audience a JWT may carry (repeatable)"
+    )
+    config.add_argument(
+        "--tokens-file", metavar="FILE", help="accept these static bearer tokens, one a line"
+    )
     config.add_argument(
         "--choices",
         type=int,
@@ -270,6 +279,13 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _auth(args: argparse.Namespace) -> Auth | None:
+    if not (args.jwks or args.tokens_file):
+        return None
+    tokens = read_tokens(args.tokens_file) if args.tokens_file else ()
+    return Auth(args.jwks, args.issuer, tuple(args.audience), tokens)
+
+
 def _envoy_config(args: argparse.Namespace) -> int:
     config = envoy_config(
         http_port=args.http_port,
@@ -284,6 +300,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
         health_interval_s=args.health_interval,
         timeout_s=args.timeout,
         choices=args.choices,
+        auth=_auth(args),
     )
     path = write_config(args.out, config)
     print(f"Envoy's configuration: {path}")

@@ -40,6 +40,7 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import json
+import os
 import shutil
 import sys
 import urllib.parse
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from otelkit.errors import FleetError
+from otelkit.fleet.auth import Auth, auth_filters
 from otelkit.fleet.child import LocalProcess
 from otelkit.fleet.render import cluster_names, eds_response, write_if_changed
 
@@ -320,12 +322,14 @@ def envoy_config(
     trace_flush_ms: int = 1000,
     http_filters: Sequence[Mapping[str, Any]] = (),
     choices: int | None = None,
+    auth: Auth | None = None,
 ) -> dict[str, Any]:
     """Envoy's bootstrap for the fleet (see the module's text). ``http_filters`` go ahead of
     the router on both listeners, in order: a site's own checks (SuperSONIC's Lua check that
     refuses new clients when the fleet is saturated, an authorisation filter). ``choices``:
     least request over that many servers picked at random (Envoy's default is 2), for a fleet
-    so large that scanning every server costs; ``None`` scans every server."""
+    so large that scanning every server costs; ``None`` scans every server. ``auth``: the
+    bearer tokens every request must carry (``otelkit.fleet.auth``), checked first."""
     if not 0 <= sample_percent <= 100:
         raise FleetError(f"sample_percent is 0 to 100, not {sample_percent}")
     if choices is not None and not 2 <= choices <= 1000:
@@ -335,6 +339,7 @@ def envoy_config(
     eds = Path(eds_dir).resolve()
     clusters = cluster_names(cluster_prefix)
     tracing = _tracing(traces_url, sample_percent, service_name) if traces_url else None
+    filters = [*(auth_filters(auth) if auth is not None else []), *http_filters]
     static: dict[str, Any] = {
         "listeners": [
             _listener(
@@ -345,7 +350,7 @@ def envoy_config(
                 False,
                 timeout_s,
                 tracing,
-                http_filters,
+                filters,
             ),
             _listener(
                 clusters["grpc"],
@@ -355,7 +360,7 @@ def envoy_config(
                 True,
                 timeout_s,
                 tracing,
-                http_filters,
+                filters,
             ),
         ],
         "clusters": [
@@ -390,7 +395,10 @@ def write_config(path: str | Path, config: dict[str, Any]) -> Path:
             Path(eds).parent.mkdir(parents=True, exist_ok=True)
             write_if_changed(Path(eds), eds_response(cluster["name"], "http", {})[0])
     target = Path(path)
-    target.write_text(json.dumps(config, indent=1) + "\n")
+    # owner-only: it may hold a site's static tokens
+    with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(json.dumps(config, indent=1) + "\n")
+    target.chmod(0o600)
     return target
 
 

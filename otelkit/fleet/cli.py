@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from otelkit._core.signals import stop_on_signals
@@ -50,6 +52,12 @@ def _registry_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--etcd", metavar="URL", help="etcd's client URL: http://host:2379")
     where.add_argument("--dir", metavar="PATH", help="a shared directory as the registry")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
+    parser.add_argument("--etcd-user", metavar="USER", help="etcd's user, when its auth is on")
+    parser.add_argument(
+        "--etcd-password-file",
+        metavar="FILE",
+        help=f"its password (or ${PASSWORD_ENV}; never on the command line, which ps shows)",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,9 +135,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     config.add_argument("--validate", action="store_true", help="run envoy --mode validate")
 
 
+PASSWORD_ENV = "OTELKIT_ETCD_PASSWORD"
+
+
 def registry_of(args: argparse.Namespace) -> Registry:
     if args.etcd:
-        return EtcdRegistry(args.etcd, prefix=args.prefix)
+        password = None
+        if args.etcd_user:
+            password = os.environ.get(PASSWORD_ENV)
+            if args.etcd_password_file:
+                try:
+                    password = Path(args.etcd_password_file).read_text().strip()
+                except OSError as error:
+                    raise FleetError(f"etcd's password file: {error.strerror}") from None
+            if password is None:
+                raise FleetError(f"--etcd-user needs --etcd-password-file or ${PASSWORD_ENV}")
+        return EtcdRegistry(args.etcd, prefix=args.prefix, user=args.etcd_user, password=password)
     return DirectoryRegistry(args.dir)
 
 

@@ -6,6 +6,11 @@ the standard library rather than a client package: the Python etcd3 clients pin 
 and gRPC releases that clash with OpenTelemetry's, and the gateway's few calls (grant, keep
 alive, put, range, watch, revoke) are stable across 3.4 and 3.5. Every failure (refused, a
 timeout, an error answer) is a ``FleetError`` that names the call.
+
+**Authentication**: with ``user`` and ``password`` every call carries the token etcd gives for
+them (``auth/authenticate``), taken again when etcd says it expired. A site with ``auth
+enable`` gives each server a user whose role may write only under the fleet's prefix, and the
+renderer one that may only read it: a process without them cannot register a server.
 """
 
 from __future__ import annotations
@@ -36,6 +41,20 @@ def _why(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
+# what etcd says when authentication is on, and what to do about it
+_AUTH_HINTS = {
+    "user name is empty": "etcd requires authentication: give a user and its password",
+    "authentication failed": "etcd refused the user and password",
+    "permission denied": "etcd refused: the user's role may not do this under the prefix",
+}
+
+
+def _said(detail: object) -> str:
+    text = str(detail)
+    hint = next((h for key, h in _AUTH_HINTS.items() if key in text), None)
+    return f"{text} ({hint})" if hint else text
+
+
 def prefix_end(prefix: str) -> str:
     """The end of the key range holding every key that starts with ``prefix`` (its last
     byte plus one), base64 as the gateway takes it."""
@@ -51,23 +70,52 @@ def prefix_end(prefix: str) -> str:
 class Etcd:
     """One etcd endpoint, ``http://host:2379``."""
 
-    def __init__(self, url: str = "http://127.0.0.1:2379", *, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:2379",
+        *,
+        timeout_s: float = 2.0,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
         parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
         if parsed.scheme != "http" or not parsed.hostname:
             raise FleetError(f"etcd at {url!r}: give http://host:port (TLS is not supported)")
         self.url = f"http://{parsed.netloc}"
         self.host, self.port = parsed.hostname, parsed.port or 2379
         self.timeout_s = timeout_s
+        if bool(user) != (password is not None):
+            raise FleetError("etcd: give a user and its password together")
+        self.user, self._password = user, password
+        self._token: str | None = None
         self._watch_lock = threading.Lock()
         self._watching: http.client.HTTPConnection | None = None
 
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.user is not None:
+            if self._token is None:
+                answer = self._post(
+                    "auth/authenticate", {"name": self.user, "password": self._password}, {}
+                )
+                self._token = str(answer.get("token", ""))
+            headers["Authorization"] = self._token
+        return headers
+
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` to ``/v3/<path>``; the answer, or ``FleetError``."""
+        try:
+            return self._post(path, body, self._headers())
+        except FleetError as error:
+            if self.user is None or "invalid auth token" not in str(error):
+                raise
+        self._token = None  # it expired (etcd's simple tokens live 5 minutes): once more
+        return self._post(path, body, self._headers())
+
+    def _post(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
         try:
-            connection.request(
-                "POST", f"/v3/{path}", json.dumps(body), {"Content-Type": "application/json"}
-            )
+            connection.request("POST", f"/v3/{path}", json.dumps(body), headers)
             response = connection.getresponse()
             text = response.read(1 << 24)
         except (OSError, http.client.HTTPException) as error:
@@ -81,7 +129,7 @@ class Etcd:
         if response.status != 200 or not isinstance(answer, dict) or "error" in answer:
             raw = text[:200].decode(errors="replace")
             detail = answer.get("error") if isinstance(answer, dict) else raw
-            raise FleetError(f"etcd at {self.url}: {path}: {response.status} {detail}")
+            raise FleetError(f"etcd at {self.url}: {path}: {response.status} {_said(detail)}")
         return answer
 
     def grant(self, ttl_s: int) -> int:
@@ -133,21 +181,22 @@ class Etcd:
                 "start_revision": str(after + 1),
             }
         }
+        headers = self._headers()
         connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
         with self._watch_lock:
             self._watching = connection
         try:
-            connection.request(
-                "POST", "/v3/watch", json.dumps(body), {"Content-Type": "application/json"}
-            )
+            connection.request("POST", "/v3/watch", json.dumps(body), headers)
             response = connection.getresponse()
             if response.status != 200:
+                self._token = None  # perhaps expired: taken again on the next call
                 raise FleetError(f"etcd at {self.url}: watch: {response.status}")
             while line := response.readline(1 << 24):  # one JSON object a line
                 result = json.loads(line).get("result", {})
                 if result.get("events") or result.get("compact_revision"):
                     return True
                 if result.get("canceled"):
+                    self._token = None
                     raise FleetError(f"etcd at {self.url}: watch canceled: {result}")
             return False  # the stream ended: interrupted, or etcd went away
         except TimeoutError:

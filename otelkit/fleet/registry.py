@@ -85,7 +85,8 @@ class Registry(Protocol):
 
 
 class EtcdRegistry:
-    """Records under ``<prefix>servers/`` in etcd, each on its server's lease."""
+    """Records under ``<prefix>servers/`` in etcd, each on its server's lease; as ``user``
+    when etcd's authentication is on."""
 
     def __init__(
         self,
@@ -93,8 +94,10 @@ class EtcdRegistry:
         *,
         prefix: str = DEFAULT_PREFIX,
         timeout_s: float = 2.0,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
-        self.etcd = Etcd(url, timeout_s=timeout_s)
+        self.etcd = Etcd(url, timeout_s=timeout_s, user=user, password=password)
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self.servers_prefix = f"{self.prefix}servers/"
 

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,9 @@ from otelkit.fleet.registry import (
     Registry,
 )
 from otelkit.fleet.render import Renderer, RendererMetrics
+from otelkit.fleet.scale import SATURATION_QUERY, ScalePolicy, Scaler, prometheus_value, slurm
+from otelkit.fleet.serve import Drain, serve
+from otelkit.fleet.slurm import job_script
 
 __all__ = ["add_arguments", "envoy_hosts", "format_status", "run"]
 
@@ -60,17 +64,62 @@ def _registry_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _record_arguments(parser: argparse.ArgumentParser) -> None:
+    _registry_arguments(parser)
+    parser.add_argument("--name", required=True, help="the server's name, unique in the fleet")
+    parser.add_argument("--http", required=True, metavar="HOST:PORT", help="KServe v2 HTTP")
+    parser.add_argument("--grpc", metavar="HOST:PORT", help="KServe v2 gRPC")
+    parser.add_argument("--metrics", metavar="HOST:PORT", help="its Prometheus page")
+    parser.add_argument("--model", action="append", default=[], help="a model it serves")
+    parser.add_argument("--site", default="", help="where it runs (a label)")
+    parser.add_argument("--ttl", type=float, default=10.0, help="heartbeat lease, seconds")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
     register = commands.add_parser("register", help="keep a server registered while it runs")
-    _registry_arguments(register)
-    register.add_argument("--name", required=True, help="the server's name, unique in the fleet")
-    register.add_argument("--http", required=True, metavar="HOST:PORT", help="KServe v2 HTTP")
-    register.add_argument("--grpc", metavar="HOST:PORT", help="KServe v2 gRPC")
-    register.add_argument("--metrics", metavar="HOST:PORT", help="its Prometheus page")
-    register.add_argument("--model", action="append", default=[], help="a model it serves")
-    register.add_argument("--site", default="", help="where it runs (a label)")
-    register.add_argument("--ttl", type=float, default=10.0, help="heartbeat lease, seconds")
+    _record_arguments(register)
+
+    serve = commands.add_parser(
+        "serve", help="run a server, registered while it serves, drained on SIGTERM"
+    )
+    _record_arguments(serve)
+    serve.add_argument("--settle", type=float, default=2.0, help="seconds for Envoy to let go")
+    serve.add_argument("--drain", type=float, default=20.0, help="at most, for requests to end")
+    serve.add_argument("--stop-timeout", type=float, default=5.0, help="then for it to exit")
+    serve.add_argument("--startup", type=float, default=600.0, help="seconds to become ready")
+    serve.add_argument("command", nargs=argparse.REMAINDER, help="-- the server's command")
+
+    scale = commands.add_parser("scale", help="submit or cancel Slurm jobs on saturation")
+    _registry_arguments(scale)
+    scale.add_argument("--prometheus", required=True, metavar="URL")
+    scale.add_argument("--query", default=SATURATION_QUERY, help="the saturation, ms")
+    scale.add_argument("--submit", required=True, help='e.g. "sbatch --parsable job.sbatch"')
+    scale.add_argument("--cancel", default="scancel {job}", help="{job} is the job id")
+    scale.add_argument("--name-prefix", default="triton-", help="servers are <prefix><job id>")
+    scale.add_argument("--high", type=float, default=100.0, help="ms per execution: one more")
+    scale.add_argument("--low", type=float, default=10.0, help="ms per execution: one fewer")
+    scale.add_argument("--min", type=int, default=1, help="servers at the least")
+    scale.add_argument("--max", type=int, default=4, help="servers at the most")
+    scale.add_argument("--up-after", type=float, default=60.0, help="seconds held above --high")
+    scale.add_argument("--down-after", type=float, default=600.0, help="seconds below --low")
+    scale.add_argument("--cooldown", type=float, default=120.0, help="seconds between actions")
+    scale.add_argument("--interval", type=float, default=30.0, help="seconds between polls")
+    scale.add_argument("--once", action="store_true", help="one step, then exit")
+
+    job = commands.add_parser("slurm-job", help="write the Slurm job of one fleet server")
+    _registry_arguments(job)
+    job.add_argument("--out", required=True)
+    job.add_argument("--repository", required=True, help="the model repository on the nodes")
+    job.add_argument("--model", action="append", default=[], help="load only these models")
+    job.add_argument("--site", default="")
+    job.add_argument("--name-prefix", default="triton-")
+    job.add_argument(
+        "--sbatch", action="append", default=[], help="an #SBATCH option: --sbatch=--gpus=1"
+    )
+    job.add_argument("--server-command", default="tritonserver")
+    job.add_argument("--ttl", type=float, default=10.0)
+    job.add_argument("--drain", type=float, default=20.0)
 
     render = commands.add_parser("render", help="write Envoy's endpoints and Prometheus' targets")
     _registry_arguments(render)
@@ -165,15 +214,19 @@ def run(args: argparse.Namespace) -> int:
         return 1 if args.fleet_command == "status" else 2
 
 
-def _register(args: argparse.Namespace) -> int:
-    record = ServerRecord(
+def _record(args: argparse.Namespace) -> ServerRecord:
+    return ServerRecord(
         name=args.name,
         http=args.http,
         grpc=args.grpc,
         metrics=args.metrics,
         models=tuple(args.model),
         site=args.site,
-    )
+    ).check()
+
+
+def _register(args: argparse.Namespace) -> int:
+    record = _record(args)
     registration = Registration(record, registry_of(args), ttl_s=args.ttl)
     with stop_on_signals() as stop:
         registration.start()
@@ -341,8 +394,86 @@ def _envoy_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("otelkit fleet serve: give the server's command after --", file=sys.stderr)
+        return 2
+    drain = Drain(settle_s=args.settle, drain_s=args.drain, stop_s=args.stop_timeout)
+    with stop_on_signals() as stop:
+        return serve(
+            command,
+            _record(args),
+            registry_of(args),
+            ttl_s=args.ttl,
+            drain=drain,
+            stop=stop,
+            startup_s=args.startup,
+        )
+
+
+def _scale(args: argparse.Namespace) -> int:
+    policy = ScalePolicy(
+        high_ms=args.high,
+        low_ms=args.low,
+        min_servers=args.min,
+        max_servers=args.max,
+        up_after_s=args.up_after,
+        down_after_s=args.down_after,
+        cooldown_s=args.cooldown,
+    )
+    registry = registry_of(args)
+    submit, cancel = slurm(args.submit, args.cancel)
+    scaler = Scaler(
+        policy,
+        saturation=lambda: prometheus_value(args.prometheus, args.query),
+        servers=lambda: list(registry.listing().servers),
+        submit=submit,
+        cancel=cancel,
+        name_prefix=args.name_prefix,
+    )
+    with stop_on_signals() as stop:
+        while True:
+            decision = scaler.step()
+            if args.once:
+                print(json.dumps(asdict(decision)))
+                return 0
+            if stop.wait(args.interval):
+                return 0
+
+
+def _slurm_job(args: argparse.Namespace) -> int:
+    if args.etcd:
+        registry = ["--etcd", args.etcd, "--prefix", args.prefix]
+        if args.etcd_user:
+            registry += ["--etcd-user", args.etcd_user]
+        if args.etcd_password_file:
+            registry += ["--etcd-password-file", args.etcd_password_file]
+    else:
+        registry = ["--dir", args.dir]
+    text = job_script(
+        registry=registry,
+        repository=args.repository,
+        models=args.model,
+        site=args.site,
+        name_prefix=args.name_prefix,
+        sbatch=args.sbatch,
+        server_command=args.server_command,
+        ttl_s=args.ttl,
+        drain_s=args.drain,
+    )
+    out = Path(args.out)
+    out.write_text(text)
+    out.chmod(0o755)
+    print(f"the job of one fleet server: {out} (sbatch --parsable {out})")
+    return 0
+
+
 _COMMANDS = {
     "register": _register,
+    "serve": _serve,
+    "scale": _scale,
+    "slurm-job": _slurm_job,
     "render": _render,
     "status": _status,
     "envoy-config": _envoy_config,

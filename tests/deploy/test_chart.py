@@ -128,3 +128,18 @@ def test_the_envoy_configuration_the_chart_renders_validates(values: str, tmp_pa
         [binary, "--mode", "validate", "-c", str(path)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-1500:] + done.stderr[-1500:]
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("values", VALUES)
+def test_the_keda_query_the_chart_renders_passes_promtool(values: str, tmp_path: Path) -> None:
+    (scaled,) = [d for d in rendered(values) if d["kind"] == "ScaledObject"]
+    query = scaled["spec"]["triggers"][0]["metadata"]["query"]
+    rules = {"groups": [{"name": "keda", "rules": [{"record": "keda:query", "expr": query}]}]}
+    path = tmp_path / "keda.rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    promtool = require_binary("promtool")
+    done = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

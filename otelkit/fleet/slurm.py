@@ -10,9 +10,9 @@ server. The host's address, the ports and the server's command come from the env
 set (``OTELKIT_FLEET_HOST``, ``OTELKIT_FLEET_HTTP_PORT``, ``..._GRPC_PORT``,
 ``..._METRICS_PORT``), so one script serves every node.
 
->>> print(job_script(registry=["--etcd", "http://etcd:2379"], repository="/models")[:40])
-#!/bin/bash
-#SBATCH --job-name=otelkit-fleet
+>>> script = job_script(registry=["--etcd", "http://etcd:2379"], repository="/models")
+>>> script.splitlines()[:2]
+['#!/bin/bash', '#SBATCH --job-name=otelkit-fleet']
 """
 
 from __future__ import annotations

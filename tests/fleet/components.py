@@ -3,8 +3,10 @@ process on free loopback ports that a test can stop, kill and start again."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
+from typing import Self
 
 from otelkit.fleet.envoy import LocalEnvoy, envoy_binary
 from otelkit.fleet.etcd import LocalEtcd
@@ -36,3 +38,27 @@ class EnvoyProxy(LocalEnvoy):
     def __init__(self, config: Path, admin_port: int, log: Path) -> None:
         binary = envoy_binary() or require_binary("envoy")
         super().__init__(config, admin_port=admin_port, log=log, binary=binary)
+
+
+class LoadThreads:
+    """``threads`` threads, each running ``_run()`` while the ``with`` block lasts: a subclass
+    makes its calls there, counts them in ``calls`` and keeps what failed."""
+
+    def __init__(self, threads: int) -> None:
+        self.calls = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)

@@ -41,7 +41,7 @@ from otelkit.fleet.envoy import envoy_binary, envoy_hosts
 from otelkit.fleet.render import RendererMetrics
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
-from tests.fleet.components import EnvoyProxy
+from tests.fleet.components import EnvoyProxy, LoadThreads
 from tests.paths import MODELS, ROOT
 from tests.prometheus import PrometheusServer, evaluated_queries, wait_until, without_data
 from tests.support import require_binary
@@ -218,15 +218,13 @@ def call(client: Client, headers: dict[str, str] | None = None) -> None:
     assert np.array_equal(result.as_numpy("OUTPUT0"), data)
 
 
-class Load:
+class Load(LoadThreads):
     """``threads`` clients calling through Envoy over gRPC until stopped; errors counted."""
 
     def __init__(self, url: str, threads: int = 4, *, traced: bool = False) -> None:
-        self.url, self.calls, self.errors = url, 0, []  # type: ignore[var-annotated]
+        super().__init__(threads)
+        self.url, self.errors = url, []  # type: ignore[var-annotated]
         self.traced = traced  # each call with a sampled context of its own
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
 
     def _run(self) -> None:
         client = grpcclient.InferenceServerClient(self.url)
@@ -244,16 +242,6 @@ class Load:
                     self.errors.append(str(error)[:200])
             time.sleep(0.005)
         client.close()
-
-    def __enter__(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=30)
 
 
 def envoy_counter(fleet: Fleet, name: str) -> float:

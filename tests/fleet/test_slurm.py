@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ from otelkit.fleet import EtcdRegistry, Renderer
 from otelkit.fleet.envoy import envoy_config, envoy_hosts, write_config
 from otelkit.fleet.scale import ScalePolicy, Scaler, prometheus_value, slurm
 from otelkit.tritonserver import free_port
-from tests.fleet.components import EnvoyProxy
+from tests.fleet.components import EnvoyProxy, LoadThreads
 from tests.paths import ROOT, TESTS
 from tests.prometheus import PrometheusServer
 from tests.support import require_binary
@@ -78,14 +77,13 @@ def until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-class Load:
+class Load(LoadThreads):
     """``threads`` calling ``saturated`` through Envoy in a loop; failures kept."""
 
     def __init__(self, url: str, threads: int) -> None:
-        self.url, self.calls = url, 0
+        super().__init__(threads)
+        self.url = url
         self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
 
     def _run(self) -> None:
         client = httpclient.InferenceServerClient(self.url, network_timeout=30)
@@ -94,20 +92,11 @@ class Load:
         while not self._stop.is_set():
             try:
                 client.infer("saturated", [tensor])
-                self.calls += 1
+                with self._lock:
+                    self.calls += 1
             except Exception as error:  # every failure is the test's to report
                 self.failures.append(f"{getattr(error, 'status', lambda: '')()} {error}")
         client.close()
-
-    def __enter__(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
 
 
 @pytest.fixture

@@ -168,7 +168,13 @@ def test_asyncio_points_agree_with_little_and_tritons_counters(
     ).run()
     (point,) = results.points
     assert point.throughput * point.histogram.mean_s == pytest.approx(32, rel=0.1)
-    assert point.triton["identity_fp32"].requests == pytest.approx(point.requests, abs=64)
+    # The two counts differ by the requests at the window's edges: those in flight (32 at each
+    # edge) and those Triton counts while the client's loop is busy reading its counters (about
+    # 10 k/s here, so a few ms of scrape are tens more). Measured apart from the suite: 0 to 40;
+    # in a full CI run once 91 of 13,322. Counting the warm-up or a request twice would be off by
+    # thousands.
+    bound = max(64.0, 0.01 * point.requests)
+    assert point.triton["identity_fp32"].requests == pytest.approx(point.requests, abs=bound)
     assert point.triton["identity_fp32"].pending <= 32
 
 

@@ -29,6 +29,7 @@ from otelkit.report.sections import (
     breakdown_section,
     chart_blocks,
     facts_section,
+    heading_section,
     study_section,
     waterfall_section,
 )
@@ -126,10 +127,7 @@ class Report:
 
         bars = [self.breakdown] if self.breakdown is not None else []
         sections = [
-            f"<h1>{self.title}</h1>",
-            '<nav><a href="#breakdown">breakdown</a><a href="#traces">trace waterfall</a>'
-            + "".join(f'<a href="#study-{name}">study {name}</a>' for name, _, _ in self.studies)
-            + '<a href="#facts">the run</a></nav>',
+            heading_section(self.title, [name for name, _, _ in self.studies]),
             f'<p class="facts-line">{self.facts.traces} traces, {self.facts.spans} spans, '
             f"{len(self.facts.services)} services</p>",
             breakdown_section(self.groups, place(bars), self.late_spans, self.closed_early),

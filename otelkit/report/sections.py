@@ -21,6 +21,7 @@ __all__ = [
     "breakdown_section",
     "chart_blocks",
     "facts_section",
+    "heading_section",
     "study_section",
     "waterfall_section",
 ]
@@ -72,6 +73,21 @@ def breakdown_section(
     if not groups:
         return '<h2 id="breakdown">Breakdown</h2><p>No complete traces with a root span.</p>'
     return f'<h2 id="breakdown">Breakdown</h2>{charts}<h3>Checks</h3>{table}{notes}'
+
+
+def heading_section(title: str, studies: Sequence[str]) -> str:
+    """The page's title and its navigation: a title and study names come from outside (a
+    command line, a results file's name) and are escaped as everything else on the page.
+
+    >>> heading_section("<b>x</b>", ["a&b"])[:30]
+    '<h1>&lt;b&gt;x&lt;/b&gt;</h1><nav>'
+    """
+    links = "".join(f'<a href="#study-{_e(name)}">study {_e(name)}</a>' for name in studies)
+    return (
+        f"<h1>{_e(title)}</h1>"
+        '<nav><a href="#breakdown">breakdown</a><a href="#traces">trace waterfall</a>'
+        f'{links}<a href="#facts">the run</a></nav>'
+    )
 
 
 def study_section(title: str, header: dict[str, Any], verdicts: Sequence[str], charts: str) -> str:

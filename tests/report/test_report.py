@@ -4,6 +4,7 @@ text, the figures as images with labelled axes, and the command."""
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from pathlib import Path
 from xml.etree import ElementTree
@@ -228,3 +229,17 @@ def test_the_utilisation_chart_marks_the_bottleneck_and_its_predicted_plateau() 
     )
     bold = chart.spec["layer"][0]["encoding"]["strokeWidth"]["condition"]["test"]
     assert bold == {"field": "resource", "equal": "gnn"}  # the bottleneck drawn bold
+
+
+def test_a_title_and_study_names_from_outside_are_escaped_in_the_page(tmp_path: Path) -> None:
+    """Text from outside (the title from the command line, a study's file name) never becomes
+    markup: the page's policy allows inline script, so a tag would run."""
+    hostile = "<img src=x onerror=alert(1)>"
+    named = tmp_path / "x<svg onload=alert(3)>.jsonl"  # a study is named by its file
+    shutil.copyfile(STUDY, named)
+    report = Report.build(studies=[named])
+    report.title = hostile
+    page = report.html()
+    assert hostile not in page and "<svg onload" not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "x&lt;svg onload=alert(3)&gt;" in page

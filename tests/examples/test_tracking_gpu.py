@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,17 +28,43 @@ from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
 from tests.support import wait_for_trace
 
+
 # Measured on a lent H200 (2026-11-26), with nvidia-pytriton 0.7.0's tritonserver 2.51: every
 # KIND_GPU Python model answered with outputs of the right shape and no bytes (the client's
 # "cannot reshape array of size 0 into shape (667,8)"; in the ensemble "input byte size
 # mismatch for input 'EMBEDDING' for model 'build_graph'. Expected 35520, got 0"), and Triton
 # logged no error. The same tests pass on the CPU configuration. Strict: the day they pass, the
 # mark must go (docs/known-issues.md).
+class EmptyGpuOutputs(AssertionError):
+    """The known problem, and only it: an output with the right shape and no bytes."""
+
+
+# what the empty outputs look like to the client, and to the ensemble's next step
+_EMPTY = ("cannot reshape array of size 0", "input byte size mismatch")
+
+
+def empty_outputs(error: object) -> bool:
+    return any(sign in str(error) for sign in _EMPTY)
+
+
+@contextmanager
+def known_problem() -> Iterator[None]:
+    """Raise ``EmptyGpuOutputs`` for the known problem; any other failure stays itself."""
+    try:
+        yield
+    except Exception as error:
+        if empty_outputs(error):
+            raise EmptyGpuOutputs(str(error)) from error
+        raise
+
+
+# Strict, and for the known problem only: any other failure (an otelkit regression) fails.
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.triton,
     pytest.mark.xfail(
         strict=True,
+        raises=EmptyGpuOutputs,
         reason="tritonserver 2.51's KIND_GPU Python models returned empty outputs on an H200",
     ),
 ]
@@ -76,7 +103,8 @@ def test_each_option_on_the_gpu_gives_the_labels_of_the_cpu_pipeline(
     remote = Remote(server.grpc_url, "grpc", instrument=False)
     for features in event_pool(4, 60, seed=91):
         expected = reconstruct(OPTIONS[0], features, cpu_models, None)
-        labels = reconstruct(OPTIONS[option], features, cpu_models, remote)
+        with known_problem():
+            labels = reconstruct(OPTIONS[option], features, cpu_models, remote)
         differ = int((labels != expected).sum())
         assert differ == 0, f"option {option}: {differ} of {len(labels)} hits differ"
     remote.close()
@@ -89,7 +117,8 @@ def test_a_traced_event_on_the_gpu_breaks_down_into_every_stage(
     remote = Remote(server.grpc_url, "grpc")
     events = event_pool(8, 100, seed=5)
     for features in events:  # the first calls pay for CUDA's and cuBLAS's start-up
-        reconstruct(OPTIONS[3], features, None, remote)
+        with known_problem():
+            reconstruct(OPTIONS[3], features, None, remote)
     remote.close()
     otelkit.flush()
     roots = [s for s in load_spans(traces) if s.name == ROOT_SPAN]
@@ -113,6 +142,8 @@ def test_the_pipeline_on_the_gpu_serves_threads_over_grpc(
     for threads in (1, 4):
         report = drive(OPTIONS[option], events, threads=threads, models=cpu_models, remote=remote,
                        seconds=5.0)  # fmt: skip
+        if report.errors and empty_outputs(report.first_error):
+            raise EmptyGpuOutputs(str(report.first_error))
         assert report.errors == 0, report.first_error
         print(f"GPU over gRPC: {report.line()}")
     remote.close()

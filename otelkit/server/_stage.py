@@ -14,6 +14,7 @@ Costs a few microseconds per run: spans are otelkit's lean spans, the histogram 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -116,9 +117,9 @@ class StageRun:
                 HOT.counter(semconv.STAGE_ERRORS, _ERROR_LABELS).series(labels).add(1)
                 span.record_error(error)
             if self._token is not None:
-                _current_context.detach(self._token)
+                _forget(_current_context.detach, self._token)
             if self._links_token is not None:
-                BATCH_LINKS.reset(self._links_token)
+                _forget(BATCH_LINKS.reset, self._links_token)
             if not span.sampled:
                 series.duration.observe(seconds)
                 if self._gpu is not None:
@@ -132,6 +133,15 @@ class StageRun:
                 span.end()
         except Exception:
             internal_error("ending a stage span")
+
+
+def _forget(reset: Callable[[Any], Any], token: Any) -> None:
+    """Undo what a stage set in its context. A stage may end in another context than the one
+    it began in (an async generator dropped half-consumed is closed by asyncio's finalizer, in
+    a context of its own): there is nothing of the stage's to undo there, and the run still
+    ends (its span, its in-flight count)."""
+    with contextlib.suppress(ValueError):  # "<Token ...> was created in a different Context"
+        reset(token)
 
 
 class _NoRun:
@@ -190,7 +200,7 @@ class Stage:
         run = _RUN.get()
         if run is None or run.outer is None:
             return
-        _RUN.reset(run.outer)
+        _forget(_RUN.reset, run.outer)
         run.close(error)
 
     async def __aenter__(self) -> StageRun | _NoRun:

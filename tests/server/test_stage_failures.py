@@ -44,3 +44,46 @@ def test_a_stage_that_cannot_start_leaves_the_user_and_the_outer_stage_alone(
     (span,) = trace.roots
     assert (span.attributes["edges"], span.attributes["after"]) == (3, True)
     assert _stage._RUN.get() is None
+
+
+def test_a_stage_in_an_async_generator_dropped_mid_iteration_ends_without_raising(
+    telemetry: otelkit.Telemetry, tmp_path: Path
+) -> None:
+    """asyncio closes an async generator left half-consumed from its own finalizer, in another
+    context than the one the stage was entered in: the stage ends there (its span exported, its
+    in-flight gauge back down) and nothing reaches the user's code or asyncio's handler."""
+    import asyncio
+    import gc
+
+    from otelkit import semconv
+    from otelkit._core.hotmetrics import HOT
+
+    async def events():  # type: ignore[no-untyped-def]
+        with otelkit.stage("stream"):
+            yield 1
+            yield 2
+
+    raised: list[object] = []
+
+    async def consume() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: raised.append(context))
+        stream = events()
+        assert await stream.__anext__() == 1  # then dropped, as a consumer that breaks off
+        task = asyncio.create_task(asyncio.sleep(0))  # the stream lives on in another task's view
+        await task
+        del stream
+        gc.collect()
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    asyncio.run(consume())
+    otelkit.flush()
+    assert raised == []
+    assert [s.name for s in load_spans(tmp_path)] == ["stream"]
+    in_flight = {
+        tuple(p.attributes.values()): p.value
+        for m in HOT.collect()
+        if m.name == semconv.STAGE_IN_FLIGHT.name
+        for p in m.data.data_points  # type: ignore[union-attr]
+    }
+    assert all(value == 0 for value in in_flight.values()), in_flight

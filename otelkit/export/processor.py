@@ -133,6 +133,9 @@ class BatchExportProcessor(SpanProcessor):
             self.loss.add(semconv.DROP_REASON_QUEUE_FULL, 1)
             return
         self._queue.append(span)
+        if self._abandoned:  # shutdown emptied the queue between the check above and here
+            self._count_left()
+            return
         if self._worker is None:
             self._start_worker()
         if len(self._queue) >= self._max_batch_size and not self._wake.is_set():
@@ -216,14 +219,28 @@ class BatchExportProcessor(SpanProcessor):
         self._wake.set()
         self._join_worker(deadline - reserve)
         with self._counts:
-            self._abandoned = True
-            left = len(self._queue) + self.in_export
-            self._queue.clear()
+            self._abandoned = True  # before the queue is emptied: a late span sees it
+            left = self.in_export
             self.in_export = 0
         self.loss.add(semconv.DROP_REASON_SHUTDOWN, left)
+        self._count_left()
         within(deadline, self._exporter.shutdown, "span exporter shutdown")
         self._join_worker(deadline)
         self.loss.log()
+
+    def _count_left(self) -> None:
+        """Take every span still queued and count it as dropped at shutdown: span by span, so
+        one that a thread appends meanwhile is either taken here or, appended after, taken by
+        that thread's own call (``on_end`` checks ``_abandoned`` after appending)."""
+        left = 0
+        with self._counts:
+            while True:
+                try:
+                    self._queue.popleft()
+                except IndexError:
+                    break
+                left += 1
+        self.loss.add(semconv.DROP_REASON_SHUTDOWN, left)
 
     def _join_worker(self, deadline: float) -> None:
         """Wait for the worker thread to end, until ``deadline`` (monotonic) at the latest."""

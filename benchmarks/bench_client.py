@@ -23,9 +23,9 @@ the wire). Each uses what otelkit, tritonclient and OpenTelemetry offer a user; 
 theirs is patched.
 
 Each phase prints the difference of medians with its 95 % interval (``medians``: a
-moving-block bootstrap over the pairs), and the last line judges issue 3's targets on those
-intervals: ``met``, ``missed`` or ``undecided`` (a longer run, ``--calls 20000``, resolves
-about 1 us).
+moving-block bootstrap over the pairs), and the last line judges the client's overhead
+targets (docs/performance.md) on those intervals: ``met``, ``missed`` or ``undecided`` (a
+longer run, ``--calls 20000``, resolves about 1 us).
 
 ``--event`` calls the reference deployment's ``tracking`` ensemble with one event (a call of
 about 10 ms on this CPU, the kind a reconstruction job makes) instead of the identity model

@@ -8,10 +8,10 @@ own tracing records a span.
 
 The replica's side: ``HandleCall`` is one request a handle or Serve's gRPC proxy sent (a SERVER
 span parented on the carried context or on the gRPC call's metadata, a ``queued`` span from
-the call until the replica took it, the duration histogram); ``HttpCall`` is one request
-through Serve's HTTP proxy, traced by the code the FastAPI integration uses (spec-exact
-``traceparent``, HTTP server conventions); ``BatchCall`` is one ``@serve.batch`` call, linked
-to the span of every request in it.
+the call until the replica took it, the duration histogram); ``BatchCall`` is one
+``@serve.batch`` call, linked to the span of every request in it. A request through Serve's HTTP
+proxy is traced by the FastAPI integration's code (``otelkit.server.fastapi``: spec-exact
+``traceparent``, HTTP server conventions), not here.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ GPU exporter (``otelkit gpu-exporter`` beside Triton, or a server configured wit
 names the owner of each process on a GPU: ``triton:<model instance>`` for a Python-backend stub
 (``embed_0_1``: instance 1 of group 0 of model ``embed``). A study given that page
 (``Study(gpu_metrics_url=...)``, ``--gpu-metrics-url``) reads it when each point's window closes
-and records, per instance, its device memory, its share of the GPU's memory (the seeds' "about
+and records, per instance, its device memory, its share of the GPU's memory (the field's "about
 18 % of an A100 per instance") and the utilisation of the GPU it runs on (NVML gives utilisation
 per device, not per process: instances on one GPU share its figure).
 

@@ -1,4 +1,4 @@
-"""The seeds' figures of merit, computed across the points of a sweep.
+"""The figures of merit the field reports (AthenaTriton's, SONIC's), across a sweep's points.
 
 - **throughput scaling efficiency** over model instances, ε = (Tᵢ/i)/T₁ (AthenaTriton), and
   over a fleet's servers, (Tₛ/s)/T₁;

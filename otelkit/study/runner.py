@@ -88,7 +88,8 @@ _log = logging.getLogger("otelkit.study")
 @dataclass(frozen=True)
 class Tracing:
     """How a study traces: ``per_second`` sampled requests a second (otelkit's rate-limiting
-    sampler, which keeps Triton 2.51 below its traced-load crash), sent to an embedded receiver
+    sampler: Triton traces what carries a context, and 2.51 crashes under traced load, the
+    more rarely the lower the rate: docs/known-issues.md), sent to an embedded receiver
     on ``port`` (0: any) whose files the study reads back — or to ``endpoint`` (a Collector's
     OTLP/HTTP traces URL), read back from ``directory`` (its file exporter's output)."""
 

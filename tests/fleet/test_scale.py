@@ -11,9 +11,15 @@ from otelkit.errors import FleetError
 from otelkit.fleet.scale import ScalePolicy, Scaler, prometheus_value, slurm
 
 POLICY = ScalePolicy(
-    high_ms=100, low_ms=10, min_servers=1, max_servers=3, up_after_s=60, down_after_s=300,
-    cooldown_s=120, pending_s=600,
-)  # fmt: skip
+    high_ms=100,
+    low_ms=10,
+    min_servers=1,
+    max_servers=3,
+    up_after_s=60,
+    down_after_s=300,
+    cooldown_s=120,
+    pending_s=600,
+)
 
 
 @dataclass

@@ -38,9 +38,14 @@ QUERY = (  # the scaler's signal over 5 s, as Prometheus here scrapes every seco
     "(sum(rate(nv_inference_exec_count[5s])) > 0) / 1e3"
 )
 POLICY = ScalePolicy(
-    high_ms=20.0, low_ms=2.0, min_servers=1, max_servers=2, up_after_s=0.0, down_after_s=2.0,
+    high_ms=20.0,
+    low_ms=2.0,
+    min_servers=1,
+    max_servers=2,
+    up_after_s=0.0,
+    down_after_s=2.0,
     cooldown_s=5.0,
-)  # fmt: skip
+)
 
 SBATCH = """#!/bin/bash
 # Slurm's sbatch, standing in: record the call, run the job in the background as a node would
@@ -142,9 +147,13 @@ def test_the_scaler_asks_for_a_server_under_load_and_lets_one_go_drained_when_id
     renderer = Renderer(registry, eds_dir=eds, file_sd=file_sd, resync_s=1.0)
     ports = {name: free_port() for name in ("http", "grpc", "admin")}
     config = envoy_config(
-        http_port=ports["http"], grpc_port=ports["grpc"], admin_port=ports["admin"],
-        eds_dir=eds, host="127.0.0.1", health_interval_s=0.5,
-    )  # fmt: skip
+        http_port=ports["http"],
+        grpc_port=ports["grpc"],
+        admin_port=ports["admin"],
+        eds_dir=eds,
+        host="127.0.0.1",
+        health_interval_s=0.5,
+    )
     path = write_config(tmp_path / "envoy.json", config)
     envoy = EnvoyProxy(path, ports["admin"], tmp_path / "envoy.log")
     targets = {"files": [str(file_sd)], "refresh_interval": "1s"}

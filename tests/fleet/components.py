@@ -6,10 +6,11 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
-from otelkit.fleet.envoy import LocalEnvoy, envoy_binary
+from otelkit.fleet.envoy import LocalEnvoy, envoy_binary, envoy_config, write_config
 from otelkit.fleet.etcd import LocalEtcd
+from otelkit.tritonserver import free_port
 from tests.support import require_binary
 
 
@@ -62,3 +63,21 @@ class LoadThreads:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
+
+
+def loopback_envoy(
+    directory: Path, eds: Path, name: str = "envoy", **options: Any
+) -> tuple[EnvoyProxy, dict[str, int]]:
+    """An Envoy (not started) on free loopback ports over the EDS files in ``eds``, its
+    configuration and log in ``directory``; ``options`` go to ``envoy_config``."""
+    ports = {port: free_port() for port in ("http", "grpc", "admin")}
+    config = envoy_config(
+        http_port=ports["http"],
+        grpc_port=ports["grpc"],
+        admin_port=ports["admin"],
+        eds_dir=eds,
+        host="127.0.0.1",
+        **options,
+    )
+    path = write_config(directory / f"{name}.json", config)
+    return EnvoyProxy(path, ports["admin"], directory / f"{name}.log"), ports

@@ -29,11 +29,11 @@ from otelkit.analysis import load_spans
 from otelkit.analysis.spans import SpanKind, StatusCode
 from otelkit.fleet import ServerRecord
 from otelkit.fleet.auth import Auth
-from otelkit.fleet.envoy import envoy_config, envoy_hosts, write_config
+from otelkit.fleet.envoy import envoy_config, envoy_hosts
 from otelkit.fleet.render import eds_response, write_if_changed
 from otelkit.receiver import Receiver
-from otelkit.tritonserver import TritonServer, free_port
-from tests.fleet.components import EnvoyProxy
+from otelkit.tritonserver import TritonServer
+from tests.fleet.components import EnvoyProxy, loopback_envoy
 from tests.paths import MODELS
 
 pytestmark = pytest.mark.triton
@@ -144,20 +144,16 @@ def ingress(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ingress]:
                 cluster = f"otelkit_{protocol}"
                 response, _ = eds_response(cluster, protocol, {"triton": record})
                 write_if_changed(eds / f"{cluster}.json", response)
-            ports = {name: free_port() for name in ("http", "grpc", "admin")}
-            config = envoy_config(
-                http_port=ports["http"],
-                grpc_port=ports["grpc"],
-                admin_port=ports["admin"],
-                eds_dir=eds,
-                host="127.0.0.1",
+            envoy, ports = loopback_envoy(
+                tmp,
+                eds,
+                f"envoy-{way}",
                 traces_url=receiver.traces_url,
                 sample_percent=100,  # Envoy traces every call, the refused ones too
                 trace_flush_ms=200,
                 auth=auth,
             )
-            path = write_config(tmp / f"envoy-{way}.json", config)
-            envoy = EnvoyProxy(path, ports["admin"], tmp / f"envoy-{way}.log").start()
+            envoy.start()
             gates[way] = Gate(
                 way,
                 envoy,

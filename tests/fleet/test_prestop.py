@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from otelkit.fleet import EtcdRegistry, Renderer
-from otelkit.fleet.envoy import envoy_config, envoy_hosts, write_config
+from otelkit.fleet.envoy import envoy_hosts
 from otelkit.tritonserver import free_port
-from tests.fleet.components import EnvoyProxy
+from tests.fleet.components import loopback_envoy
 from tests.fleet.test_slurm import TRUTH, Load, ready, until
 from tests.paths import ROOT
 
@@ -45,18 +45,7 @@ def test_the_prestop_hook_drains_its_server_and_no_call_is_lost(
 ) -> None:
     eds = tmp_path / "eds"
     renderer = Renderer(registry, eds_dir=eds, resync_s=1.0).start()
-    ports = {name: free_port() for name in ("http", "grpc", "admin")}
-    config = envoy_config(
-        http_port=ports["http"],
-        grpc_port=ports["grpc"],
-        admin_port=ports["admin"],
-        eds_dir=eds,
-        host="127.0.0.1",
-        health_interval_s=0.5,
-    )
-    envoy = EnvoyProxy(
-        write_config(tmp_path / "envoy.json", config), ports["admin"], tmp_path / "envoy.log"
-    )
+    envoy, ports = loopback_envoy(tmp_path, eds, health_interval_s=0.5)
     envoy.start()
     servers = {
         name: serving(name, registry, tmp_path / f"{name}.log") for name in ("pod-a", "pod-b")

@@ -21,10 +21,9 @@ import tritonclient.http as httpclient
 import yaml
 
 from otelkit.fleet import EtcdRegistry, Renderer
-from otelkit.fleet.envoy import envoy_config, envoy_hosts, write_config
+from otelkit.fleet.envoy import envoy_hosts
 from otelkit.fleet.scale import ScalePolicy, Scaler, prometheus_value, slurm
-from otelkit.tritonserver import free_port
-from tests.fleet.components import EnvoyProxy, LoadThreads
+from tests.fleet.components import LoadThreads, loopback_envoy
 from tests.paths import ROOT, TESTS
 from tests.prometheus import PrometheusServer
 from tests.support import require_binary
@@ -145,17 +144,7 @@ def test_the_scaler_asks_for_a_server_under_load_and_lets_one_go_drained_when_id
 
     eds, file_sd = tmp_path / "eds", tmp_path / "targets.json"
     renderer = Renderer(registry, eds_dir=eds, file_sd=file_sd, resync_s=1.0)
-    ports = {name: free_port() for name in ("http", "grpc", "admin")}
-    config = envoy_config(
-        http_port=ports["http"],
-        grpc_port=ports["grpc"],
-        admin_port=ports["admin"],
-        eds_dir=eds,
-        host="127.0.0.1",
-        health_interval_s=0.5,
-    )
-    path = write_config(tmp_path / "envoy.json", config)
-    envoy = EnvoyProxy(path, ports["admin"], tmp_path / "envoy.log")
+    envoy, ports = loopback_envoy(tmp_path, eds, health_interval_s=0.5)
     targets = {"files": [str(file_sd)], "refresh_interval": "1s"}
     scrape = {"job_name": "triton", "file_sd_configs": [targets]}
     binary = require_binary("prometheus")

@@ -27,8 +27,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from otelkit.export.otlp_json import dumps, request_to_json, spans_to_bytes
-from otelkit.export.otlp_proto import encode_request
+from otelkit.export._otlp_json import dumps, request_to_json, spans_to_bytes
+from otelkit.export._otlp_proto import encode_request
 
 Batch = Sequence[ReadableSpan]
 

@@ -40,17 +40,19 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from medians import difference_interval, latency_summary
 
-from otelkit.errors import FleetError
+from otelkit._errors import FleetError
 from otelkit.fleet import (
     EtcdRegistry,
+    LocalEnvoy,
+    LocalEtcd,
     Registration,
     Renderer,
     ServerRecord,
+    envoy_binary,
     envoy_config,
+    envoy_hosts,
     write_config,
 )
-from otelkit.fleet.envoy import LocalEnvoy, envoy_binary, envoy_hosts
-from otelkit.fleet.etcd import LocalEtcd
 from otelkit.receiver import Receiver
 from otelkit.study import Fleet
 from otelkit.tritonserver import TritonServer, free_port

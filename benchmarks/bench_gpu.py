@@ -27,9 +27,18 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from otelkit.gpu import GpuBackend, GpuSampler, NvmlBackend, ReplayBackend
-from otelkit.gpu.backend import FIELDS, Device, FieldNoData, FieldNotSupported, GpuReadError
-from otelkit.gpu.exporter import GpuExporter
+from otelkit.gpu import (
+    FIELDS,
+    Device,
+    FieldNoData,
+    FieldNotSupported,
+    GpuBackend,
+    GpuReadError,
+    GpuSampler,
+    NvmlBackend,
+    ReplayBackend,
+)
+from otelkit.gpu._exporter import GpuExporter
 
 RECORDING = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "gpu" / "h100x8.json"
 

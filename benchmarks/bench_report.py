@@ -60,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
 
-    from otelkit.report.page import vega_bundle
+    from otelkit.report._page import vega_bundle
 
     started = time.perf_counter()
     vega_bundle()

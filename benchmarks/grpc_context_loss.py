@@ -24,9 +24,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from otelkit.analysis import load_spans
-from otelkit.fleet import ServerRecord, envoy_config, write_config
-from otelkit.fleet.envoy import LocalEnvoy, envoy_binary
-from otelkit.fleet.render import eds_response, write_if_changed
+from otelkit.fleet import LocalEnvoy, ServerRecord, envoy_binary, envoy_config, write_config
+from otelkit.fleet._render import eds_response, write_if_changed
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
 

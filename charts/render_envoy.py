@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from otelkit.fleet.auth import Auth
-from otelkit.fleet.envoy import envoy_config
+from otelkit.fleet._auth import Auth
+from otelkit.fleet._envoy import envoy_config
 
 HERE = Path(__file__).resolve().parent / "otelkit-fleet" / "files"
 EDS = "/etc/otelkit/eds"

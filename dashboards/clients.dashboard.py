@@ -1,9 +1,9 @@
-"""The *Clients* dashboard, built by otelkit.dashboards.clients.
+"""The *Clients* dashboard, built by otelkit.dashboards.grafanalib_dashboard.
 
 `generate-dashboards clients.dashboard.py` writes clients.json beside this file, the same text
 as `otelkit dashboards --out dashboards`.
 """
 
-from otelkit.dashboards import DashboardOptions, clients
+from otelkit.dashboards import grafanalib_dashboard
 
-dashboard = clients.build(DashboardOptions())
+dashboard = grafanalib_dashboard("clients")

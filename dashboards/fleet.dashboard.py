@@ -1,9 +1,9 @@
-"""The *Fleet* dashboard, built by otelkit.dashboards.fleet.
+"""The *Fleet* dashboard, built by otelkit.dashboards.grafanalib_dashboard.
 
 `generate-dashboards fleet.dashboard.py` writes fleet.json beside this file, the same text
 as `otelkit dashboards --out dashboards`.
 """
 
-from otelkit.dashboards import DashboardOptions, fleet
+from otelkit.dashboards import grafanalib_dashboard
 
-dashboard = fleet.build(DashboardOptions())
+dashboard = grafanalib_dashboard("fleet")

@@ -1,9 +1,9 @@
-"""The *Telemetry health* dashboard, built by otelkit.dashboards.health.
+"""The *Telemetry health* dashboard, built by otelkit.dashboards.grafanalib_dashboard.
 
 `generate-dashboards health.dashboard.py` writes health.json beside this file, the same text
 as `otelkit dashboards --out dashboards`.
 """
 
-from otelkit.dashboards import DashboardOptions, health
+from otelkit.dashboards import grafanalib_dashboard
 
-dashboard = health.build(DashboardOptions())
+dashboard = grafanalib_dashboard("health")

@@ -13,9 +13,9 @@ subpackage (``otelkit.analysis``, ``otelkit.semconv``, ``otelkit.receiver``).
 
 from __future__ import annotations
 
-from otelkit.errors import ConfigError, MissingExtraError, OtelkitError
-from otelkit.instrumentation import instrument, uninstrument
-from otelkit.propagation import extract, inject
+from otelkit._errors import ConfigError, MissingExtraError, OtelkitError
+from otelkit._instrumentation import instrument, uninstrument
+from otelkit._propagation import extract, inject
 from otelkit.server import stage
 from otelkit.telemetry import Telemetry, configure, flush, shutdown
 

@@ -23,7 +23,7 @@ from collections.abc import Collection
 from typing import Any
 
 from otelkit import telemetry
-from otelkit.errors import ConfigError, MissingExtraError
+from otelkit._errors import ConfigError, MissingExtraError
 
 # distro.py and instrumentor.py start with a file-wide ``# type: ignore``, so mypy sees neither
 # base class: the ignores below say so, and nothing else.

@@ -20,22 +20,22 @@ import importlib
 import logging
 import sys
 
-from otelkit.config import OPTIONS, resolve
-from otelkit.errors import ConfigError
-from otelkit.resource import installed_version
+from otelkit._config import OPTIONS, resolve
+from otelkit._errors import ConfigError
+from otelkit._resource import installed_version
 
 __all__ = ["main"]
 
 # subcommand -> (module, one-line help)
 _COMMANDS = {
     "receive": ("otelkit.receiver", "run the embedded OTLP/HTTP trace receiver"),
-    "breakdown": ("otelkit.analysis.breakdown", "where the time of traced requests goes"),
-    "gpu": ("otelkit.gpu.cli", "show the GPUs as otelkit samples them, or record them"),
-    "gpu-exporter": ("otelkit.gpu.exporter", "serve NVML GPU metrics to Prometheus"),
-    "dashboards": ("otelkit.dashboards.cli", "write the Grafana dashboards' JSON"),
-    "study": ("otelkit.study.cli", "sweep a deployment, measure each point, name what caps it"),
-    "report": ("otelkit.report.cli", "one self-contained HTML page: plots and trace waterfalls"),
-    "fleet": ("otelkit.fleet.cli", "servers behind Envoy: register, render, status, Envoy config"),
+    "breakdown": ("otelkit.analysis._breakdown", "where the time of traced requests goes"),
+    "gpu": ("otelkit.gpu._cli", "show the GPUs as otelkit samples them, or record them"),
+    "gpu-exporter": ("otelkit.gpu._exporter", "serve NVML GPU metrics to Prometheus"),
+    "dashboards": ("otelkit.dashboards._cli", "write the Grafana dashboards' JSON"),
+    "study": ("otelkit.study._cli", "sweep a deployment, measure each point, name what caps it"),
+    "report": ("otelkit.report._cli", "one self-contained HTML page: plots and trace waterfalls"),
+    "fleet": ("otelkit.fleet._cli", "servers behind Envoy: register, render, status, Envoy config"),
 }
 
 

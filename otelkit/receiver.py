@@ -31,9 +31,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otelkit._core.signals import stop_on_signals
 from otelkit._core.threads import ThreadGroup
-from otelkit.export.jsonl import JsonLinesWriter
-from otelkit.export.otlp_json import request_to_json, span_count
-from otelkit.export.otlp_json_normalize import normalize_json
+from otelkit.export._jsonl import JsonLinesWriter
+from otelkit.export._otlp_json import request_to_json, span_count
+from otelkit.export._otlp_json_normalize import normalize_json
 
 __all__ = ["Receiver", "add_arguments", "run"]
 

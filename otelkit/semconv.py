@@ -422,7 +422,7 @@ FLEET_METRICS: tuple[MetricSpec, ...] = (
 
 # -- Envoy's Prometheus metrics (/stats/prometheus of its admin), as the fleet's panels and rules
 # read them. Counters keep Envoy's names (no _total). Per-server figures need the clusters'
-# per_endpoint_stats (otelkit.fleet.envoy sets it); their envoy_endpoint_hostname is the name a
+# per_endpoint_stats (otelkit.fleet._envoy sets it); their envoy_endpoint_hostname is the name a
 # server registered.
 ENVOY_ENDPOINT_REQUESTS = "envoy_cluster_endpoint_rq_total"
 ENVOY_ENDPOINT_ERRORS = "envoy_cluster_endpoint_rq_error"

@@ -18,12 +18,12 @@ import otelkit
 
 ILLUSTRATIONS = {
     "otelkit": "a Triton server, a client and a model server",
-    "otelkit.instrumentation.instrument": "a Triton server and a FastAPI app",
+    "otelkit._instrumentation.instrument": "a Triton server and a FastAPI app",
     "otelkit._core.hotmetrics": "a call's trace and span ids",
     "otelkit.auto": "tritonclient instrumented for the whole process",
     "otelkit.auto.TritonClientInstrumentor": "tritonclient instrumented for the whole process",
-    "otelkit.gpu.owners": "another process on a GPU",
-    "otelkit.gpu.sampler": "a GPU",
+    "otelkit.gpu._owners": "another process on a GPU",
+    "otelkit.gpu._sampler": "a GPU",
     "otelkit.server._stage.stage": "a model's inputs",
     "otelkit.server.fastapi.instrument_app": "a FastAPI app",
     "otelkit.server.ray_serve.instrument_deployment": "Ray Serve deployments",

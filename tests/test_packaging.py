@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import otelkit
+from otelkit import MissingExtraError
 from otelkit._core.extras import locate, require
+from otelkit._resource import installed_version
 from otelkit.analysis import load_spans
-from otelkit.errors import MissingExtraError
-from otelkit.resource import installed_version
 from tests import ci_skips
 
 pytest_plugins = ["pytester"]

@@ -1,6 +1,6 @@
 """W3C Baggage header parsing and formatting (https://www.w3.org/TR/baggage/).
 
-Private to ``otelkit.propagation``: entries live in the Context through OpenTelemetry's
+Private to ``otelkit._propagation``: entries live in the Context through OpenTelemetry's
 ``opentelemetry.baggage`` API, so OpenTelemetry's own code sees them.
 """
 

@@ -1,6 +1,6 @@
 """Reading and writing header fields in the carriers an inference server meets.
 
-Private to ``otelkit.propagation``. Header names match case-insensitively and repeated fields
+Private to ``otelkit._propagation``. Header names match case-insensitively and repeated fields
 are combined with "," (RFC 9110 section 5.3), whatever the carrier: a ``dict``, a mapping with
 ``get_all``/``getlist`` (``email.message.Message``, ``http.client.HTTPMessage``, starlette
 ``Headers``), a multidict, or ``(key, value)`` pairs of ``str`` or ``bytes`` (gRPC metadata,

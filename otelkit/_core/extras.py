@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from otelkit.errors import MissingExtraError
+from otelkit._errors import MissingExtraError
 
 __all__ = ["locate", "require"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from otelkit import errors
+from otelkit import _errors as errors
 
 __all__ = ["INTERNAL_ERRORS", "InternalErrors", "caught", "internal_error"]
 

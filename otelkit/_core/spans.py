@@ -40,7 +40,7 @@ from otelkit import semconv
 from otelkit._core.context import current_context as _current_context
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
-from otelkit.propagation import format_traceparent
+from otelkit._propagation import format_traceparent
 
 __all__ = ["NOT_SAMPLED", "READY_IDS", "READY_ROOTS", "UNDECIDED", "LeanSpan", "ReadyRoots",
            "RecordingSpan", "RootDecision", "RootRule", "SdkSpan", "SpanRecorder", "error_type",

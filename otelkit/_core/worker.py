@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from otelkit import errors
+from otelkit import _errors as errors
 from otelkit._core.guard import caught
 
 __all__ = ["LATER", "DrainFirst", "Later"]

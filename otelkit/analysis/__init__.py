@@ -1,14 +1,47 @@
-"""Trace analysis: load OTLP JSON traces (otelkit's receiver, the Collector's file exporter).
+"""Trace analysis: load OTLP JSON traces (otelkit's receiver, the Collector's file exporter) and
+split each into where its time went (client, network, load balancer, server queue, stages).
 
->>> from otelkit.analysis import build_traces, load_spans
+>>> from otelkit.analysis import breakdown, build_traces, format_breakdowns, load_spans
 >>> traces = build_traces(load_spans("otelkit-traces"))  # doctest: +SKIP
+>>> print(format_breakdowns(breakdown(traces, group_by=["otelkit.option"])))  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from otelkit.analysis import loader
-from otelkit.analysis.loader import *  # noqa: F403 - the public names are loader's
+from otelkit.analysis._breakdown import (
+    Breakdown,
+    answered_by,
+    breakdown,
+    format_breakdowns,
+    group_key,
+    trace_components,
+)
+from otelkit.analysis._loader import (
+    Span,
+    SpanEvent,
+    SpanKind,
+    SpanLink,
+    StatusCode,
+    Trace,
+    build_traces,
+    iter_spans,
+    load_spans,
+)
 
-# Built with `+=`, a form the typing spec lets type checkers follow into loader's list.
-__all__: list[str] = []
-__all__ += loader.__all__
+__all__ = [
+    "Breakdown",
+    "Span",
+    "SpanEvent",
+    "SpanKind",
+    "SpanLink",
+    "StatusCode",
+    "Trace",
+    "answered_by",
+    "breakdown",
+    "build_traces",
+    "format_breakdowns",
+    "group_key",
+    "iter_spans",
+    "load_spans",
+    "trace_components",
+]

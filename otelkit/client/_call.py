@@ -38,9 +38,9 @@ from otelkit._core.spans import (
     error_type,
 )
 from otelkit._core.worker import LATER
+from otelkit._propagation import has_baggage, headers_for
 from otelkit.client._target import ERROR_LABELS, ClientTarget, PerModel, output_count
 from otelkit.client._wire import KEEP_WIRE_BYTES, counted_on_wire
-from otelkit.propagation import has_baggage, headers_for
 
 __all__ = ["CURRENT_CALL", "RECORDER", "Call", "MeteredCall", "with_trace_context"]
 

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from otelkit._core.extras import require
-from otelkit.dashboards.options import DashboardOptions
+from otelkit.dashboards._options import DashboardOptions
 
 __all__ = [
     "DASHBOARDS",
     "DashboardOptions",
     "PanelQuery",
     "dumps",
+    "grafanalib_dashboard",
     "panel_queries",
     "render",
     "substitute",
@@ -34,12 +35,20 @@ __all__ = [
 JsonDict = dict[str, Any]
 
 
+def grafanalib_dashboard(name: str, options: DashboardOptions | None = None) -> Any:
+    """The grafanalib ``Dashboard`` of one of ``DASHBOARDS``: what a ``*.dashboard.py`` source
+    for grafanalib's ``generate-dashboards`` assigns to ``dashboard``."""
+    if name not in _NAMES:
+        raise ValueError(f"no dashboard {name!r}; there are {', '.join(_NAMES)}")
+    require("grafanalib", extra="dashboards", feature="building Grafana dashboards")
+    module = importlib.import_module(f"otelkit.dashboards._{name}")
+    return module.build(options or DashboardOptions())
+
+
 def _builder(name: str) -> Callable[[DashboardOptions], JsonDict]:
     def build(options: DashboardOptions) -> JsonDict:
-        require("grafanalib", extra="dashboards", feature="building Grafana dashboards")
-        module = importlib.import_module(f"otelkit.dashboards.{name}")
         grafana = importlib.import_module("otelkit.dashboards._grafana")
-        data: JsonDict = grafana.to_json(module.build(options))
+        data: JsonDict = grafana.to_json(grafanalib_dashboard(name, options))
         return data
 
     build.__doc__ = f"The {name} dashboard as Grafana's JSON model."
@@ -47,8 +56,9 @@ def _builder(name: str) -> Callable[[DashboardOptions], JsonDict]:
 
 
 # file name (without .json) -> builder; each module's build() returns the grafanalib Dashboard
+_NAMES = ("inference", "stages", "gpu", "clients", "health", "fleet")
 DASHBOARDS: dict[str, Callable[[DashboardOptions], JsonDict]] = {
-    name: _builder(name) for name in ("inference", "stages", "gpu", "clients", "health", "fleet")
+    name: _builder(name) for name in _NAMES
 }
 
 

@@ -32,7 +32,7 @@ from grafanalib.core import (
     TimeSeries,
 )
 
-from otelkit.dashboards.options import DashboardOptions
+from otelkit.dashboards._options import DashboardOptions
 
 __all__ = [
     "ALL",

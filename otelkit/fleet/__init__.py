@@ -13,28 +13,37 @@ renderer watches the registry and writes Envoy's endpoints and Prometheus' targe
 (``Renderer``), so a server whose heartbeat stops leaves both within its lease's time plus one
 render. ``DirectoryRegistry`` is the same on a shared file system, for a site without etcd.
 ``Draining`` takes a server whose queue stays long out of Envoy's rotation until it recovers.
-``envoy_config`` is the Envoy in front of them; ``LocalEnvoy`` runs one as a child process.
+``envoy_config`` is the Envoy in front of them; ``LocalEnvoy`` runs one as a child process
+(``LocalEtcd`` an etcd), ``envoy_hosts`` reads which servers it routes to.
 The command: ``otelkit fleet register|render|status|envoy-config`` (docs/fleet.md).
 """
 
 from __future__ import annotations
 
-from otelkit.fleet.drain import Draining
-from otelkit.fleet.envoy import LocalEnvoy, envoy_config, write_config
-from otelkit.fleet.record import ServerRecord
-from otelkit.fleet.registry import DirectoryRegistry, EtcdRegistry, Listing, Registration, Registry
-from otelkit.fleet.render import Renderer
+from otelkit._errors import FleetError, RegistrationError
+from otelkit.fleet._drain import Draining
+from otelkit.fleet._envoy import LocalEnvoy, envoy_binary, envoy_config, envoy_hosts, write_config
+from otelkit.fleet._etcd import LocalEtcd
+from otelkit.fleet._record import ServerRecord
+from otelkit.fleet._registry import DirectoryRegistry, EtcdRegistry, Listing, Registration, Registry
+from otelkit.fleet._render import Renderer, RendererMetrics
 
 __all__ = [
     "DirectoryRegistry",
     "Draining",
     "EtcdRegistry",
+    "FleetError",
     "Listing",
     "LocalEnvoy",
+    "LocalEtcd",
     "Registration",
+    "RegistrationError",
     "Registry",
     "Renderer",
+    "RendererMetrics",
     "ServerRecord",
+    "envoy_binary",
     "envoy_config",
+    "envoy_hosts",
     "write_config",
 ]

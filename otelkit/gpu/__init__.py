@@ -7,7 +7,7 @@ OTLP and on the Prometheus endpoint; ``otelkit gpu-exporter`` serves them as a p
 own. Nothing here imports ``pynvml`` or ``torch`` until a sampler starts.
 """
 
-from otelkit.gpu.backend import (
+from otelkit.gpu._backend import (
     FIELDS,
     Device,
     FieldNoData,
@@ -18,9 +18,9 @@ from otelkit.gpu.backend import (
     GpuReadError,
     GpuUnavailable,
 )
-from otelkit.gpu.nvml import NvmlBackend
-from otelkit.gpu.replay import RecordingError, ReplayBackend, record
-from otelkit.gpu.sampler import GpuSampler, Reading, Sample
+from otelkit.gpu._nvml import NvmlBackend
+from otelkit.gpu._replay import RecordingError, ReplayBackend, record
+from otelkit.gpu._sampler import GpuSampler, Reading, Sample
 
 __all__ = [
     "FIELDS",

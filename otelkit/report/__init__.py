@@ -14,6 +14,6 @@ From the shell: ``otelkit report demo-output/traces --study study.jsonl --out re
 
 from __future__ import annotations
 
-from otelkit.report.report import Report
+from otelkit.report._report import Report
 
 __all__ = ["Report"]

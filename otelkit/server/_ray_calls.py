@@ -29,7 +29,7 @@ from otelkit import semconv
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT
 from otelkit._core.spans import LeanSpan, RecordingSpan, SpanRecorder, with_own_parent_id, with_span
-from otelkit.propagation import extract, inject
+from otelkit._propagation import extract, inject
 
 __all__ = ["CARRIER", "BatchCall", "HandleCall", "Replica", "carry", "links_of"]
 

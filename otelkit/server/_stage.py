@@ -29,7 +29,7 @@ from otelkit import semconv
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT, HistogramSeries, UpDownSeries
 from otelkit._core.spans import SpanRecorder, error_type, with_span
-from otelkit.gpu import cuda_events as _gpu
+from otelkit.gpu import _cuda_events as _gpu
 
 __all__ = ["BATCH_LINKS", "CURRENT_MODEL", "Stage", "StageRun", "stage"]
 

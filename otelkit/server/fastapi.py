@@ -41,7 +41,7 @@ from otelkit import semconv
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT
 from otelkit._core.spans import RecordingSpan, SpanRecorder
-from otelkit.propagation import extract
+from otelkit._propagation import extract
 from otelkit.server._serving import enter, leave, observe, rename, set_error_status
 
 __all__ = ["ServerSpanMiddleware", "instrument_app", "uninstrument_app"]

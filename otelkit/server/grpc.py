@@ -38,7 +38,7 @@ from otelkit._core.extras import require
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT
 from otelkit._core.spans import RecordingSpan, SpanRecorder
-from otelkit.propagation import extract
+from otelkit._propagation import extract
 from otelkit.server._serving import enter, leave, observe, set_error_status
 
 grpc = require("grpc", extra="grpc", feature="otelkit.server.grpc")

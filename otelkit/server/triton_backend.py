@@ -34,7 +34,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link
 
 from otelkit._core.guard import internal_error
-from otelkit.propagation import extract
+from otelkit._propagation import extract
 from otelkit.server._stage import BATCH_LINKS, CURRENT_MODEL
 
 __all__ = ["batch", "each_request", "request_context", "serving"]

@@ -18,7 +18,8 @@ queue and compute per request and execution, batch size and saturation; and the 
 breakdown of its sampled requests. Across points: ε, strong scaling, T = N/ℓ, offload per step,
 knees, and one verdict per curve. The command: ``otelkit study run|show|predict|compare|merge``.
 
-The package reads in its flow. ``runner`` expands the sweep and runs it point by point;
+The package reads in its flow; its modules are private (import from ``otelkit.study``).
+``runner`` expands the sweep and runs it point by point;
 ``drive`` loads the server (threads or asyncio tasks, closed or open loop) through a
 ``workload`` on one of the ``servers`` (or a ``fleet`` of them behind Envoy); ``measure`` opens
 and closes the window around it, reading ``counters`` (the hosts' CPU, Triton's metrics, the
@@ -31,22 +32,27 @@ command.
 
 from __future__ import annotations
 
-from otelkit.study.drive import Load
-from otelkit.study.fleet import Fleet
-from otelkit.study.point import Point, merge_parts
-from otelkit.study.results import StudyResults, compare, format_comparison, read_results
-from otelkit.study.runner import Study, Tracing, run
-from otelkit.study.servers import Remote, Triton
-from otelkit.study.workload import FunctionCalls, ModelCalls, Workload
+from otelkit._errors import StudyError
+from otelkit.study._drive import Load
+from otelkit.study._fleet import Fleet
+from otelkit.study._point import Point, merge_parts
+from otelkit.study._results import StudyResults, compare, format_comparison, read_results
+from otelkit.study._runner import Study, Tracing, run
+from otelkit.study._servers import Endpoint, RayServe, Remote, Server, Triton
+from otelkit.study._workload import FunctionCalls, ModelCalls, Workload
 
 __all__ = [
+    "Endpoint",
     "Fleet",
     "FunctionCalls",
     "Load",
     "ModelCalls",
     "Point",
+    "RayServe",
     "Remote",
+    "Server",
     "Study",
+    "StudyError",
     "StudyResults",
     "Tracing",
     "Triton",

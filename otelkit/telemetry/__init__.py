@@ -24,15 +24,15 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.resources import Resource
 
 from otelkit import semconv
+from otelkit._config import Settings, resolve
 from otelkit._core import guard
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
-from otelkit.config import Settings, resolve
-from otelkit.export.processor import within
-from otelkit.gpu import cuda_events
-from otelkit.gpu import instruments as gpu_instruments
-from otelkit.propagation import W3CPropagator
-from otelkit.telemetry.pipeline import Telemetry, build
+from otelkit._propagation import W3CPropagator
+from otelkit.export._processor import within
+from otelkit.gpu import _cuda_events as cuda_events
+from otelkit.gpu import _instruments as gpu_instruments
+from otelkit.telemetry._pipeline import Telemetry, build
 
 __all__ = ["Telemetry", "configure", "current", "flush", "shutdown"]
 
@@ -52,7 +52,7 @@ def current() -> Telemetry | None:
 def configure(**options: Any) -> Telemetry:
     """Set up tracing and metrics for this process; every option also comes from the environment.
 
-    Options are listed in ``otelkit.config.OPTIONS``. With no endpoint configured anywhere,
+    Options are listed in ``otelkit._config.OPTIONS``. With no endpoint configured anywhere,
     traces go to OTLP-JSON-lines files under ``./otelkit-traces``.
 
     >>> telemetry = otelkit.configure(service_name="tracking-client", prometheus_port=9464)

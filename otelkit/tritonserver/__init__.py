@@ -2,7 +2,7 @@
 
 Tests and demos need a real Triton serving Python-backend models, with Triton's own
 OpenTelemetry tracing exporting OTLP/HTTP to a URL we choose. ``triton_install()`` locates the
-binary and prepares its backend directory and environment (see ``otelkit.tritonserver.install``);
+binary and prepares its backend directory and environment (see ``otelkit.tritonserver._install``);
 ``TritonServer`` runs it, waits until it is ready and stops it with every stub it started.
 
 Example::
@@ -31,8 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from otelkit.errors import ConfigError, StartFailure, TritonStartError
-from otelkit.tritonserver.install import TritonInstall, triton_install
+from otelkit._errors import ConfigError, StartFailure, TritonStartError
+from otelkit.tritonserver._install import TritonInstall, triton_install
 
 __all__ = ["TritonInstall", "TritonServer", "TritonStartError", "free_port", "triton_install"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from otelkit.tritonserver.install import triton_install
+from otelkit.tritonserver._install import triton_install
 
 
 def main(argv: list[str] | None = None) -> None:

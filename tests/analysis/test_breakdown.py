@@ -1,4 +1,4 @@
-"""otelkit.analysis.breakdown: a trace split into client, network, queue and stage time.
+"""otelkit.analysis._breakdown: a trace split into client, network, queue and stage time.
 
 Hand-built traces with known durations: the components must add up to the root, land in the
 right place (client stage vs server stage), and a broken nesting must be reported.
@@ -12,7 +12,7 @@ import pytest
 
 from otelkit import semconv
 from otelkit.analysis import Span, SpanEvent, SpanKind, build_traces
-from otelkit.analysis.breakdown import (
+from otelkit.analysis._breakdown import (
     CLIENT_OTHER,
     NETWORK,
     SERVER_OTHER,

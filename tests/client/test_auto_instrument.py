@@ -19,10 +19,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from otelkit import ConfigError
+from otelkit._config import resolve
 from otelkit.analysis import Span, load_spans
 from otelkit.auto import TritonClientInstrumentor
-from otelkit.config import resolve
-from otelkit.errors import ConfigError
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
 from tests.client.test_client import expected_tree, shape

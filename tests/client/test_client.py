@@ -310,7 +310,7 @@ def test_a_failure_inside_otelkit_never_reaches_the_call(
     """otelkit's own code failing where a call starts, where its headers are made and where
     its telemetry ends (on the worker): every call returns its result, each failure is
     counted on the health metric and each place is logged once."""
-    monkeypatch.setattr("otelkit.errors.RAISE_INTERNAL_ERRORS", False)  # as for a user
+    monkeypatch.setattr("otelkit._errors.RAISE_INTERNAL_ERRORS", False)  # as for a user
     monkeypatch.setattr("otelkit._core.guard.INTERNAL_ERRORS", guard.InternalErrors())
 
     def broken(*args: Any, **kwargs: Any) -> Any:

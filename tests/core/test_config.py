@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from otelkit.config import OPTIONS, resolve
-from otelkit.errors import ConfigError
+from otelkit import ConfigError
+from otelkit._config import OPTIONS, resolve
 
 # option: (argument, OTELKIT_* text, its value, OTEL_* text or None, its value)
 CASES: dict[str, tuple[Any, str, Any, str | None, Any]] = {

@@ -33,8 +33,8 @@ from otelkit._core.hotmetrics import (
     HotRegistry,
     with_hot_metrics,
 )
-from otelkit.export.processor import PullReader
-from otelkit.export.prometheus import PrometheusEndpoint
+from otelkit.export._processor import PullReader
+from otelkit.export._prometheus import PrometheusEndpoint
 from tests.core.test_telemetry import scrape
 
 LABELS = (semconv.M_MODEL, semconv.M_SERVER)

@@ -33,7 +33,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.datastructures import Headers, MutableHeaders
 
-from otelkit.propagation import (
+from otelkit._propagation import (
     W3CPropagator,
     W3CTraceState,
     extract,

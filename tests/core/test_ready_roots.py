@@ -20,8 +20,8 @@ from otelkit import telemetry
 from otelkit._core.spans import READY_ROOTS, UNSAMPLED, SpanRecorder
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
+from otelkit._propagation import format_traceparent
 from otelkit.client._call import with_trace_context
-from otelkit.propagation import format_traceparent
 
 RECORDER = SpanRecorder("tests.ready")
 

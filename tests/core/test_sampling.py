@@ -12,9 +12,9 @@ from opentelemetry.sdk.trace.sampling import ParentBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 import otelkit
+from otelkit import ConfigError
 from otelkit._core.sampling import RateLimitingSampler
 from otelkit.analysis import load_spans
-from otelkit.errors import ConfigError
 
 RATE = 50.0
 SECONDS = 10.0

@@ -21,10 +21,10 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 import otelkit
 from otelkit import semconv
 from otelkit._core.worker import DrainFirst
+from otelkit._propagation import W3CPropagator
+from otelkit._resource import detect
 from otelkit.analysis import load_spans
-from otelkit.export.processor import BatchExportProcessor
-from otelkit.propagation import W3CPropagator
-from otelkit.resource import detect
+from otelkit.export._processor import BatchExportProcessor
 
 
 @pytest.fixture(autouse=True)

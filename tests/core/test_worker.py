@@ -70,7 +70,7 @@ def test_a_full_queue_runs_the_work_in_the_callers_thread() -> None:
 def test_failing_work_is_counted_logged_once_and_the_rest_still_runs(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("otelkit.errors.RAISE_INTERNAL_ERRORS", False)  # as for a user
+    monkeypatch.setattr("otelkit._errors.RAISE_INTERNAL_ERRORS", False)  # as for a user
     monkeypatch.setattr("otelkit._core.guard.INTERNAL_ERRORS", InternalErrors())
     later = Later(interval_s=IDLE)
     done: list[str] = []

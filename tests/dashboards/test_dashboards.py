@@ -354,7 +354,7 @@ def test_command_without_grafanalib_says_what_to_install(
 def test_package_imports_without_grafanalib() -> None:
     script = (
         "import sys; sys.modules['grafanalib'] = None\n"
-        "import otelkit.dashboards, otelkit.dashboards.cli\n"
+        "import otelkit.dashboards, otelkit.dashboards._cli\n"
         "print(otelkit.dashboards.substitute('$model'))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)

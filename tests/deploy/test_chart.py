@@ -18,8 +18,8 @@ import pytest
 import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
 
-from otelkit.fleet.envoy import envoy_binary, write_config
-from otelkit.fleet.render import eds_response, write_if_changed
+from otelkit.fleet import envoy_binary, write_config
+from otelkit.fleet._render import eds_response, write_if_changed
 from tests.paths import ROOT
 from tests.support import require_binary
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from otelkit.config import OPTIONS
+from otelkit._config import OPTIONS
 from tests.paths import ROOT
 
 README = ROOT / "README.md"

@@ -18,7 +18,7 @@ from opentelemetry import trace
 import otelkit
 from otelkit import semconv
 from otelkit.analysis import Span, build_traces
-from otelkit.analysis.breakdown import SERVER_QUEUE, trace_components
+from otelkit.analysis._breakdown import SERVER_QUEUE, trace_components
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import free_port
 from tests.support import LocalRay, TrackingServer, wait_for_trace

@@ -32,8 +32,7 @@ from opentelemetry import trace
 
 import otelkit
 from otelkit import semconv
-from otelkit.analysis import Span, build_traces, load_spans
-from otelkit.analysis.breakdown import breakdown
+from otelkit.analysis import Span, breakdown, build_traces, load_spans
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
 from tests.support import TrackingServer, wait_for_trace

@@ -22,8 +22,7 @@ from gnn_tracking.serving.serve import triton_server
 from gnn_tracking.serving.stages import STAGE_ORDER
 
 import otelkit
-from otelkit.analysis import build_traces, load_spans
-from otelkit.analysis.breakdown import breakdown
+from otelkit.analysis import breakdown, build_traces, load_spans
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
 from tests.support import wait_for_trace

@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otelkit
 from otelkit.analysis import load_spans
-from otelkit.export.grpc_exporter import GRPC_MAX_MESSAGE_BYTES
-from otelkit.export.span_exporters import HttpSpanExporter, grpc_span_exporter
+from otelkit.export._grpc_exporter import GRPC_MAX_MESSAGE_BYTES
+from otelkit.export._span_exporters import HttpSpanExporter, grpc_span_exporter
 from otelkit.receiver import Receiver
 
 

@@ -40,8 +40,8 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, StatusCode
 from opentelemetry.trace import Status as SdkStatus
 from opentelemetry.trace.span import SpanContext, TraceFlags, TraceState
 
-from otelkit.export.jsonl import JsonLinesWriter
-from otelkit.export.otlp_json import (
+from otelkit.export._jsonl import JsonLinesWriter
+from otelkit.export._otlp_json import (
     dumps,
     normalize_json,
     request_to_json,
@@ -408,7 +408,7 @@ def test_writer_loses_nothing_written_when_the_process_is_killed(tmp_path: Path)
     script = textwrap.dedent(
         """
         import os, signal, sys
-        from otelkit.export.jsonl import JsonLinesWriter
+        from otelkit.export._jsonl import JsonLinesWriter
         writer = JsonLinesWriter(sys.argv[1])
         for n in range(3):
             writer.write({"n": n})

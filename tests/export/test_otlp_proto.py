@@ -21,7 +21,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from otelkit.export.otlp_proto import encode_request
+from otelkit.export._otlp_proto import encode_request
 
 ATTRIBUTES: dict[str, Any] = {
     "text": "grpc",

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelkit import semconv
-from otelkit.export.processor import BatchExportProcessor, LossCounter
+from otelkit.export._processor import BatchExportProcessor, LossCounter
 
 
 class Half(SpanExporter):

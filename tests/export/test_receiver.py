@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from otelkit.export.otlp_json import request_to_json, spans_to_json
+from otelkit.export._otlp_json import request_to_json, spans_to_json
 from otelkit.receiver import Receiver
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}

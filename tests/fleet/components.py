@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
-from otelkit.fleet.envoy import LocalEnvoy, envoy_binary, envoy_config, write_config
-from otelkit.fleet.etcd import LocalEtcd
+from otelkit.fleet import LocalEnvoy, LocalEtcd, envoy_binary, envoy_config, write_config
 from otelkit.tritonserver import free_port
 from tests.support import require_binary
 

@@ -25,12 +25,10 @@ from tritonclient.utils import InferenceServerException
 
 import otelkit
 from otelkit import semconv
-from otelkit.analysis import load_spans
-from otelkit.analysis.spans import SpanKind, StatusCode
-from otelkit.fleet import ServerRecord
-from otelkit.fleet.auth import Auth
-from otelkit.fleet.envoy import envoy_config, envoy_hosts
-from otelkit.fleet.render import eds_response, write_if_changed
+from otelkit.analysis import SpanKind, StatusCode, load_spans
+from otelkit.fleet import ServerRecord, envoy_config, envoy_hosts
+from otelkit.fleet._auth import Auth
+from otelkit.fleet._render import eds_response, write_if_changed
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer
 from tests.fleet.components import EnvoyProxy, loopback_envoy
@@ -301,7 +299,7 @@ def test_a_bad_setting_is_refused_with_the_reason(tmp_path: Path) -> None:
         "16 to 512": Auth(tokens=("short",)),
         "16 to 512 letters": Auth(tokens=('quote"-in-a-token-here',)),
     }
-    from otelkit.errors import FleetError
+    from otelkit._errors import FleetError
 
     for reason, auth in cases.items():
         with pytest.raises(FleetError, match=reason):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from otelkit.fleet.drain import Draining, read_counters
+from otelkit.fleet._drain import Draining, read_counters
 
 MS = 1e3  # µs per ms
 

@@ -26,19 +26,20 @@ from opentelemetry import trace
 import otelkit
 from otelkit import semconv
 from otelkit.analysis import Span, Trace, build_traces, load_spans
-from otelkit.analysis.breakdown import LOAD_BALANCER, NETWORK, breakdown
+from otelkit.analysis._breakdown import LOAD_BALANCER, NETWORK, breakdown
 from otelkit.dashboards import render
 from otelkit.fleet import (
     Draining,
     EtcdRegistry,
     Registration,
     Renderer,
+    RendererMetrics,
     ServerRecord,
+    envoy_binary,
     envoy_config,
+    envoy_hosts,
     write_config,
 )
-from otelkit.fleet.envoy import envoy_binary, envoy_hosts
-from otelkit.fleet.render import RendererMetrics
 from otelkit.receiver import Receiver
 from otelkit.tritonserver import TritonServer, free_port
 from tests.fleet.components import EnvoyProxy, LoadThreads

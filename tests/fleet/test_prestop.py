@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from otelkit.fleet import EtcdRegistry, Renderer
-from otelkit.fleet.envoy import envoy_hosts
+from otelkit.fleet import EtcdRegistry, Renderer, envoy_hosts
 from otelkit.tritonserver import free_port
 from tests.fleet.components import loopback_envoy
 from tests.fleet.test_slurm import TRUTH, Load, ready, until

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from otelkit.errors import RegistrationError
-from otelkit.fleet.record import MAX_RECORD_BYTES, ServerRecord, parse_address
-from otelkit.fleet.render import eds_response, file_sd_targets, write_if_changed
+from otelkit._errors import RegistrationError
+from otelkit.fleet._record import MAX_RECORD_BYTES, ServerRecord, parse_address
+from otelkit.fleet._render import eds_response, file_sd_targets, write_if_changed
 
 KEY = "/otelkit/fleet/servers/"
 

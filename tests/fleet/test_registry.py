@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from otelkit.errors import FleetError
+from otelkit._errors import FleetError
 from otelkit.fleet import DirectoryRegistry, EtcdRegistry, Registration, Renderer, ServerRecord
-from otelkit.fleet.etcd import Etcd
-from otelkit.fleet.render import resolve_address
+from otelkit.fleet._etcd import Etcd
+from otelkit.fleet._render import resolve_address
 from tests.fleet.components import EtcdServer
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from otelkit.errors import FleetError
+from otelkit._errors import FleetError
 from otelkit.fleet import EtcdRegistry, Registration, ServerRecord
-from otelkit.fleet.etcd import Etcd, _b64, prefix_end
-from otelkit.fleet.registry import DEFAULT_PREFIX
+from otelkit.fleet._etcd import Etcd, _b64, prefix_end
+from otelkit.fleet._registry import DEFAULT_PREFIX
 from tests.fleet.components import EtcdServer
 from tests.paths import ROOT
 

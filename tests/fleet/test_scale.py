@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from otelkit.errors import FleetError
-from otelkit.fleet.scale import ScalePolicy, Scaler, prometheus_value, slurm
+from otelkit._errors import FleetError
+from otelkit.fleet._scale import ScalePolicy, Scaler, prometheus_value, slurm
 
 POLICY = ScalePolicy(
     high_ms=100,

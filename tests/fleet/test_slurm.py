@@ -20,9 +20,8 @@ import pytest
 import tritonclient.http as httpclient
 import yaml
 
-from otelkit.fleet import EtcdRegistry, Renderer
-from otelkit.fleet.envoy import envoy_hosts
-from otelkit.fleet.scale import ScalePolicy, Scaler, prometheus_value, slurm
+from otelkit.fleet import EtcdRegistry, Renderer, envoy_hosts
+from otelkit.fleet._scale import ScalePolicy, Scaler, prometheus_value, slurm
 from tests.fleet.components import LoadThreads, loopback_envoy
 from tests.paths import ROOT, TESTS
 from tests.prometheus import PrometheusServer

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from otelkit.analysis.breakdown import LOAD_BALANCER
+from otelkit.analysis._breakdown import LOAD_BALANCER
 from otelkit.fleet import EtcdRegistry
-from otelkit.report.study_charts import study_charts
+from otelkit.report._study_charts import study_charts
 from otelkit.study import Fleet, Load, Study, StudyResults, Tracing, read_results
-from otelkit.study.capacity import resources
-from otelkit.study.verdicts import Verdict
+from otelkit.study._capacity import resources
+from otelkit.study._verdicts import Verdict
 from tests.paths import ROOT, TESTS
 
 pytestmark = pytest.mark.triton

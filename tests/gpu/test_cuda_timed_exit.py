@@ -19,11 +19,11 @@ import pytest
 
 import otelkit
 from otelkit.analysis import load_spans
-from otelkit.gpu import cuda_events
+from otelkit.gpu import _cuda_events as cuda_events
 
 
 class GpuStandIn:
-    """``torch`` as ``otelkit.gpu.cuda_events`` uses it; events wait for ``gate``."""
+    """``torch`` as ``otelkit.gpu._cuda_events`` uses it; events wait for ``gate``."""
 
     def __init__(self) -> None:
         self.gate = threading.Event()

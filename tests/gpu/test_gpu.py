@@ -29,13 +29,13 @@ from otelkit.gpu import (
     GpuProcess,
     GpuReadError,
     GpuSampler,
+    RecordingError,
     ReplayBackend,
-    owners,
     record,
 )
-from otelkit.gpu.exporter import GpuExporter
-from otelkit.gpu.instruments import CLOCKS_EVENT_REASONS, FIELD_METRICS
-from otelkit.gpu.replay import RecordingError
+from otelkit.gpu import _owners as owners
+from otelkit.gpu._exporter import GpuExporter
+from otelkit.gpu._instruments import CLOCKS_EVENT_REASONS, FIELD_METRICS
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import GPU_FIXTURES, MODELS
 from tests.support import require_binary

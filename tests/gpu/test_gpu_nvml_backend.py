@@ -21,17 +21,18 @@ from typing import Any
 import pynvml
 import pytest
 
-from otelkit.gpu import GpuSampler, ReplayBackend
-from otelkit.gpu.backend import (
+from otelkit.gpu import (
     Device,
     FieldNoData,
     FieldNotSupported,
     GpuLost,
     GpuReadError,
+    GpuSampler,
     GpuUnavailable,
+    NvmlBackend,
+    ReplayBackend,
+    Sample,
 )
-from otelkit.gpu.nvml import NvmlBackend
-from otelkit.gpu.sampler import Sample
 from tests.nvml_replay import GPM_FIELDS, NvmlReplay
 from tests.paths import GPU_FIXTURES
 

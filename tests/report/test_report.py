@@ -12,12 +12,12 @@ from xml.etree import ElementTree
 import pytest
 
 from otelkit.analysis import Span, SpanKind, build_traces, load_spans
-from otelkit.analysis.breakdown import TOTAL
+from otelkit.analysis._breakdown import TOTAL
 from otelkit.cli import main
 from otelkit.report import Report
-from otelkit.report.collect import Gathered
-from otelkit.report.figures import write_figures
-from otelkit.report.stream import TraceStream
+from otelkit.report._collect import Gathered
+from otelkit.report._figures import write_figures
+from otelkit.report._stream import TraceStream
 from tests.paths import ROOT
 from tests.report.conftest import GROUP_BY, STUDY, TRACES
 
@@ -138,7 +138,7 @@ def test_command_writes_the_page_and_figures(
 
 
 def test_n_over_latency_chart_says_derived_and_draws_the_measured() -> None:
-    from otelkit.report.study_charts import study_charts
+    from otelkit.report._study_charts import study_charts
     from otelkit.study import StudyResults
     from tests.study.conftest import make_point
 
@@ -178,7 +178,7 @@ def test_the_p99_view_says_it_is_the_nearest_of_the_sampled(report: Report) -> N
 def test_study_charts_with_gpus_saturation_and_knees() -> None:
     """A sweep whose points hold GPU readings and Triton's figures: the GPU plots (memory per
     instance), saturation and the knee ring come from them."""
-    from otelkit.report.study_charts import study_charts
+    from otelkit.report._study_charts import study_charts
     from otelkit.study import StudyResults
     from tests.study.conftest import figures, make_point
 
@@ -203,7 +203,7 @@ def test_study_charts_with_gpus_saturation_and_knees() -> None:
 
 
 def test_the_utilisation_chart_marks_the_bottleneck_and_its_predicted_plateau() -> None:
-    from otelkit.report.study_charts import study_charts
+    from otelkit.report._study_charts import study_charts
     from otelkit.study import StudyResults
     from tests.study.conftest import figures, make_point
 

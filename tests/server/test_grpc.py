@@ -29,7 +29,8 @@ from tritonclient.grpc import service_pb2_grpc as pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import otelkit
-from otelkit import errors, semconv
+from otelkit import _errors as errors
+from otelkit import semconv
 from otelkit._core.guard import INTERNAL_ERRORS
 from otelkit.analysis import Span, SpanKind, StatusCode, build_traces, load_spans
 from otelkit.receiver import Receiver

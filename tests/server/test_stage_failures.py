@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import otelkit
-from otelkit import errors
+from otelkit import _errors as errors
 from otelkit.analysis import build_traces, load_spans
 from otelkit.server import _stage
 

@@ -24,7 +24,7 @@ httpclient = pytest.importorskip("tritonclient.http")
 
 from otelkit import tritonserver  # noqa: E402
 from otelkit.tritonserver import TritonServer, TritonStartError, free_port, triton_install  # noqa: E402
-from otelkit.tritonserver import install as _triton_install  # noqa: E402
+from otelkit.tritonserver import _install as _triton_install  # noqa: E402
 from tests.paths import MODELS  # noqa: E402
 
 pytestmark = pytest.mark.triton

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from otelkit.analysis.breakdown import TOTAL
+from otelkit.analysis._breakdown import TOTAL
 from otelkit.study import Load, Point, Remote, Study, StudyResults, Tracing, Triton
-from otelkit.study.counters import ModelFigures
-from otelkit.study.point import LatencyHistogram
-from otelkit.study.traces import ComponentStat, PointTraces
+from otelkit.study._counters import ModelFigures
+from otelkit.study._point import LatencyHistogram
+from otelkit.study._traces import ComponentStat, PointTraces
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS, ROOT, TESTS
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from otelkit._errors import StudyError
 from otelkit.cli import main
-from otelkit.errors import StudyError
 from otelkit.study import Load, Study, Triton, read_results
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS

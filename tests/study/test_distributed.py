@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from otelkit._errors import StudyError
 from otelkit.cli import main
-from otelkit.errors import StudyError
 from otelkit.study import read_results
-from otelkit.study.cli import run_on_ray
-from otelkit.study.parts import part_arguments, slurm_files
+from otelkit.study._cli import run_on_ray
+from otelkit.study._parts import part_arguments, slurm_files
 from otelkit.tritonserver import TritonServer
 from tests.conftest import LocalRay
 from tests.paths import ROOT

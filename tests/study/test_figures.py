@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from otelkit.analysis.breakdown import NETWORK
-from otelkit.study import StudyResults, derived
-from otelkit.study.counters import HostUsage
-from otelkit.study.point import Point
-from otelkit.study.verdicts import Verdict, judge, verdicts
+from otelkit.analysis._breakdown import NETWORK
+from otelkit.study import Point, StudyResults, derived
+from otelkit.study._counters import HostUsage
+from otelkit.study._verdicts import Verdict, judge, verdicts
 from tests.study.conftest import figures, make_point
 
 

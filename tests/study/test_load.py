@@ -20,10 +20,19 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from tritonclient.utils import InferenceServerException
 
-from otelkit.study import Load, Point, Remote, Study, StudyResults, Tracing, read_results
-from otelkit.study.drive import drive, drive_tasks, error_kind
-from otelkit.study.results import compare, format_comparison
-from otelkit.study.servers import Endpoint
+from otelkit.study import (
+    Endpoint,
+    Load,
+    Point,
+    Remote,
+    Study,
+    StudyResults,
+    Tracing,
+    compare,
+    format_comparison,
+    read_results,
+)
+from otelkit.study._drive import drive, drive_tasks, error_kind
 from otelkit.tritonserver import free_port
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from otelkit import semconv
 from otelkit.analysis import load_spans
-from otelkit.analysis.breakdown import SERVER_QUEUE, TOTAL
+from otelkit.analysis._breakdown import SERVER_QUEUE, TOTAL
 from otelkit.study import Load, Remote, Study, StudyResults, Tracing
 from otelkit.tritonserver import TritonServer
 from tests.study.conftest import ContendedServer, remote

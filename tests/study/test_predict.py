@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from otelkit._errors import StudyError
 from otelkit.cli import main
-from otelkit.errors import StudyError
 from otelkit.study import Load, Study, StudyResults, Triton, read_results
-from otelkit.study.cli import confirm
-from otelkit.study.predict import Station, closed_loop, parse_changes
+from otelkit.study._cli import confirm
+from otelkit.study._predict import Station, closed_loop, parse_changes
 from tests.paths import TESTS
 
 TRUTH_MODELS = TESTS / "study" / "truth" / "models"

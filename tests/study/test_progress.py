@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from otelkit.study.runner import Progress, sweep_bar
+from otelkit.study._runner import Progress, sweep_bar
 
 
 class Terminal(io.StringIO):

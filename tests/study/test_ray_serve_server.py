@@ -1,4 +1,4 @@
-"""``otelkit.study.servers.RayServe`` on the session's local Ray: a point deploys the
+"""``otelkit.study._servers.RayServe`` on the session's local Ray: a point deploys the
 application with its ``instances`` as replicas, the next point's count scales it in place."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def running_replicas(app: str, deployment: str) -> int:
 def test_instances_are_replicas_and_a_new_count_scales_the_application(
     ray_local: LocalRay,
 ) -> None:
-    from otelkit.study.servers import RayServe
+    from otelkit.study import RayServe
 
     server = RayServe(doubling_app, name="study-test")
     try:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from otelkit.errors import StudyError
+from otelkit._errors import StudyError
 from otelkit.study import Load, merge_parts, read_results
-from otelkit.study.counters import RECORDED, difference, parse
-from otelkit.study.point import LatencyHistogram, Point, Window
-from otelkit.study.results import ResultsWriter, StudyResults, compare, format_comparison, interval
-from otelkit.study.runner import check, expand
-from otelkit.study.servers import set_instance_count, stage_repository
-from otelkit.study.workload import inputs_from_metadata
+from otelkit.study._counters import RECORDED, difference, parse
+from otelkit.study._point import LatencyHistogram, Point, Window
+from otelkit.study._results import ResultsWriter, StudyResults, compare, format_comparison, interval
+from otelkit.study._runner import check, expand
+from otelkit.study._servers import set_instance_count, stage_repository
+from otelkit.study._workload import inputs_from_metadata
 from tests.study.conftest import STUDY_MODELS, figures, make_point
 
 

@@ -20,9 +20,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 import otelkit
-from otelkit.study import Load, ModelCalls, Remote, Study, StudyResults, Tracing, Workload
-from otelkit.study.servers import Endpoint
-from otelkit.study.verdicts import Verdict, verdicts
+from otelkit.study import Endpoint, Load, ModelCalls, Remote, Study, StudyResults, Tracing, Workload
+from otelkit.study._verdicts import Verdict, verdicts
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import TESTS
 from tests.study.conftest import kserve_app
@@ -292,7 +291,7 @@ class Posts(Workload):
 def test_ray_serve_replicas_of_a_cpu_bound_deployment_are_saturated(
     ray_local: LocalRay, tmp_path: Path
 ) -> None:
-    from otelkit.study.servers import RayServe
+    from otelkit.study import RayServe
     from tests.study.truth.ray_busy import busy_app
 
     results = Study(

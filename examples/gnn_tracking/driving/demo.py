@@ -57,12 +57,10 @@ from gnn_tracking.physics.models import Models, load_models
 from gnn_tracking.serving.serve import models_metrics_base, triton_server
 from gnn_tracking.serving.stages import ENSEMBLE, FEATURES, STAGE_ORDER
 from gnn_tracking.serving.twin import twin_process
-from otelkit.analysis import build_traces, load_spans
-from otelkit.analysis.breakdown import breakdown, format_breakdowns
-from otelkit.errors import StudyError
+from otelkit.analysis import breakdown, build_traces, format_breakdowns, load_spans
 from otelkit.receiver import Receiver
 from otelkit.report import Report
-from otelkit.study import Load, Study, StudyResults
+from otelkit.study import Load, Study, StudyError, StudyResults
 from otelkit.study import Remote as StudyRemote
 from otelkit.tritonserver import TritonServer, free_port
 

@@ -41,21 +41,22 @@ from gnn_tracking.driving.client import RunReport, drive, event_pool
 from gnn_tracking.driving.options import OPTIONS, ROOT_SPAN, SERVER_ATTRIBUTE, Remote
 from gnn_tracking.serving.serve import models_metrics_base, triton_server
 from otelkit import semconv
-from otelkit.analysis import build_traces, load_spans
-from otelkit.analysis.breakdown import Breakdown, breakdown, format_breakdowns
-from otelkit.errors import FleetError
+from otelkit.analysis import Breakdown, breakdown, build_traces, format_breakdowns, load_spans
 from otelkit.fleet import (
     Draining,
     EtcdRegistry,
+    FleetError,
+    LocalEnvoy,
+    LocalEtcd,
     Registration,
     Renderer,
+    RendererMetrics,
     ServerRecord,
+    envoy_binary,
     envoy_config,
+    envoy_hosts,
     write_config,
 )
-from otelkit.fleet.envoy import LocalEnvoy, envoy_binary, envoy_hosts
-from otelkit.fleet.etcd import LocalEtcd
-from otelkit.fleet.render import RendererMetrics
 from otelkit.receiver import Receiver
 from otelkit.report import Report
 from otelkit.tritonserver import TritonServer, free_port

@@ -42,12 +42,20 @@ from gnn_tracking.serving.repository import REPOSITORY
 from gnn_tracking.serving.stages import FEATURES, STAGE_ORDER, STAGES
 from gnn_tracking.serving.twin import twin_process
 from otelkit import semconv
-from otelkit.errors import StudyError
 from otelkit.receiver import Receiver
 from otelkit.report import Report
-from otelkit.study import Load, Study, StudyResults, Tracing, Triton
+from otelkit.study import (
+    Endpoint,
+    Load,
+    RayServe,
+    Server,
+    Study,
+    StudyError,
+    StudyResults,
+    Tracing,
+    Triton,
+)
 from otelkit.study import Remote as StudyRemote
-from otelkit.study.servers import Endpoint, Server
 
 __all__ = ["SWEEPS", "Plan", "main"]
 
@@ -177,8 +185,6 @@ def run_sweeps(plan: Plan, out: Path, events: Sequence[torch.Tensor], models: Mo
             if len(plan.instances) == 1:  # along concurrency alone (strong scaling along it)
                 sweep.pop("instances")
             if plan.ray:  # NERSC's figure: the two servers' throughput against instances
-                from otelkit.study.servers import RayServe  # Ray only when asked for
-
                 scaling = {"triton": triton, "ray": RayServe(RAY_PIPELINE, num_cpus=2)}
                 done["scaling"] = study("scaling", request=reconstruction, servers=scaling,
                                         sweep={"server": list(scaling), **sweep})  # fmt: skip

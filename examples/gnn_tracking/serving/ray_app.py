@@ -133,7 +133,7 @@ def build_app(
 
 
 def study_app(params: Mapping[str, Any], env_vars: Mapping[str, str]) -> Any:
-    """``otelkit.study.servers.RayServe``'s builder: ``instances`` replicas per stage."""
+    """``otelkit.study.RayServe``'s builder: ``instances`` replicas per stage."""
     return build_app(env_vars, replicas=int(params.get("instances") or 1))
 
 

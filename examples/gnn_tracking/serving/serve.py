@@ -25,9 +25,8 @@ from pathlib import Path
 from gnn_tracking.physics.models import load_models
 from gnn_tracking.serving.repository import GPU_CONFIG, REPOSITORY
 from gnn_tracking.serving.stages import STAGE_ORDER
-from otelkit.errors import TritonStartError
 from otelkit.receiver import Receiver
-from otelkit.tritonserver import TritonServer, free_port
+from otelkit.tritonserver import TritonServer, TritonStartError, free_port
 
 __all__ = ["configured_traces_url", "models_metrics_base", "triton_server"]
 

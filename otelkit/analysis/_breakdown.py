@@ -1,0 +1,328 @@
+"""Where the time of a request goes, computed from its trace.
+
+A trace root (the client's work for one event, say) is split into components that add up to
+its duration:
+
+- ``client <stage>``: ``otelkit.stage`` spans run in the client process;
+- ``client serialize`` / ``client deserialize``: tritonclient building the request and reading
+  the response (attributes of otelkit's CLIENT span);
+- ``network + offload``: the CLIENT span minus the server's span and the client's (de)serialising
+  — the wire, the client library and the server's frontend, the cost of calling out at all;
+- ``load balancer``: through a proxy (Envoy, whose spans say ``component=proxy``), its
+  ``ingress`` span minus the span of the server that answered: Envoy's own work, the wire from
+  it to the server, and any attempt it retried elsewhere (the client-to-proxy wire stays in
+  ``network + offload``);
+- ``server queue``: Triton's ``QUEUE_START`` (on a model span) to ``COMPUTE_START`` (on its
+  ``compute`` child), summed over model spans (each step of an ensemble queues on its own);
+- ``server <stage>``: ``otelkit.stage`` spans inside the server (outermost ones only);
+- ``server other``: the server span minus its queue and stages (Triton, the Python backend's
+  stub round trip, unpacking tensors);
+- ``client other``: the root minus its calls and client stages (application glue).
+
+Grouping by ``semconv.ANSWERED_BY`` groups requests by the server that answered their first
+call: through a proxy, the address it forwarded to; else the address the client called.
+
+Each call is checked on the way: its stages and queue must fit in its server span, which must
+start after its client span; a broken nesting is reported, never silently averaged. (A server
+span may end after its client span: Triton and ASGI servers end theirs after sending the
+response, so ``network + offload`` of one call can be slightly negative; means stay exact.)
+
+>>> traces = build_traces(load_spans("demo-output/traces"))  # doctest: +SKIP
+>>> by_option = breakdown(traces.values(), group_by=("gnn_tracking.option",))  # doctest: +SKIP
+>>> print(format_breakdowns(by_option))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from otelkit import semconv
+from otelkit.analysis._loader import Span, SpanKind, Trace, build_traces, load_spans
+
+__all__ = [
+    "Breakdown",
+    "answered_by",
+    "breakdown",
+    "format_breakdowns",
+    "group_key",
+    "trace_components",
+]
+
+TOTAL = "total"
+CLIENT_OTHER = "client other"
+SERVER_OTHER = "server other"
+SERVER_QUEUE = "server queue"
+NETWORK = "network + offload"
+LOAD_BALANCER = "load balancer"
+NO_SERVER_SPAN = "call, server span missing"
+_NS = 1e-9
+
+
+@dataclass
+class Breakdown:
+    """The components of every trace of one group, in seconds, one list entry per trace."""
+
+    group: tuple[str, ...]
+    components: dict[str, list[float]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    incomplete: int = 0  # traces left out: a call's server spans are missing
+
+    @property
+    def traces(self) -> int:
+        return len(self.components.get(TOTAL, ()))
+
+    def mean(self, component: str) -> float:
+        """Mean seconds per trace (a trace without the component counts zero)."""
+        values = self.components.get(component, ())
+        return sum(values) / self.traces if self.traces else 0.0
+
+    def median_total(self) -> float:
+        return statistics.median(self.components[TOTAL]) if self.traces else 0.0
+
+    def add(self, trace: Trace, root: Span) -> dict[str, float] | None:
+        """Split ``root``'s time into components and add them (``None``: left out, incomplete).
+
+        >>> root = Span("ab" * 16, "cd" * 8, None, "event", SpanKind.INTERNAL, 0, 500_000_000)
+        >>> Breakdown(("all",)).add(build_traces([root])["ab" * 16], root)
+        {'client other': 0.5, 'total': 0.5}
+        """
+        components, problems = trace_components(trace, root)
+        if NO_SERVER_SPAN in components:
+            self.incomplete += 1
+            return None
+        seen = self.traces
+        for name, seconds in components.items():
+            self.components.setdefault(name, [0.0] * seen).append(seconds)
+        for values in self.components.values():
+            values.extend([0.0] * (seen + 1 - len(values)))
+        self.problems.extend(problems)
+        return components
+
+    def bottleneck(self) -> tuple[str, float] | None:
+        """The server stage with the most time per trace: with one instance, it caps throughput."""
+        stages = [c for c in self.components if c.startswith("server ") and c != SERVER_QUEUE]
+        stages = [c for c in stages if c != SERVER_OTHER]
+        if not stages:
+            return None
+        worst = max(stages, key=self.mean)
+        return worst, self.mean(worst)
+
+
+def _outermost_stages(trace: Trace, span: Span) -> Iterable[Span]:
+    for child in trace.children(span):
+        if semconv.STAGE_NAME in child.attributes:
+            yield child
+        elif child.kind != SpanKind.CLIENT:
+            yield from _outermost_stages(trace, child)
+
+
+def _subtree(trace: Trace, span: Span) -> Iterable[Span]:
+    yield span
+    for child in trace.children(span):
+        yield from _subtree(trace, child)
+
+
+def _event_ns(span: Span, name: str) -> int | None:
+    return next((event.time_ns for event in span.events if event.name == name), None)
+
+
+def _queue_ns(trace: Trace, span: Span) -> int:
+    """Triton's queue time of a model span: its ``QUEUE_START`` to ``COMPUTE_START``, an event
+    of its ``compute`` child (0 for spans without them, an ensemble's own span among them);
+    a Ray Serve request's wait for a replica: its ``queued`` span."""
+    if span.name == semconv.RAY_SERVE_QUEUE_SPAN:
+        return span.duration_ns
+    queued = _event_ns(span, "QUEUE_START")
+    if queued is None:
+        return 0
+    for child in trace.children(span):
+        started = _event_ns(child, "COMPUTE_START")
+        if started is not None:
+            return max(0, started - queued)
+    return 0
+
+
+def _add(components: dict[str, float], name: str, seconds: float) -> None:
+    components[name] = components.get(name, 0.0) + seconds
+
+
+def _is_proxy(span: Span) -> bool:
+    return (
+        span.kind == SpanKind.SERVER
+        and span.attributes.get(semconv.PROXY_COMPONENT) == semconv.PROXY
+    )
+
+
+def _answered(trace: Trace, proxy: Span) -> tuple[Span, Span] | None:
+    """The proxy's last attempt that reached a server (its ``egress`` span), and that server's
+    span; ``None`` when no server span joined (a lost context, an attempt that failed)."""
+    found = None
+    for attempt in trace.children(proxy):
+        if attempt.kind == SpanKind.CLIENT and (servers := trace.children(attempt)):
+            found = attempt, servers[0]
+    return found
+
+
+def answered_by(trace: Trace, root: Span) -> str:
+    """The server that answered ``root``'s first call: the address a proxy forwarded it to, or
+    the one the client called; "" without a call."""
+    pending = list(trace.children(root))
+    while pending:
+        span = pending.pop(0)
+        if span.kind != SpanKind.CLIENT:
+            pending[:0] = trace.children(span)
+            continue
+        first = trace.children(span)
+        if first and _is_proxy(first[0]) and (answered := _answered(trace, first[0])):
+            return str(answered[0].attributes.get(semconv.PROXY_UPSTREAM_ADDRESS, ""))
+        host = span.attributes.get(semconv.SERVER_ADDRESS)
+        port = span.attributes.get(semconv.SERVER_PORT)
+        return f"{host}:{port}" if host and port else str(host or "")
+    return ""
+
+
+def _call(trace: Trace, call: Span, out: dict[str, float], problems: list[str]) -> None:
+    serialize = float(call.attributes.get(semconv.SERIALIZE_S, 0.0))
+    deserialize = float(call.attributes.get(semconv.DESERIALIZE_S, 0.0))
+    _add(out, "client serialize", serialize)
+    _add(out, "client deserialize", deserialize)
+    servers = trace.children(call)
+    if not servers:
+        _add(out, NO_SERVER_SPAN, call.duration_ns * _NS)
+        return
+    server = servers[0]
+    _add(out, NETWORK, call.duration_ns * _NS - server.duration_ns * _NS - serialize - deserialize)
+    if _is_proxy(server):
+        proxy, answered = server, _answered(trace, server)
+        if answered is None:
+            _add(out, NO_SERVER_SPAN, call.duration_ns * _NS)
+            return
+        server = answered[1]
+        _add(out, LOAD_BALANCER, (proxy.duration_ns - server.duration_ns) * _NS)
+        if server.start_ns < proxy.start_ns:
+            problems.append(
+                f"{server.name}: server span starts before the proxy's ({trace.trace_id})"
+            )
+    queue = sum(_queue_ns(trace, span) for span in _subtree(trace, server)) * _NS
+    _add(out, SERVER_QUEUE, queue)
+    staged = 0.0
+    for stage in _outermost_stages(trace, server):
+        staged += stage.duration_ns * _NS
+        _add(out, f"server {stage.attributes[semconv.STAGE_NAME]}", stage.duration_ns * _NS)
+    _add(out, SERVER_OTHER, server.duration_ns * _NS - queue - staged)
+    model = call.attributes.get(semconv.MODEL_NAME, call.name)
+    # A server may end its span after sending the response, when the client already has it:
+    # an end past the client's is no error. A start before the client's is (or clock skew).
+    if server.start_ns < call.start_ns:
+        problems.append(f"{model}: server span starts before its client span ({trace.trace_id})")
+    if staged + queue > server.duration_ns * _NS * (1 + 1e-6):
+        problems.append(f"{model}: stages + queue exceed the server span ({trace.trace_id})")
+
+
+def trace_components(trace: Trace, root: Span) -> tuple[dict[str, float], list[str]]:
+    """The components of ``root``'s time in seconds, and the nesting problems found."""
+    out: dict[str, float] = {}
+    problems: list[str] = []
+    accounted = 0.0
+    pending = list(trace.children(root))
+    while pending:
+        span = pending.pop(0)
+        if span.kind == SpanKind.CLIENT:
+            accounted += span.duration_ns * _NS
+            _call(trace, span, out, problems)
+        elif semconv.STAGE_NAME in span.attributes:
+            accounted += span.duration_ns * _NS
+            _add(out, f"client {span.attributes[semconv.STAGE_NAME]}", span.duration_ns * _NS)
+            # a call made from inside a client stage is accounted within that stage
+        else:
+            pending[:0] = trace.children(span)
+    out[CLIENT_OTHER] = root.duration_ns * _NS - accounted
+    out[TOTAL] = root.duration_ns * _NS
+    return out, problems
+
+
+def group_key(trace: Trace, root: Span, group_by: Sequence[str]) -> tuple[str, ...]:
+    """The values of ``root``'s attributes ``group_by``; ``semconv.ANSWERED_BY`` is the server
+    that answered (``answered_by``)."""
+    return tuple(
+        answered_by(trace, root)
+        if key == semconv.ANSWERED_BY
+        else str(root.attributes.get(key, ""))
+        for key in group_by
+    )
+
+
+def breakdown(
+    traces: Iterable[Trace], group_by: Sequence[str] = (), root_name: str | None = None
+) -> dict[tuple[str, ...], Breakdown]:
+    """Components of every root span (named ``root_name`` if given, not an orphan), grouped by
+    the values of the root's attributes ``group_by``."""
+    groups: dict[tuple[str, ...], Breakdown] = {}
+    for trace in traces:
+        for root in trace.roots:
+            if trace.is_orphan(root) or (root_name is not None and root.name != root_name):
+                continue
+            key = group_key(trace, root, group_by)
+            groups.setdefault(key, Breakdown(key)).add(trace, root)
+    return groups
+
+
+def _order(names: Iterable[str]) -> list[str]:
+    rank = {
+        "client": 0,
+        "client serialize": 1,
+        NETWORK: 2,
+        LOAD_BALANCER: 3,
+        SERVER_QUEUE: 4,
+        "server": 5,
+    }
+    rank.update({SERVER_OTHER: 6, "client deserialize": 7, CLIENT_OTHER: 8})
+
+    def key(name: str) -> int:
+        return rank.get(name, rank.get(name.split(" ")[0], 9))
+
+    return sorted((n for n in names if n != TOTAL), key=key)
+
+
+def format_breakdowns(groups: dict[tuple[str, ...], Breakdown], labels: Sequence[str] = ()) -> str:
+    """A table per group: each component's mean ms per trace and its share of the total."""
+    lines: list[str] = []
+    for key, group in sorted(groups.items()):
+        title = ", ".join(f"{k}={v}" for k, v in zip(labels, key, strict=False)) or "all traces"
+        total = group.mean(TOTAL)
+        left_out = (
+            f" ({group.incomplete} left out: server spans missing)" if group.incomplete else ""
+        )
+        lines.append(
+            f"{title}: {group.traces} traces{left_out}, mean {total * 1e3:.2f} ms, "
+            f"median {group.median_total() * 1e3:.2f} ms"
+        )
+        for name in _order(group.components):
+            mean = group.mean(name)
+            share = 100 * mean / total if total else 0.0
+            lines.append(f"  {name:<24} {mean * 1e3:9.3f} ms  {share:5.1f} %")
+        worst = group.bottleneck()
+        if worst:
+            lines.append(
+                f"  bottleneck: {worst[0]} ({worst[1] * 1e3:.2f} ms per trace: one instance "
+                f"serves at most {1 / worst[1]:.0f}/s)"
+            )
+        for problem in group.problems[:5]:
+            lines.append(f"  nesting problem: {problem}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", help="OTLP JSON files or directories of them")
+    parser.add_argument("--group-by", action="append", default=[], help="root attribute key")
+    parser.add_argument("--root", default=None, help="only roots with this span name")
+
+
+def run(args: argparse.Namespace) -> int:
+    traces = build_traces(load_spans(*args.paths))
+    groups = breakdown(traces.values(), group_by=args.group_by, root_name=args.root)
+    print(format_breakdowns(groups, labels=args.group_by) or "no complete traces found")
+    return 0

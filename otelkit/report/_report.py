@@ -1,0 +1,163 @@
+"""``Report``: traces and study results read once, written as one HTML page and as figures.
+
+>>> report = Report.build(traces=["demo-output/traces"], studies=["study.jsonl"],
+...                       group_by=["gnn_tracking.option"])  # doctest: +SKIP
+>>> report.write_html("report.html")  # doctest: +SKIP
+>>> report.write_figures("figures")  # doctest: +SKIP
+
+With neither traces nor studies the page still opens and says so:
+
+>>> report = Report.build()
+>>> report.facts.spans, report.charts
+(0, [])
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from otelkit.analysis import iter_spans
+from otelkit.analysis._breakdown import TOTAL, Breakdown
+from otelkit.report._charts import Chart, breakdown_chart, sized
+from otelkit.report._collect import Facts, Gathered
+from otelkit.report._page import render_page
+from otelkit.report._sections import (
+    breakdown_section,
+    chart_blocks,
+    facts_section,
+    heading_section,
+    study_section,
+    waterfall_section,
+)
+from otelkit.report._stream import TraceStream
+
+if TYPE_CHECKING:
+    from otelkit.study import StudyResults
+
+__all__ = ["PAGE_SIZE", "Report"]
+
+PAGE_SIZE = (440, 260)  # a chart's plot area on the page, in pixels
+
+
+@dataclass
+class Report:
+    """Everything the page shows; ``build`` reads it, ``write_html`` and ``write_figures`` write."""
+
+    groups: list[tuple[str, Breakdown]] = field(default_factory=list)
+    facts: Facts = field(default_factory=Facts)
+    traces: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> waterfall form
+    views: dict[str, dict[str, str]] = field(default_factory=dict)  # group -> view -> id
+    sampled: dict[str, int] = field(default_factory=dict)  # group -> candidates of its views
+    studies: list[tuple[str, StudyResults, list[Chart]]] = field(default_factory=list)
+    late_spans: int = 0
+    closed_early: int = 0
+    title: str = "otelkit report"
+
+    @classmethod
+    def build(
+        cls,
+        traces: Sequence[str | Path] = (),
+        studies: Sequence[str | Path] = (),
+        group_by: Sequence[str] = (),
+        root_name: str | None = None,
+        max_spans: int = 8000,
+        grace_s: float = 10.0,
+    ) -> Report:
+        """Read ``traces`` (OTLP JSON files or directories) in one streaming pass and
+        ``studies`` (results files of ``otelkit study``)."""
+        report = cls()
+        gathered = Gathered(group_by, root_name=root_name, max_spans=max_spans)
+        if traces:
+            stream = TraceStream(grace_s=grace_s)
+            # The reader makes millions of small objects, none in a cycle, while up to
+            # 100 000 spans stay alive: each pass of the cycle collector walks them all and
+            # finds nothing (docs/performance.md). Reference counting still frees everything.
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                for trace in stream.complete_traces(iter_spans(*traces)):
+                    gathered.add(trace)
+            finally:
+                if collecting:
+                    gc.enable()
+            report.late_spans, report.closed_early = stream.late_spans, stream.closed_early
+        views = gathered.views()
+        report.views = {gathered.label(key): chosen for key, chosen in sorted(views.items())}
+        report.sampled = {gathered.label(key): n for key, n in sorted(gathered.sampled.items())}
+        report.groups = [(gathered.label(key), g) for key, g in sorted(gathered.groups.items())]
+        report.traces, report.facts = gathered.kept, gathered.facts
+        if studies:  # the study package's imports cost half a second: only when needed
+            from otelkit.report._study_charts import study_charts
+            from otelkit.study import read_results
+        for n, path in enumerate(studies):
+            results = read_results(path)
+            name = Path(path).stem
+            prefix = "study" if len(studies) == 1 else f"study-{n + 1}"
+            report.studies.append((name, results, study_charts(results, prefix)))
+        return report
+
+    @property
+    def breakdown(self) -> Chart | None:
+        """The stacked bars of every group with complete traces."""
+        bars = {
+            label: {c: group.mean(c) * 1e3 for c in group.components if c != TOTAL}
+            for label, group in self.groups
+            if group.traces
+        }
+        return breakdown_chart(bars) if bars else None
+
+    @property
+    def charts(self) -> list[Chart]:
+        """Every chart, in the page's order: the breakdown, then each study's."""
+        first = [self.breakdown] if self.breakdown is not None else []
+        return first + [chart for _, _, charts in self.studies for chart in charts]
+
+    def html(self) -> str:
+        """The page, as text."""
+        placed: list[tuple[str, Chart]] = []
+
+        def place(charts: Sequence[Chart]) -> str:
+            start = len(placed)
+            placed.extend((f"chart-{start + n}", chart) for n, chart in enumerate(charts))
+            return chart_blocks(placed[start:])
+
+        bars = [self.breakdown] if self.breakdown is not None else []
+        sections = [
+            heading_section(self.title, [name for name, _, _ in self.studies]),
+            f'<p class="facts-line">{self.facts.traces} traces, {self.facts.spans} spans, '
+            f"{len(self.facts.services)} services</p>",
+            breakdown_section(self.groups, place(bars), self.late_spans, self.closed_early),
+            waterfall_section(
+                len(self.traces), self.facts.traces, next(iter(self.sampled.values()), 0)
+            ),
+        ]
+        for name, results, charts in self.studies:
+            verdicts = [f"[{v.curve or 'all'}] {v.kind}: {v.sentence}" for v in results.verdicts]
+            sections.append(study_section(name, results.header, verdicts, place(charts)))
+        headers = [(name, results.header) for name, results, _ in self.studies]
+        sections.append(facts_section(self.facts, headers, self.late_spans))
+        data = {
+            "charts": [{"id": i, "spec": sized(c.spec, *PAGE_SIZE)} for i, c in placed],
+            "traces": self.traces,
+            "views": self.views,
+            "sampled": self.sampled,
+            "facts": {"traces": self.facts.traces, "spans": self.facts.spans},
+        }
+        return render_page(self.title, sections, data)
+
+    def write_html(self, path: str | Path) -> Path:
+        """Write the page to ``path`` (folders made as needed); returns the path."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(self.html(), encoding="utf-8")
+        return out
+
+    def write_figures(self, folder: str | Path) -> list[Path]:
+        """Every chart as PNG and SVG in ``folder``, sized for a paper column."""
+        from otelkit.report._figures import write_figures
+
+        return write_figures(self.charts, Path(folder))

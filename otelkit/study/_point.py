@@ -1,0 +1,441 @@
+"""One measured point of a study, as the results file records it.
+
+A point holds what the client saw (throughput, latency percentiles from every measured request,
+errors by kind, the client's CPU), Triton's figures per model over the same window, the GPUs'
+gauges when Triton has GPUs, and the trace breakdown of the sampled share of its requests. The
+measured window is also cut into equal parts (batch means): the spread of the parts' figures
+gives ``otelkit study compare`` its intervals.
+
+A point driven by several client processes is the merge of their parts: throughputs add up and
+latency percentiles come from the sum of the parts' histograms, that is from all requests.
+
+The latency percentiles are the successful requests'; the failed ones' latencies have their own
+histogram (a timeout's 30 s is not a successful answer's time), and ``all_requests_ms`` reads
+both. A point whose failed share of its measured requests is above ``Load.max_error_share`` is
+marked ``errors``: its figures are kept, and left out of those across points.
+
+>>> a = Point(0, {"concurrency": 4}, requests=400, seconds=4.0, histogram=LatencyHistogram())
+>>> a.throughput, a.label
+(100.0, 'concurrency=4')
+>>> merge_parts([a, a]).throughput
+200.0
+
+**Latencies are kept as a log histogram**: percentiles within half a percent, mergeable across
+processes. A point may be driven by several client processes, on several nodes: each keeps its
+latencies in buckets 1 % wide (a bucket's upper edge is 1.01 times its lower one, from 1 µs up),
+and the point's percentiles come from the sum of their buckets, that is from all requests. A
+bucket is read as its geometric middle, so a percentile is off by at most 0.5 %; the maximum,
+minimum and mean are kept exactly.
+
+>>> histogram = LatencyHistogram()
+>>> histogram.add_many([0.010, 0.011, 0.012, 0.013, 0.100])
+>>> abs(histogram.quantile(0.5) - 0.012) < 0.005 * 0.012, histogram.max_s
+(True, 0.1)
+>>> both = histogram.merged(LatencyHistogram.from_dict(histogram.to_dict()))
+>>> both.count, round(both.quantile(0.99) * 1e3, 1)
+(10, 100.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from otelkit._errors import StudyError
+from otelkit.study._counters import HostUsage, ModelFigures
+from otelkit.study._drive import LoadRun
+from otelkit.study._traces import PointTraces
+
+__all__ = ["LatencyHistogram", "Point", "Window", "merge_parts", "point_label"]
+
+
+_BASE_S = 1e-6
+_RATIO = 1.01
+_LOG_RATIO = math.log(_RATIO)
+
+
+class LatencyHistogram:
+    """Request latencies in seconds, in log buckets 1 % wide."""
+
+    __slots__ = ("count", "counts", "max_s", "min_s", "sum_s")
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.count = 0
+        self.sum_s = 0.0
+        self.max_s = 0.0
+        self.min_s = math.inf
+
+    @staticmethod
+    def _index(seconds: float) -> int:
+        if seconds <= _BASE_S:
+            return 0
+        return int(math.log(seconds / _BASE_S) / _LOG_RATIO)
+
+    def add(self, seconds: float) -> None:
+        """Count one latency."""
+        index = self._index(seconds)
+        self.counts[index] = self.counts.get(index, 0) + 1
+        self.count += 1
+        self.sum_s += seconds
+        self.max_s = max(self.max_s, seconds)
+        self.min_s = min(self.min_s, seconds)
+
+    def add_many(self, latencies: Iterable[float]) -> None:
+        """Count every latency of ``latencies``."""
+        for seconds in latencies:
+            self.add(seconds)
+
+    @property
+    def mean_s(self) -> float:
+        """The exact mean, 0 when empty."""
+        return self.sum_s / self.count if self.count else 0.0
+
+    def quantile(self, q: float) -> float:
+        """The latency below which a share ``q`` of the requests fall (nearest rank); 0 if empty."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q is a share from 0 to 1, not {q!r}")
+        if not self.count:
+            return 0.0
+        rank = max(1, math.ceil(q * self.count))
+        seen = 0
+        for index in sorted(self.counts):
+            seen += self.counts[index]
+            if seen >= rank:
+                middle: float = _BASE_S * _RATIO ** (index + 0.5)
+                return min(self.max_s, max(self.min_s, middle))
+        return self.max_s
+
+    def merged(self, other: LatencyHistogram) -> LatencyHistogram:
+        """A new histogram holding the requests of both."""
+        out = LatencyHistogram()
+        for part in (self, other):
+            for index, n in part.counts.items():
+                out.counts[index] = out.counts.get(index, 0) + n
+        out.count = self.count + other.count
+        out.sum_s = self.sum_s + other.sum_s
+        out.max_s = max(self.max_s, other.max_s)
+        out.min_s = min(self.min_s, other.min_s)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (bucket indices as strings, as JSON object keys must be)."""
+        return {
+            "base_s": _BASE_S,
+            "ratio": _RATIO,
+            "count": self.count,
+            "sum_s": self.sum_s,
+            "max_s": self.max_s,
+            "min_s": self.min_s if self.count else 0.0,
+            "buckets": {str(index): n for index, n in sorted(self.counts.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LatencyHistogram:
+        """The histogram ``to_dict`` wrote; refuses buckets of another layout."""
+        if data.get("base_s") != _BASE_S or data.get("ratio") != _RATIO:
+            raise ValueError(
+                f"a histogram with other buckets: {data.get('base_s')}, {data.get('ratio')}"
+            )
+        out = cls()
+        out.counts = {int(index): int(n) for index, n in data.get("buckets", {}).items()}
+        out.count = int(data.get("count", sum(out.counts.values())))
+        out.sum_s = float(data.get("sum_s", 0.0))
+        out.max_s = float(data.get("max_s", 0.0))
+        out.min_s = float(data["min_s"]) if out.count else math.inf
+        return out
+
+
+def point_label(params: Mapping[str, Any]) -> str:
+    """``instances=2 concurrency=4``: how messages and tables name a point."""
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "the point"
+
+
+@dataclass(frozen=True)
+class Window:
+    """One equal part of the measured window: the throughput and latency percentiles of the
+    requests that completed within it, whatever their start."""
+
+    throughput: float
+    p50_ms: float
+    p99_ms: float
+
+
+@dataclass
+class Point:
+    """One point: its sweep ``params`` and every figure measured at it."""
+
+    index: int
+    params: dict[str, Any]
+    status: str = "ok"  # ok, errors (too many failed requests: check_errors), failed
+    error: str = ""
+    requests: int = 0  # successful requests completed within the window
+    seconds: float = 0.0  # the window's length
+    batch_size: int = 1
+    histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
+    errors: dict[str, int] = field(default_factory=dict)
+    error_samples: dict[str, str] = field(default_factory=dict)
+    windows: list[Window] = field(default_factory=list)
+    cpu_s: float = 0.0  # client processes' CPU time over the window
+    triton: dict[str, ModelFigures] = field(default_factory=dict)
+    gpus: dict[str, dict[str, float]] = field(default_factory=dict)
+    # per Triton model instance on a GPU (counters.py), when the study reads GPU metrics
+    gpu_instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    traces: PointTraces | None = None
+    sampled: int = 0  # measured requests whose trace was sampled
+    parts: int = 1  # client processes that drove the point
+    started_at: float = 0.0  # when the measured window opened, seconds since the epoch
+    # why the server failed in earlier attempts at this point, each followed by a restart
+    restarts: list[str] = field(default_factory=list)
+    # the CPU the window used: the serving host's cores (when it is this host) and the
+    # server's processes (when the study started them)
+    host: HostUsage | None = None
+    # the latencies of the measured requests that failed (the histogram has the successful)
+    failed_histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
+    # a merged point's parts' throughputs: its throughput is their sum (their windows differ)
+    part_throughputs: list[float] = field(default_factory=list)
+    # the servers of each model or deployment where the server says (Ray Serve's replicas)
+    parallelism: dict[str, int] = field(default_factory=dict)
+    # the cores each model's or deployment's own processes kept busy, where the server named
+    # them (Ray Serve's replicas)
+    process_cores: dict[str, float] = field(default_factory=dict)
+    # tensor bytes a request sends and receives, where the workload knows (the network's demand)
+    payload_bytes: tuple[int, int] | None = None
+    link_gbps: float | None = None  # the network link's rate, as the study was told (one way)
+
+    @property
+    def label(self) -> str:
+        return point_label(self.params)
+
+    @property
+    def throughput(self) -> float:
+        """Successful requests per second; a merged point's, the sum of its parts'."""
+        if self.part_throughputs:
+            return sum(self.part_throughputs)
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def items_per_s(self) -> float:
+        """Inferences per second, measured: throughput times the batch size."""
+        return self.throughput * self.batch_size
+
+    def latency_ms(self, q: float) -> float:
+        """The ``q`` quantile of the measured requests' latency, in ms."""
+        return self.histogram.quantile(q) * 1e3
+
+    def all_requests_ms(self, q: float) -> float:
+        """The ``q`` quantile of every measured request's latency, the failed ones too, in ms."""
+        return self.histogram.merged(self.failed_histogram).quantile(q) * 1e3
+
+    @property
+    def error_share(self) -> float:
+        """The failed share of the measured requests (those started in the window)."""
+        measured = self.histogram.count + self.failed
+        return self.failed / measured if measured else 0.0
+
+    def check_errors(self, max_share: float) -> None:
+        """Mark an ``ok`` point ``errors`` when more than ``max_share`` of its measured
+        requests failed; its error says the share and the most frequent kind."""
+        if self.status != "ok" or self.error_share <= max_share:
+            return
+        kind = max(self.errors, key=lambda k: self.errors[k])
+        sample = f" ({self.error_samples[kind]})" if self.error_samples.get(kind) else ""
+        self.status = "errors"
+        self.error = (
+            f"{self.error_share * 100:.1f} % of the measured requests failed "
+            f"({self.failed} of {self.histogram.count + self.failed}), most {kind}{sample}"
+        )
+
+    @property
+    def cpu_cores(self) -> float:
+        """Client CPU time over wall time: cores the client kept busy."""
+        return self.cpu_s / self.seconds if self.seconds else 0.0
+
+    @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+    def component_ms(self, name: str) -> float | None:
+        """Mean ms per request of a breakdown component, ``None`` without traces."""
+        if self.traces is None or name not in self.traces.components:
+            return None
+        return self.traces.components[name].mean_ms
+
+    @classmethod
+    def from_run(
+        cls, index: int, params: Mapping[str, Any], run: LoadRun, windows: int, batch_size: int
+    ) -> Point:
+        """The client's side of a point, from the driver's measured window."""
+        histogram, failed = LatencyHistogram(), LatencyHistogram()
+        histogram.add_many(run.latencies_s)
+        failed.add_many(run.failed_latencies_s)
+        point = cls(
+            index, dict(params), requests=run.completed, seconds=run.window_s,
+            batch_size=batch_size, histogram=histogram, errors=dict(run.errors),
+            error_samples=dict(run.error_samples), cpu_s=run.cpu_s, started_at=run.opened_epoch,
+        )  # fmt: skip
+        point.windows = _windows(run, windows)
+        point.failed_histogram = failed
+        return point
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "record": "point",
+            "index": self.index,
+            "params": self.params,
+            "label": self.label,
+            "status": self.status,
+            "error": self.error,
+            "requests": self.requests,
+            "seconds": self.seconds,
+            "throughput": self.throughput,
+            "batch_size": self.batch_size,
+            "items_per_s": self.items_per_s,
+            "latency_ms": {
+                "p50": self.latency_ms(0.5),
+                "p90": self.latency_ms(0.9),
+                "p99": self.latency_ms(0.99),
+                "max": self.histogram.max_s * 1e3,
+                "mean": self.histogram.mean_s * 1e3,
+            },
+            "errors": self.errors,
+            "error_samples": self.error_samples,
+            "client_cpu": {"cpu_s": self.cpu_s, "cores": self.cpu_cores},
+            "triton": {m: f.to_dict() for m, f in self.triton.items()},
+            "gpus": self.gpus,
+            "gpu_instances": self.gpu_instances,
+            "traces": self.traces.to_dict() if self.traces is not None else None,
+            "sampled": self.sampled,
+            "parts": self.parts,
+            "started_at": self.started_at,
+            "restarts": self.restarts,
+            "host": self.host.to_dict() if self.host is not None else None,
+            "windows": [[w.throughput, w.p50_ms, w.p99_ms] for w in self.windows],
+            "histogram": self.histogram.to_dict(),
+            "latency_ms_all_requests": {
+                "p50": self.all_requests_ms(0.5),
+                "p90": self.all_requests_ms(0.9),
+                "p99": self.all_requests_ms(0.99),
+            },
+            "failed_histogram": self.failed_histogram.to_dict(),
+            "part_throughputs": self.part_throughputs,
+            "parallelism": self.parallelism,
+            "process_cores": self.process_cores,
+            "payload_bytes": list(self.payload_bytes) if self.payload_bytes else None,
+            "link_gbps": self.link_gbps,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Point:
+        traces = data.get("traces")
+        return cls(
+            index=int(data["index"]),
+            params=dict(data["params"]),
+            status=str(data.get("status", "ok")),
+            error=str(data.get("error", "")),
+            requests=int(data.get("requests", 0)),
+            seconds=float(data.get("seconds", 0.0)),
+            batch_size=int(data.get("batch_size", 1)),
+            histogram=LatencyHistogram.from_dict(data["histogram"]),
+            errors={k: int(v) for k, v in data.get("errors", {}).items()},
+            error_samples=dict(data.get("error_samples", {})),
+            windows=[Window(*map(float, w)) for w in data.get("windows", [])],
+            cpu_s=float(data.get("client_cpu", {}).get("cpu_s", 0.0)),
+            triton={m: ModelFigures.from_dict(f) for m, f in data.get("triton", {}).items()},
+            gpus=dict(data.get("gpus", {})),
+            gpu_instances=dict(data.get("gpu_instances", {})),
+            traces=PointTraces.from_dict(traces) if traces else None,
+            sampled=int(data.get("sampled", 0)),
+            parts=int(data.get("parts", 1)),
+            started_at=float(data.get("started_at", 0.0)),
+            restarts=[str(r) for r in data.get("restarts", [])],
+            host=HostUsage.from_dict(data["host"]) if data.get("host") else None,
+            failed_histogram=LatencyHistogram.from_dict(data["failed_histogram"])
+            if "failed_histogram" in data
+            else LatencyHistogram(),  # a file written before failed requests were timed
+            part_throughputs=[float(t) for t in data.get("part_throughputs", [])],
+            parallelism={k: int(v) for k, v in data.get("parallelism", {}).items()},
+            process_cores={k: float(v) for k, v in data.get("process_cores", {}).items()},
+            payload_bytes=_pair(data.get("payload_bytes")),
+            link_gbps=data.get("link_gbps"),
+        )
+
+
+def _windows(run: LoadRun, count: int) -> list[Window]:
+    """The window's ``count`` equal parts, each from the requests that completed within it."""
+    width = run.window_s / count
+    ends: list[list[float]] = [[] for _ in range(count)]
+    for end, latency in zip(run.ends_s, run.end_latencies_s, strict=True):
+        slot = min(count - 1, max(0, int(end / width))) if width > 0 else 0  # the close: last
+        ends[slot].append(latency)
+    windows = []
+    for latencies in ends:
+        histogram = LatencyHistogram()
+        histogram.add_many(latencies)
+        windows.append(
+            Window(len(latencies) / width if width else 0.0, histogram.quantile(0.5) * 1e3,
+                   histogram.quantile(0.99) * 1e3)
+        )  # fmt: skip
+    return windows
+
+
+def merge_parts(
+    parts: Sequence[Point], max_skew_s: float = 1.0, max_error_share: float = 0.01
+) -> Point:
+    """One point from the parts that client processes measured over the same window.
+
+    Requests and throughputs add up (each part's over its own window); the percentiles come
+    from the merged histograms; the window is the longest part's: they ran side by side, their
+    windows opening within ``max_skew_s`` of each other. A window's percentiles are the parts'
+    means, weighted by their requests. The merged point is marked ``errors`` when more than
+    ``max_error_share`` of all the parts' measured requests failed.
+    """
+    if not parts:
+        raise ValueError("no parts to merge")
+    first = parts[0]
+    starts = [p.started_at for p in parts if p.started_at and p.status != "failed"]
+    if starts and max(starts) - min(starts) > max_skew_s:
+        raise StudyError(
+            f"the parts did not run side by side: their windows opened "
+            f"{max(starts) - min(starts):.1f} s apart (give them the same start and slot)",
+            point=first.label,
+        )
+    histogram, failed_histogram = LatencyHistogram(), LatencyHistogram()
+    errors: dict[str, int] = {}
+    samples: dict[str, str] = {}
+    for part in parts:
+        histogram = histogram.merged(part.histogram)
+        failed_histogram = failed_histogram.merged(part.failed_histogram)
+        for kind, n in part.errors.items():
+            errors[kind] = errors.get(kind, 0) + n
+        for kind, message in part.error_samples.items():
+            samples.setdefault(kind, message)
+    merged = Point(
+        first.index, dict(first.params), requests=sum(p.requests for p in parts),
+        seconds=max(p.seconds for p in parts), batch_size=first.batch_size, histogram=histogram,
+        errors=errors, error_samples=samples,
+        cpu_s=sum(p.cpu_s for p in parts), sampled=sum(p.sampled for p in parts),
+        parts=sum(p.parts for p in parts), started_at=min(starts, default=0.0),
+    )  # fmt: skip
+    merged.failed_histogram = failed_histogram
+    merged.part_throughputs = [p.throughput for p in parts]
+    failed = [p for p in parts if p.status == "failed"]
+    if failed:
+        merged.status, merged.error = "failed", failed[0].error
+    merged.check_errors(max_error_share)
+    if all(len(p.windows) == len(first.windows) for p in parts):
+        for slot in range(len(first.windows)):
+            rows = [p.windows[slot] for p in parts]
+            total = sum(r.throughput for r in rows)
+            weights = [r.throughput / total if total else 1 / len(rows) for r in rows]
+            merged.windows.append(
+                Window(total, sum(w * r.p50_ms for w, r in zip(weights, rows, strict=True)),
+                       sum(w * r.p99_ms for w, r in zip(weights, rows, strict=True)))
+            )  # fmt: skip
+    return merged
+
+
+def _pair(value: Any) -> tuple[int, int] | None:
+    return (int(value[0]), int(value[1])) if value else None

@@ -1,0 +1,641 @@
+"""What caps throughput along a curve: the resource the operational laws name, and what to do.
+
+A verdict is decided as a structure (``Verdict``: the kind, the resource, its evidence, the
+plateau measured and the one predicted) and written as a sentence in one place (``_sentence``).
+
+The method (docs/study.md): at the point where throughput peaks, every resource's utilisation is
+weighed with the demand it had at the lowest point, U* = X_peak . D_low / m. A demand that grows
+with load is a wait for something else, so the low-load demand is the resource's own: the
+resource whose U* is nearest 1 is the one that stops throughput, and the bottleneck law predicts
+the plateau from the lowest point alone, m / D_low.
+
+- **saturated**: a model's instances (or a GPU) are busy all the time with their demand flat:
+  add instances or batch; or the load balancer in front of a fleet (its worker threads' CPU):
+  more workers or balancers, not more servers;
+- **contended**: a demand grows with load because another resource is at its limit, named:
+  a stage that serves one request at a time (a lock or the GIL: its hold time, the low-load
+  stage time, explains the plateau as 1 / hold), or the host's cores (more busy instances than
+  cores); more instances will not help. When no measured resource is at its limit, the stage
+  (or model) whose demand grew most is named and the resource it waits for is unknown;
+- **client**: the client process's CPU (one core under Python's GIL) is the limit: more
+  threads will not help, more client processes will (a Python server's own process under its
+  GIL is named as a contended ``gil``: more worker processes will help);
+- **network**: the link the study was told of (``Study(link_gbps=...)``) carries the busier
+  direction of each request's tensors all the time: smaller payloads or a faster link;
+  when no link rate is given and moving the tensors (the client's (de)serialising, network +
+  offload) grows most while no measured resource is at its limit, the resource is
+  ``transfer`` and no plateau is predicted;
+- **batching**: at light load, requests wait within a dynamic batcher's configured delay: the
+  latency is the batcher's, and throughput rises as batches fill;
+- **rising**: nothing is at its limit within the sweep; the nearest limit is said, predicted;
+- **underloaded** (along instances, or servers): more do not pay and none is busy: the load
+  does not keep them busy;
+- **unknown**: throughput stops while no measured resource is at its limit and no demand grew;
+- **failed**: the curve holds points that failed or erred: no verdict on it.
+
+>>> from otelkit.study._point import Point
+>>> low = Point(0, {"concurrency": 1}, requests=400, seconds=4.0, cpu_s=3.6)
+>>> high = Point(1, {"concurrency": 4}, requests=420, seconds=4.0, cpu_s=3.9)
+>>> verdict = judge([low, high], "concurrency")
+>>> verdict.kind, verdict.limit, round(verdict.predicted_per_s or 0)
+('client', "the client's CPU", 111)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from otelkit.analysis._breakdown import NETWORK, SERVER_QUEUE
+from otelkit.study._capacity import resources
+from otelkit.study._derived import LOAD_AXES, along, knee
+from otelkit.study._point import Point
+
+__all__ = ["Evidence", "Kind", "Verdict", "judge", "verdicts"]
+
+Kind = Literal[
+    "saturated",
+    "contended",
+    "client",
+    "batching",
+    "network",
+    "rising",
+    "underloaded",
+    "unknown",
+    "failed",
+]
+_Make = Callable[..., "Verdict"]  # (kind, resource evidence, sentence, change)
+_AXIS_WORDS = {
+    "concurrency": "threads",
+    "rate": "requests/s",
+    "instances": "instances",
+    "servers": "servers",
+}
+#: the axes along which more of the deployment serves the same load: the question is why the
+#: most of it does not pay, read where there is the most of it
+_SCALE_AXES = ("instances", "servers")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One resource along a curve: its demand at the lowest point and where throughput peaks.
+
+    ``kind`` is the resource's (``capacity.ResourceKind``), or ``lock`` for a stage that the
+    figures show serving one request at a time."""
+
+    key: str
+    kind: str
+    name: str
+    servers: float | None
+    low_ms: float
+    peak_ms: float
+    utilisation: float | None  # measured at the peak: X . D_peak / m, or read directly
+    peak_per_s: float  # the throughput where it peaks
+    model: str | None = None
+
+    @property
+    def growth(self) -> float:
+        return self.peak_ms / self.low_ms if self.low_ms > 0 else float("inf")
+
+    @property
+    def load(self) -> float | None:
+        """U* = X_peak . D_low / m: the utilisation the resource's own demand gives at the peak."""
+        if not self.servers:
+            return None
+        return self.peak_per_s * self.low_ms / 1e3 / self.servers
+
+    @property
+    def limit_per_s(self) -> float | None:
+        """The bottleneck law from the lowest point: m / D_low."""
+        return self.servers / (self.low_ms / 1e3) if self.servers and self.low_ms > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "name": self.name,
+            "servers": self.servers,
+            "low_ms": self.low_ms,
+            "peak_ms": self.peak_ms,
+            "utilisation": self.utilisation,
+            "peak_per_s": self.peak_per_s,
+            "model": self.model,
+            "load": self.load,
+            "limit_per_s": self.limit_per_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Evidence:
+        return cls(
+            data["key"],
+            data["kind"],
+            data["name"],
+            data.get("servers"),
+            float(data["low_ms"]),
+            float(data["peak_ms"]),
+            data.get("utilisation"),
+            float(data["peak_per_s"]),
+            data.get("model"),
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What caps throughput along one curve: the structure, and its sentence."""
+
+    curve: str
+    axis: str
+    kind: Kind
+    limit: str | None  # the resource's name: a model, a stage, "the host's 2 cores"
+    sentence: str
+    resource: str | None = None  # the limiting resource's kind (Evidence.kind)
+    plateau_per_s: float | None = None  # measured: the highest throughput, when it stopped
+    predicted_per_s: float | None = None  # derived: m / D_low of the limiting resource
+    change: str = ""  # what to change
+    evidence: tuple[Evidence, ...] = field(default_factory=tuple)  # by U*, highest first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "record": "verdict",
+            "curve": self.curve,
+            "axis": self.axis,
+            "kind": self.kind,
+            "limit": self.limit,
+            "resource": self.resource,
+            "sentence": self.sentence,
+            "plateau_per_s": self.plateau_per_s,
+            "predicted_per_s": self.predicted_per_s,
+            "change": self.change,
+            "evidence": [e.to_dict() for e in self.evidence],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        return cls(
+            data["curve"],
+            data["axis"],
+            data["kind"],
+            data.get("limit"),
+            data["sentence"],
+            data.get("resource"),
+            data.get("plateau_per_s"),
+            data.get("predicted_per_s"),
+            data.get("change", ""),
+            tuple(Evidence.from_dict(e) for e in data.get("evidence", [])),
+        )
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """The facts of one curve that every verdict's sentence draws on."""
+
+    axis: str
+    unit: str
+    tolerance: float
+    low: Point
+    peak: Point
+    high: Point
+    stopped: bool  # throughput stopped rising (a plateau, a fall, an open loop falling behind)
+
+    def span(self) -> str:
+        words = _AXIS_WORDS.get(self.axis, self.axis)
+        return f"from {self.low.params[self.axis]} to {self.high.params[self.axis]} {words}"
+
+    def per_s(self, value: float) -> str:
+        return f"{value:.0f} {self.unit}s/s"
+
+    def throughput(self) -> str:
+        """How throughput went along the curve, the curve's span said with it."""
+        top = self.per_s(self.peak.throughput)
+        if self.high.throughput < (1 - self.tolerance) * self.peak.throughput:
+            where = f"{self.peak.params[self.axis]} {_AXIS_WORDS.get(self.axis, self.axis)}"
+            return (
+                f"throughput peaks at {top} ({where}) and falls to "
+                f"{self.high.throughput:.0f} at {self.high.params[self.axis]}"
+            )
+        offered = self.high.params.get("rate")
+        if offered and self.high.throughput < (1 - self.tolerance) * float(offered):
+            return (
+                f"{self.span()} offered, at most {top} are served: at "
+                f"{float(offered):.0f}/s the rest wait in the client's backlog"
+            )
+        return f"throughput {'plateaus at' if self.stopped else 'reaches'} {top} {self.span()}"
+
+
+def _evidence(low: Point, peak: Point) -> list[Evidence]:
+    at_low, at_peak = resources(low), resources(peak)
+    rows = []
+    for key, top in at_peak.items():
+        first = at_low.get(key)
+        if first is None:
+            continue
+        rows.append(
+            Evidence(
+                key,
+                top.kind,
+                top.name,
+                top.servers,
+                first.demand_ms,
+                top.demand_ms,
+                top.utilisation,
+                peak.throughput,
+                top.model,
+            )
+        )
+    return rows
+
+
+def _serial(rows: Sequence[Evidence], tolerance: float, floor_ms: float) -> list[Evidence]:
+    """A stage whose demand grew is, as a hypothesis, a resource serving one request at a time
+    (a lock, the GIL): its low-load time is the hold, and X_peak . hold is its utilisation."""
+    found = []
+    for row in rows:
+        grew = row.peak_ms - row.low_ms
+        if row.kind == "stage" and row.growth > 1 + tolerance and grew > floor_ms:
+            found.append(
+                Evidence(
+                    f"lock {row.name}",
+                    "lock",
+                    row.name,
+                    1,
+                    row.low_ms,
+                    row.peak_ms,
+                    None,
+                    row.peak_per_s,
+                    row.model,
+                )
+            )
+    # a figure above 1 refutes the hypothesis: nothing that serves one at a time can do that
+    return [e for e in found if (e.load or 0.0) <= 1 + tolerance]
+
+
+def _batching(curve: _Curve) -> tuple[str, float, float] | None:
+    """(model, its queue, its configured delay) when the lowest point's requests wait within
+    a dynamic batcher's delay for most of the time the server has them."""
+    for model, figures in curve.low.triton.items():
+        delay = figures.batch_delay_ms
+        if not delay or figures.queue_ms < 0.5 * delay or figures.queue_ms > 1.5 * delay:
+            continue
+        if figures.queue_ms >= 0.3 * (figures.queue_ms + figures.compute_ms):
+            return model, figures.queue_ms, delay
+    return None
+
+
+def judge(
+    points: Sequence[Point],
+    axis: str,
+    curve: str = "",
+    *,
+    unit: str = "request",
+    tolerance: float = 0.1,
+) -> Verdict:
+    """The verdict on one curve: ``points`` along ``axis``, at least two of them."""
+    ordered = sorted(points, key=lambda p: p.params[axis])
+    bad = [p for p in ordered if p.status != "ok"]
+    if bad:
+        named = ", ".join(f"{p.label} ({p.status}: {p.error or 'errors'})" for p in bad[:3])
+        return Verdict(
+            curve,
+            axis,
+            "failed",
+            None,
+            f"no verdict: {len(bad)} of {len(ordered)} points did not measure cleanly: {named}",
+        )
+    found = knee([(p.params[axis], p.throughput) for p in ordered], tolerance)
+    assert found is not None
+    peak = max(ordered, key=lambda p: p.throughput)
+    high = ordered[-1]
+    offered = high.params.get("rate")
+    behind = offered is not None and high.throughput < (1 - tolerance) * float(offered)
+    low = ordered[0]
+    # along instances the question is why the most instances do not pay: read them there
+    rows = _evidence(low, high if axis in _SCALE_AXES else peak)
+    floor = tolerance * low.histogram.mean_s * 1e3
+    rows += _serial(rows, tolerance, floor)
+    candidates = sorted(
+        (r for r in rows if r.load is not None and r.kind != "stage"),
+        key=lambda r: r.load or 0.0,
+        reverse=True,
+    )
+    ranked = tuple(candidates + [r for r in rows if r not in candidates])
+    top = candidates[0] if candidates else None
+    at_limit = top is not None and (top.load or 0.0) >= 1 - 2 * tolerance
+    # a resource at its limit stops throughput whatever the curve's shape says yet
+    facts = _Curve(axis, unit, tolerance, low, peak, high, found.plateau or behind or at_limit)
+
+    def verdict(
+        kind: Kind,
+        top: Evidence | None,
+        sentence: str,
+        change: str = "",
+        *,
+        predicted: bool = True,
+        resource: str | None = None,
+    ) -> Verdict:
+        """``predicted``: the bottleneck law's plateau from ``top``'s demand holds."""
+        plateau = peak.throughput if facts.stopped else None
+        limit = top.limit_per_s if top is not None and predicted else None
+        kind_of = resource or (top.kind if top else None)
+        return Verdict(
+            curve,
+            axis,
+            kind,
+            top.name if top else None,
+            sentence,
+            kind_of,
+            plateau,
+            limit,
+            change,
+            ranked,
+        )
+
+    if axis in _SCALE_AXES:
+        busy = 1 - 2 * tolerance
+        # along servers a model's instances grow with them: they are not what every one shares
+        shared = [c for c in candidates if c.kind != "instances" and (c.load or 0.0) >= busy]
+        return _instances(facts, shared[0] if shared else None, verdict)
+    batcher = _batching(facts)
+    if batcher is not None and not facts.stopped:
+        model, queue, delay = batcher
+        return verdict(
+            "batching",
+            None,
+            (
+                f"{model}'s requests wait {queue:.1f} ms in its dynamic batcher, within its "
+                f"{delay:.0f} ms max_queue_delay, at {facts.low.label}: the latency is the "
+                f"batcher's, not load's; {facts.throughput()} as batches fill"
+            ),
+            "lower max_queue_delay for latency at light load; keep it for throughput",
+        )
+    if top is None or not at_limit:
+        # in a closed loop, a time per request that grows is a wait for something
+        waits = axis == "concurrency" and (
+            high.histogram.mean_s > (1 + 2 * tolerance) * low.histogram.mean_s
+        )
+        if facts.stopped or waits:
+            return _unexplained(facts, rows, top, verdict)
+        nearest = ""
+        if top is not None and top.limit_per_s is not None:
+            nearest = (
+                f"; the nearest limit is {_resource_words(top)} at "
+                f"{facts.per_s(top.limit_per_s)} (predicted, U* {top.load:.2f} at "
+                f"{facts.peak.label})"
+            )
+        return verdict(
+            "rising", top, (f"{facts.throughput()} and no resource is at its limit{nearest}")
+        )
+    return _at_limit(facts, top, verdict)
+
+
+def _resource_words(row: Evidence) -> str:
+    if row.kind == "instances":
+        return f"{row.name}'s {_m(row.servers)} instance{'s' if row.servers != 1 else ''}"
+    if row.kind == "lock":
+        return f"{row.name} (one at a time)"
+    return row.name
+
+
+_TRANSFER = (NETWORK, "client serialize", "client deserialize")
+
+
+def _transfer_growth(facts: _Curve) -> tuple[str, float] | None:
+    """Where a request's bytes are moved (the client's (de)serialising, the network and the
+    offload), how each grew from the lowest point to the peak, and by how much in all; only
+    for requests whose payload is known."""
+    low, peak = facts.low, facts.peak
+    if low.payload_bytes is None or low.traces is None or peak.traces is None:
+        return None
+    grew = []
+    for name in _TRANSFER:
+        before, after = low.component_ms(name), peak.component_ms(name)
+        if before and after and after > (1 + facts.tolerance) * before:
+            grew.append((name, before, after))
+    if not grew:
+        return None
+    words = ", ".join(f"{n} {a:.1f} → {b:.1f} ms" for n, a, b in grew)
+    return words, sum(b - a for _, a, b in grew)
+
+
+def _payload(point: Point) -> str:
+    sent, received = point.payload_bytes or (0, 0)
+    return f"{sent / 1e6:.1f} MB sent and {received / 1e6:.1f} MB received"
+
+
+def _m(servers: float | None) -> str:
+    """A parallelism as a sentence says it: 4, or 1.7 cores left by other processes."""
+    return f"{round(servers or 0.0, 1):g}"
+
+
+def _figures(row: Evidence, unit: str) -> str:
+    """X, D, m and U of a resource at the peak, and how its demand changed with load."""
+    used = f"U {row.utilisation:.2f}, " if row.utilisation is not None else ""
+    return (
+        f"[{used}U* {row.load:.2f}; D {row.low_ms:.2f} → {row.peak_ms:.2f} ms per {unit} "
+        f"(×{row.growth:.1f}); m {_m(row.servers)}; X {row.peak_per_s:.0f}/s]"
+    )
+
+
+def _law(row: Evidence, facts: _Curve, servers: str, what: str = "") -> str:
+    """The bottleneck law's bound from the lowest point, said as a prediction."""
+    limit = row.limit_per_s or 0.0
+    return (
+        f"{row.low_ms:.1f} ms{what} per {facts.unit} allows at most {facts.per_s(limit)} "
+        f"(predicted: {servers} / {row.low_ms:.1f} ms)"
+    )
+
+
+def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
+    unit = facts.unit
+    seen = f"{facts.throughput()} {_figures(top, unit)}"
+    if top.kind == "lock":
+        limit = facts.per_s(top.limit_per_s or 0.0)
+        return verdict(
+            "contended",
+            top,
+            (
+                f"{top.name} serves one {unit} at a time (a lock or the GIL): held "
+                f"{top.low_ms:.1f} ms per {unit}, it allows at most {limit} (predicted: 1 / "
+                f"{top.low_ms:.1f} ms); {seen}, while {top.name}'s time grows to "
+                f"{top.peak_ms:.1f} ms waiting for it"
+            ),
+            f"shorten or split what {top.name} holds; more instances will not help",
+        )
+    if top.kind == "cores":
+        return verdict(
+            "contended",
+            top,
+            (
+                f"{top.name} are busy: "
+                f"{_law(top, facts, f'{_m(top.servers)} cores', ' of CPU')}; {seen}, "
+                "while what runs on them waits for a core"
+            ),
+            "fewer busy instances than cores, less CPU per request, or more hosts; more "
+            "instances will not help",
+        )
+    if top.kind == "network":
+        sent = _payload(facts.low)
+        return verdict(
+            "network",
+            top,
+            (
+                f"{top.name} is busy: {sent} a {unit}, "
+                f"{_law(top, facts, '1 link', ' on the wire')}; {seen}"
+            ),
+            "smaller payloads (compression, fewer bytes per event, batching server-side "
+            "inputs), or a faster link; more instances will not help",
+        )
+    if top.kind == "gil":
+        return verdict(
+            "contended",
+            top,
+            (
+                f"{top.name} {'are' if (top.servers or 1) > 1 else 'is'} busy: under one GIL "
+                f"a process, {_law(top, facts, _m(top.servers), ' of CPU')}; {seen}, while "
+                "every request's Python waits for it"
+            ),
+            "more server processes (workers), or less Python per request; more threads and "
+            "more instances in one process will not help",
+        )
+    if top.kind == "balancer":
+        workers = f"{_m(top.servers)} worker{'s' if top.servers != 1 else ''}"
+        return verdict(
+            "saturated",
+            top,
+            (
+                f"{top.name} is busy all the time: {_law(top, facts, workers, ' of CPU')}; "
+                f"{seen}, while the servers behind it wait for requests"
+            ),
+            "more worker threads for the load balancer (Envoy's --concurrency, up to its "
+            "host's cores), less work per request in its filters, or more load balancers; "
+            "more servers will not help",
+        )
+    if top.kind == "client":
+        return verdict(
+            "client",
+            top,
+            (
+                f"{top.name} is the limit: in one process (Python's GIL: one core at a time) "
+                f"{_law(top, facts, _m(top.servers), ' of CPU')}; {seen}"
+            ),
+            "more client processes, or less Python work per request; more threads and more "
+            "server instances will not help",
+        )
+    servers = f"{_m(top.servers)} instance{'s' if top.servers != 1 else ''}"
+    grew = "" if top.growth <= 1 + facts.tolerance else ", and its demand grew with load"
+    if top.kind == "instances":
+        return verdict(
+            "saturated",
+            top,
+            (
+                f"{top.name}'s {servers} {'is' if top.servers == 1 else 'are'} busy all the "
+                f"time{grew}: {_law(top, facts, servers)}; {seen}"
+            ),
+            f"more instances of {top.name}, or batching",
+        )
+    return verdict(
+        "saturated",
+        top,
+        (f"{top.name} is busy all the time{grew}: {_law(top, facts, '1')}; {seen}"),
+        "a faster GPU, more GPUs, or less GPU work per request",
+    )
+
+
+def _unexplained(
+    facts: _Curve, rows: Sequence[Evidence], top: Evidence | None, verdict: _Make
+) -> Verdict:
+    """Throughput stopped while no measured resource is at its limit."""
+    unit = facts.unit
+    busiest = (
+        f"; the busiest measured is {_resource_words(top)} at U* {top.load:.2f}"
+        if top is not None
+        else ""
+    )
+    grown = sorted(
+        (r for r in rows if r.kind in ("stage", "instances") and r.growth > 1 + facts.tolerance),
+        key=lambda r: r.peak_ms - r.low_ms,
+        reverse=True,
+    )
+    moving = _transfer_growth(facts)
+    if moving is not None and (not grown or moving[1] > grown[0].peak_ms - grown[0].low_ms):
+        parts, added = moving
+        return verdict(
+            "network",
+            None,
+            (
+                f"moving each {unit}'s tensors ({_payload(facts.low)}) grows with load: "
+                f"{parts} ({added:.1f} ms more per {unit}); {facts.throughput()}, while no "
+                f"measured resource is at its limit{busiest}: the copies wait (memory "
+                "bandwidth, the kernel's socket buffers, a link the study was not told of)"
+            ),
+            "fewer bytes per request (smaller dtypes, compression; shared memory when client "
+            "and server share a host), or tell the study the link's rate (link_gbps)",
+            predicted=False,
+            resource="transfer",
+        )
+    if grown:
+        row = grown[0]
+        where = f" in {row.model}" if row.model and row.model != row.name else ""
+        return verdict(
+            "contended",
+            row,
+            (
+                f"{row.name}{where}: {row.low_ms:.1f} → {row.peak_ms:.1f} ms per {unit} "
+                f"(×{row.growth:.1f}); {facts.throughput()}, because {row.name} waits for a "
+                f"resource the study does not measure (a lock, the GIL, memory bandwidth, a "
+                f"device){busiest}"
+            ),
+            f"trace {row.name}'s stages to find what it waits for; more instances will not help",
+            predicted=False,
+            resource="unmeasured",
+        )
+    return verdict(
+        "unknown",
+        None,
+        (
+            f"{facts.throughput()} while no measured resource is at its limit and "
+            f"no demand grows{busiest}: the limit lies outside what the study measures (the "
+            "network, a proxy, the client's host)"
+        ),
+    )
+
+
+def _instances(facts: _Curve, top: Evidence | None, verdict: _Make) -> Verdict:
+    """More instances (or servers) at the same load: they pay while ε stays near 1."""
+    low, high, unit, axis = facts.low, facts.high, facts.unit, facts.axis
+    n_low, n_high = low.params[axis], high.params[axis]
+    what = "servers" if axis == "servers" else "instances"
+    epsilon = (high.throughput / n_high) / (low.throughput / n_low) if low.throughput else 0.0
+    trend = (
+        f"throughput {low.throughput:.0f} → {high.throughput:.0f} {unit}s/s "
+        f"{facts.span()} (ε = {epsilon:.2f})"
+    )
+    if epsilon >= 1 - facts.tolerance:
+        return verdict("rising", None, f"{trend}: more {what} pay")
+    if top is not None:  # a resource every instance shares is at its limit
+        found = _at_limit(facts, top, verdict)
+        return verdict(found.kind, top, f"{trend}: {found.sentence}", found.change)
+    concurrency = high.params.get("concurrency")
+    load = f" ({concurrency} in flight)" if concurrency else ""
+    queue = high.component_ms(SERVER_QUEUE)
+    waits = f"; requests still queue {queue:.1f} ms" if queue else ""
+    return verdict(
+        "underloaded",
+        None,
+        (f"{trend}: the load{load} does not keep more {what} busy{waits}"),
+        f"more load (threads, client processes) before more {what}",
+    )
+
+
+def verdicts(
+    points: Iterable[Point], *, unit: str = "request", tolerance: float = 0.1
+) -> list[Verdict]:
+    """One verdict per curve along concurrency, rate, instances and servers, failed points
+    included."""
+    points = list(points)
+    found = []
+    for axis in LOAD_AXES:
+        for curve, members in along(points, axis).items():
+            if len(members) > 1 and sum(p.status == "ok" for p in members) > 0:
+                found.append(judge(members, axis, curve, unit=unit, tolerance=tolerance))
+    return found

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from otelkit.analysis._breakdown import NETWORK
-from otelkit.study import Point, StudyResults, derived
+from otelkit.study import Point, StudyResults
+from otelkit.study import _derived as derived
 from otelkit.study._counters import HostUsage
 from otelkit.study._verdicts import Verdict, judge, verdicts
 from tests.study.conftest import figures, make_point

@@ -27,7 +27,7 @@ from otelkit import semconv
 from otelkit._core import guard
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
-from otelkit.config import Settings, resolve
+from otelkit.config import Settings, resolve, takes_options
 from otelkit.export.processor import within
 from otelkit.gpu import cuda_events
 from otelkit.gpu import instruments as gpu_instruments
@@ -49,11 +49,14 @@ def current() -> Telemetry | None:
     return _state
 
 
+@takes_options(Settings)
 def configure(**options: Any) -> Telemetry:
     """Set up tracing and metrics for this process; every option also comes from the environment.
 
-    Options are listed in ``otelkit.config.OPTIONS``. With no endpoint configured anywhere,
-    traces go to OTLP-JSON-lines files under ``./otelkit-traces``.
+    The keyword arguments are the fields of ``otelkit.config.Settings`` (docs/configuration.md
+    lists them), each optional: mypy rejects a misspelt one, and at run time it raises
+    ``ConfigError`` naming the closest. With no endpoint configured anywhere, traces go to
+    OTLP-JSON-lines files under ``./otelkit-traces``.
 
     >>> telemetry = otelkit.configure(service_name="tracking-client", prometheus_port=9464)
     """

@@ -442,10 +442,11 @@ _BY_NAME = {option.name: option for option in OPTIONS}
 
 
 def takes_options(settings: Callable[P, object]) -> Callable[[Callable[..., R]], Callable[P, R]]:
-    """A decorator: the function takes ``settings``' keyword arguments, every one optional.
+    """``@takes_options(Settings)``: the function takes the options as keyword arguments.
 
-    mypy checks each call's names and types against the fields of ``Settings``; at run time the
-    function receives only the options given, and ``help()`` shows them with their defaults.
+    ``settings`` is there for mypy, which checks each call's names and types against the
+    fields of ``Settings``, each optional. At run time the function receives only the options
+    given, and ``help()`` shows every one with its default.
     """
 
     def decorate(function: Callable[..., R]) -> Callable[P, R]:

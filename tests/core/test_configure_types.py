@@ -3,6 +3,7 @@ or a value of the wrong type, and accepts the calls the docs show."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -33,7 +34,12 @@ otelkit.configure("tracking-client")  # error: Too many positional arguments
 def test_mypy_rejects_an_unknown_option_or_a_wrong_type(tmp_path: Path) -> None:
     calls = tmp_path / "calls.py"
     calls.write_text(textwrap.dedent(CALLS), encoding="utf-8")
-    package_root = Path(otelkit.__file__).parents[1]  # the otelkit under test, not an installed one
+    env = dict(os.environ)
+    package_root = Path(otelkit.__file__).parents[1]
+    if (package_root / "pyproject.toml").is_file():
+        # A source checkout: mypy checks against it, not whatever otelkit is installed. An
+        # installed otelkit it finds by itself, through its py.typed.
+        env["MYPYPATH"] = str(package_root)
     result = subprocess.run(
         [
             *(sys.executable, "-m", "mypy", "--strict", "--ignore-missing-imports"),
@@ -44,7 +50,7 @@ def test_mypy_rejects_an_unknown_option_or_a_wrong_type(tmp_path: Path) -> None:
         text=True,
         cwd=tmp_path,
         timeout=300,
-        env={**os.environ, "MYPYPATH": str(package_root)},
+        env=env,
     )
     reported = {
         int(match[1]): match[2]
@@ -58,3 +64,11 @@ def test_mypy_rejects_an_unknown_option_or_a_wrong_type(tmp_path: Path) -> None:
     assert set(reported) == set(expected), result.stdout + result.stderr
     for number, fragment in expected.items():
         assert fragment in reported[number]
+
+
+def test_help_shows_every_option_as_a_keyword_argument_with_its_default() -> None:
+    parameters = inspect.signature(otelkit.configure).parameters
+    assert {p.kind for p in parameters.values()} == {inspect.Parameter.KEYWORD_ONLY}
+    assert list(parameters)[:3] == ["service_name", "resource_attributes", "traces_exporter"]
+    assert parameters["sampler_arg"].default == 1.0
+    assert parameters["install_signal_handler"].default is True

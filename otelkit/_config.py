@@ -1,8 +1,10 @@
 """Settings: one declarative table, resolved as argument > ``OTELKIT_*`` > ``OTEL_*`` > default.
 
-Every option of ``otelkit.configure()`` is a row of ``OPTIONS``. A row names its environment
-variables (otelkit's own first, then the standard OpenTelemetry ones), how to read a string from
-the environment, how to check a value, and its default. A bad value fails fast with a
+Every option of ``otelkit.configure()`` is declared once, as a field of ``Settings``: its
+``Option`` gives the types it accepts and resolves to, its default, its environment variables
+(otelkit's own first, then the standard OpenTelemetry ones), how to read a string from the
+environment and how to check a value. ``OPTIONS`` and ``configure()``'s keyword arguments are
+derived from the fields, so mypy checks every call. A bad value fails fast with a
 ``ConfigError`` (a ``ValueError``) that names the option and its environment variables.
 
 >>> resolve({"service_name": "tracker"}, environ={}).service_name
@@ -12,16 +14,18 @@ the environment, how to check a value, and its default. A bad value fails fast w
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 from urllib.parse import unquote, urlsplit
 
 from otelkit._errors import ConfigError
 
-__all__ = ["OPTIONS", "Option", "Settings", "resolve"]
+__all__ = ["OPTIONS", "Option", "Settings", "resolve", "takes_options"]
 
 PROTOCOLS = ("grpc", "http/protobuf", "http/json")
 TRACE_EXPORTERS = ("otlp", "jsonl", "console", "none")
@@ -42,20 +46,61 @@ class _Invalid(Exception):
     """Raised by a parser or check with what was expected; turned into a ConfigError."""
 
 
-@dataclass(frozen=True)
-class Option:
-    """One row of the table: an option of ``configure()`` and where else it may come from."""
+In = TypeVar("In")
+Out = TypeVar("Out")
+P = ParamSpec("P")
+R = TypeVar("R")
 
-    name: str
-    default: Any
-    check: Callable[[Any], Any]
-    otel_env: tuple[str, ...] = ()
-    from_env: Callable[[str], Any] = str
-    doc: str = ""
+
+class Option(Generic[In, Out]):
+    """One option of ``configure()``: a field of ``Settings`` that accepts an ``In`` (or ``None``:
+    not given) and holds the resolved ``Out``, and where else its value may come from.
+
+    It is a descriptor so that one declaration types both sides: mypy takes the parameter type
+    of ``Settings(...)``, hence of ``configure(...)``, from ``__set__``, and the attribute type
+    from ``__get__``.
+    """
+
+    def __init__(
+        self,
+        default: In | None,
+        check: Callable[[Any], Any],
+        otel_env: tuple[str, ...] = (),
+        from_env: Callable[[str], Any] = str,
+        doc: str = "",
+    ) -> None:
+        self.name = ""
+        self.default = default
+        self.check = check
+        self.otel_env = otel_env
+        self.from_env = from_env
+        self.doc = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
     @property
     def env_vars(self) -> tuple[str, ...]:
         return (f"OTELKIT_{self.name.upper()}", *self.otel_env)
+
+    def __repr__(self) -> str:
+        return f"Option({self.name!r}, default={self.default!r})"
+
+    @overload
+    def __get__(self, settings: None, owner: type) -> Option[In, Out]: ...
+
+    @overload
+    def __get__(self, settings: object, owner: type) -> Out: ...
+
+    def __get__(self, settings: object | None, owner: type) -> Option[In, Out] | Out:
+        if settings is None:
+            return self  # the class's attribute: the dataclass takes it as the field's default
+        return cast(Out, settings.__dict__[self.name])
+
+    def __set__(self, settings: object, value: In | None) -> None:
+        if isinstance(value, Option):  # the field's default: Settings(...) without this option
+            raise TypeError(f"Settings needs {self.name}: resolve() builds Settings")
+        settings.__dict__[self.name] = value
 
 
 # -- parsers (environment strings) and checks (typed values) ---------------------------------
@@ -197,201 +242,182 @@ def _check_positive(value: Any) -> int:
     return _int_in(1, 10_000_000)(value)
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "service_name",
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The resolved value of every option, and the one place the options are declared.
+
+    Each field is an ``Option``: ``Option[accepted, resolved]`` types ``configure()``'s keyword
+    argument and this attribute. ``resolve()`` builds it; ``otelkit config`` prints it.
+    """
+
+    service_name: Option[str, str] = Option(
         None,
         _check_text,
         ("OTEL_SERVICE_NAME",),
         doc="service.name of every span and metric; default unknown_service:<program>",
-    ),
-    Option(
-        "resource_attributes",
+    )
+    resource_attributes: Option[Mapping[str, str] | str, dict[str, str]] = Option(
         {},
         _check_pairs,
         ("OTEL_RESOURCE_ATTRIBUTES",),
         _parse_pairs,
         doc="extra resource attributes; detected host, process, Slurm and Kubernetes ones kept",
-    ),
-    Option(
-        "traces_exporter",
+    )
+    traces_exporter: Option[str, str | None] = Option(
         None,
         _optional(_one_of(TRACE_EXPORTERS)),
         ("OTEL_TRACES_EXPORTER",),
         doc="otlp, jsonl, console or none; default: otlp when an endpoint is set, else jsonl",
-    ),
-    Option(
-        "endpoint",
+    )
+    endpoint: Option[str, str | None] = Option(
         None,
         _check_endpoint,
         ("OTEL_EXPORTER_OTLP_ENDPOINT",),
         doc="OTLP base URL; /v1/traces and /v1/metrics are appended for HTTP",
-    ),
-    Option(
-        "traces_endpoint",
+    )
+    traces_endpoint: Option[str, str | None] = Option(
         None,
         _check_endpoint,
         ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",),
         doc="full OTLP traces URL, overrides endpoint for traces",
-    ),
-    Option(
-        "metrics_endpoint",
+    )
+    metrics_endpoint: Option[str, str | None] = Option(
         None,
         _check_endpoint,
         ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",),
         doc="full OTLP metrics URL, overrides endpoint for metrics",
-    ),
-    Option(
-        "protocol",
+    )
+    protocol: Option[str, str] = Option(
         "http/protobuf",
         _one_of(PROTOCOLS),
         ("OTEL_EXPORTER_OTLP_PROTOCOL",),
         doc="grpc, http/protobuf or http/json",
-    ),
-    Option(
-        "headers",
+    )
+    headers: Option[Mapping[str, str] | str, dict[str, str]] = Option(
         {},
         _check_pairs,
         ("OTEL_EXPORTER_OTLP_HEADERS",),
         _parse_pairs,
         doc="headers sent with every OTLP export, e.g. authorization=Bearer%20TOKEN",
-    ),
-    Option(
-        "export_timeout_ms",
+    )
+    export_timeout_ms: Option[float, float] = Option(
         10_000.0,
         _check_duration_ms,
         ("OTEL_EXPORTER_OTLP_TIMEOUT",),
         _parse_float,
         doc="timeout of one OTLP export in milliseconds",
-    ),
-    Option(
-        "traces_dir",
+    )
+    traces_dir: Option[str | os.PathLike[str], str] = Option(
         "otelkit-traces",
         _check_directory,
         (),
         doc="directory of the OTLP-JSON-lines files of the jsonl exporter",
-    ),
-    Option(
-        "metrics_exporter",
+    )
+    metrics_exporter: Option[str | Iterable[str], frozenset[str] | None] = Option(
         None,
         _optional(_set_of(METRIC_EXPORTERS)),
         ("OTEL_METRICS_EXPORTER",),
         doc="otlp and/or prometheus, or none; default: otlp with an endpoint, prometheus "
         "with a port",
-    ),
-    Option(
-        "prometheus_port",
+    )
+    prometheus_port: Option[int, int | None] = Option(
         None,
         _optional(_int_in(0, 65535)),
         ("OTEL_EXPORTER_PROMETHEUS_PORT",),
         _parse_int,
         doc="port of the Prometheus scrape endpoint (OpenMetrics, with exemplars); 0 = any",
-    ),
-    Option(
-        "prometheus_host",
+    )
+    prometheus_host: Option[str, str] = Option(
         "0.0.0.0",
         _check_text,
         ("OTEL_EXPORTER_PROMETHEUS_HOST",),
         doc="address the Prometheus endpoint listens on",
-    ),
-    Option(
-        "metric_export_interval_ms",
+    )
+    metric_export_interval_ms: Option[float, float] = Option(
         15_000.0,
         _check_duration_ms,
         ("OTEL_METRIC_EXPORT_INTERVAL",),
         _parse_float,
         doc="OTLP metric push interval in milliseconds (15 s: a common scrape interval)",
-    ),
-    Option(
-        "sampler",
+    )
+    sampler: Option[str, str] = Option(
         "parentbased_always_on",
         _one_of(SAMPLERS),
         ("OTEL_TRACES_SAMPLER",),
         doc="head sampler, as OTEL_TRACES_SAMPLER",
-    ),
-    Option(
-        "sampler_arg",
+    )
+    sampler_arg: Option[float, float] = Option(
         1.0,
         _number_in(0.0, 1e9),
         ("OTEL_TRACES_SAMPLER_ARG",),
         _parse_float,
         doc="the traceidratio samplers' ratio, 0 to 1; the ratelimiting samplers' new traces "
         "per second, above 0",
-    ),
-    Option(
-        "bsp_max_queue_size",
+    )
+    bsp_max_queue_size: Option[int, int] = Option(
         2048,
         _check_positive,
         ("OTEL_BSP_MAX_QUEUE_SIZE",),
         _parse_int,
         doc="spans held for export; beyond it spans are dropped and counted",
-    ),
-    Option(
-        "bsp_max_export_batch_size",
+    )
+    bsp_max_export_batch_size: Option[int, int] = Option(
         512,
         _check_positive,
         ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",),
         _parse_int,
         doc="spans per export request",
-    ),
-    Option(
-        "bsp_schedule_delay_ms",
+    )
+    bsp_schedule_delay_ms: Option[float, float] = Option(
         5_000.0,
         _check_duration_ms,
         ("OTEL_BSP_SCHEDULE_DELAY",),
         _parse_float,
         doc="longest wait before a partial batch is exported",
-    ),
-    Option(
-        "bsp_export_timeout_ms",
+    )
+    bsp_export_timeout_ms: Option[float, float] = Option(
         30_000.0,
         _check_duration_ms,
         ("OTEL_BSP_EXPORT_TIMEOUT",),
         _parse_float,
         doc="longest a flush waits for the exporter",
-    ),
-    Option(
-        "drop_log_interval_s",
+    )
+    drop_log_interval_s: Option[float, float] = Option(
         60.0,
         _number_in(0.0, 86_400.0),
         (),
         _parse_float,
         doc="dropped telemetry is logged at most once per this many seconds",
-    ),
-    Option(
-        "gpu",
+    )
+    gpu: Option[bool, bool] = Option(
         False,
         _check_bool,
         (),
         _parse_bool,
         doc="sample this node's GPUs (NVML) and torch's CUDA memory into gauges",
-    ),
-    Option(
-        "gpu_interval_s",
+    )
+    gpu_interval_s: Option[float, float] = Option(
         1.0,
         _number_in(0.01, 3_600.0),
         (),
         _parse_float,
         doc="seconds between GPU samples",
-    ),
-    Option(
-        "gpu_replay",
+    )
+    gpu_replay: Option[str | os.PathLike[str], str | None] = Option(
         None,
         _check_directory,
         (),
         doc="replay a recording of `otelkit gpu record` instead of NVML (demos, tests)",
-    ),
-    Option(
-        "gpu_span_attributes",
+    )
+    gpu_span_attributes: Option[bool, bool] = Option(
         False,
         _check_bool,
         (),
         _parse_bool,
         doc="server spans carry the last sampled utilisation and memory of this process's GPU"
         " (starts the GPU sampler)",
-    ),
-    Option(
-        "exit_timeout_s",
+    )
+    exit_timeout_s: Option[float, float] = Option(
         5.0,
         _number_in(0.1, 600.0),
         (),
@@ -399,58 +425,44 @@ OPTIONS: tuple[Option, ...] = (
         doc="longest a SIGTERM or interpreter exit waits for telemetry to leave; what is not "
         "sent by then is counted as dropped (Kubernetes kills 30 s after SIGTERM, Slurm after "
         "its KillWait, 30 s by default)",
-    ),
-    Option(
-        "install_signal_handler",
+    )
+    install_signal_handler: Option[bool, bool] = Option(
         True,
         _check_bool,
         (),
         _parse_bool,
         doc="flush on SIGTERM (only when SIGTERM has its default action)",
-    ),
-)
+    )
 
+
+OPTIONS: tuple[Option[Any, Any], ...] = tuple(
+    cast(Option[Any, Any], field.default) for field in dataclasses.fields(Settings)
+)
 _BY_NAME = {option.name: option for option in OPTIONS}
 
 
-@dataclass(frozen=True)
-class Settings:
-    """The resolved value of every option; the rows of ``OPTIONS`` say what each one means."""
+def takes_options(settings: Callable[P, object]) -> Callable[[Callable[..., R]], Callable[P, R]]:
+    """``@takes_options(Settings)``: the function takes the options as keyword arguments.
 
-    service_name: str
-    resource_attributes: dict[str, str]
-    traces_exporter: str | None
-    endpoint: str | None
-    traces_endpoint: str | None
-    metrics_endpoint: str | None
-    protocol: str
-    headers: dict[str, str]
-    export_timeout_ms: float
-    traces_dir: str
-    metrics_exporter: frozenset[str] | None
-    prometheus_port: int | None
-    prometheus_host: str
-    metric_export_interval_ms: float
-    sampler: str
-    sampler_arg: float
-    bsp_max_queue_size: int
-    bsp_max_export_batch_size: int
-    bsp_schedule_delay_ms: float
-    bsp_export_timeout_ms: float
-    drop_log_interval_s: float
-    gpu: bool
-    gpu_interval_s: float
-    gpu_replay: str | None
-    gpu_span_attributes: bool
-    exit_timeout_s: float
-    install_signal_handler: bool
+    ``settings`` is there for mypy, which checks each call's names and types against the
+    fields of ``Settings``, each optional. At run time the function receives only the options
+    given, and ``help()`` shows every one with its default.
+    """
+
+    def decorate(function: Callable[..., R]) -> Callable[P, R]:
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        function.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(option.name, keyword, default=option.default) for option in OPTIONS],
+            return_annotation=inspect.signature(function).return_annotation,
+        )
+        return cast(Callable[P, R], function)
+
+    return decorate
 
 
-if [f.name for f in dataclasses.fields(Settings)] != [option.name for option in OPTIONS]:
-    raise AssertionError("Settings and OPTIONS must list the same options in the same order")
-
-
-def _resolve_one(option: Option, arguments: Mapping[str, Any], environ: Mapping[str, str]) -> Any:
+def _resolve_one(
+    option: Option[Any, Any], arguments: Mapping[str, Any], environ: Mapping[str, str]
+) -> Any:
     if option.name in arguments and arguments[option.name] is not None:
         source, raw = "argument", arguments[option.name]
         parse: Callable[[Any], Any] = option.check
@@ -472,6 +484,13 @@ def _resolve_one(option: Option, arguments: Mapping[str, Any], environ: Mapping[
         raise ConfigError(option.name, env_vars, raw, str(invalid)) from None
 
 
+def _unknown_option(name: str, value: object) -> ConfigError:
+    """mypy catches a misspelt option in a literal call; this, one in a ``**options`` dict."""
+    close = difflib.get_close_matches(name, _BY_NAME, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(_BY_NAME)}"
+    return ConfigError(name, (), value, "", message=f"otelkit: unknown option {name!r}; {hint}")
+
+
 def _check_sampler_arg(sampler: str, arg: float) -> None:
     option = _BY_NAME["sampler_arg"]
     if sampler.endswith("traceidratio") and arg > 1.0:
@@ -486,9 +505,7 @@ def resolve(arguments: Mapping[str, Any], environ: Mapping[str, str] | None = No
     """Resolve every option; raise ``ConfigError`` on an unknown option or a bad value."""
     unknown = sorted(set(arguments) - set(_BY_NAME))
     if unknown:
-        raise ConfigError(
-            unknown[0], (), arguments[unknown[0]], f"a known option: {', '.join(_BY_NAME)}"
-        )
+        raise _unknown_option(unknown[0], arguments[unknown[0]])
     env = os.environ if environ is None else environ
     values = {option.name: _resolve_one(option, arguments, env) for option in OPTIONS}
     if values["bsp_max_export_batch_size"] > values["bsp_max_queue_size"]:

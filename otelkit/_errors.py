@@ -38,12 +38,22 @@ class OtelkitError(Exception):
 class ConfigError(OtelkitError, ValueError):
     """An option or its environment variable holds a value otelkit cannot use."""
 
-    def __init__(self, option: str, env_vars: tuple[str, ...], value: object, expected: str):
+    def __init__(
+        self,
+        option: str,
+        env_vars: tuple[str, ...],
+        value: object,
+        expected: str,
+        *,
+        message: str | None = None,  # for an option otelkit does not have, what it is not
+    ):
         self.option = option
         self.env_vars = env_vars
         self.value = value
         where = f" (environment: {' / '.join(env_vars)})" if env_vars else ""
-        super().__init__(f"otelkit: invalid {option}={value!r}{where}: expected {expected}")
+        super().__init__(
+            message or f"otelkit: invalid {option}={value!r}{where}: expected {expected}"
+        )
 
 
 class MissingExtraError(OtelkitError, ImportError):

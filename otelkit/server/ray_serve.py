@@ -73,7 +73,7 @@ def setup() -> None:
     with _lock:
         if telemetry.current() is None:
             named = "OTEL_SERVICE_NAME" in os.environ or "OTELKIT_SERVICE_NAME" in os.environ
-            telemetry.configure(**({} if named else {"service_name": _SERVICE_NAME}))
+            telemetry.configure(service_name=None if named else _SERVICE_NAME)
         if _replica is None:
             try:
                 _replica = Replica.current()

@@ -24,7 +24,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.resources import Resource
 
 from otelkit import semconv
-from otelkit._config import Settings, resolve
+from otelkit._config import Settings, resolve, takes_options
 from otelkit._core import guard
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
@@ -49,11 +49,14 @@ def current() -> Telemetry | None:
     return _state
 
 
+@takes_options(Settings)
 def configure(**options: Any) -> Telemetry:
     """Set up tracing and metrics for this process; every option also comes from the environment.
 
-    Options are listed in ``otelkit._config.OPTIONS``. With no endpoint configured anywhere,
-    traces go to OTLP-JSON-lines files under ``./otelkit-traces``.
+    The keyword arguments are the options of docs/configuration.md, declared once in ``Settings``
+    (``otelkit/_config.py``), each optional: mypy rejects a misspelt one, and at run time it raises
+    ``ConfigError`` naming the closest. With no endpoint configured anywhere, traces go to
+    OTLP-JSON-lines files under ``./otelkit-traces``.
 
     >>> telemetry = otelkit.configure(service_name="tracking-client", prometheus_port=9464)
     """

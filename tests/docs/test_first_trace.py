@@ -98,9 +98,10 @@ def test_the_first_trace_runs_as_written(tmp_path: Path) -> None:
     for name in LINKED_DIRS:
         (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
     receive, serve, client, breakdown = commands("A first trace, on this machine")
-    with _background(receive, tmp_path), _background(serve, tmp_path):
-        _wait(lambda: _listening(RECEIVER), "the receiver", tmp_path)
-        _wait(lambda: _answers(MODEL_READY), "PyTriton's model", tmp_path)
+    with _background(receive, tmp_path) as receiving, _background(serve, tmp_path) as serving:
+        servers = [receiving, serving]
+        _wait(lambda: _listening(RECEIVER), "the receiver", servers, tmp_path)
+        _wait(lambda: _answers(MODEL_READY), "PyTriton's model", servers, tmp_path)
         called = _run(client, tmp_path)
         (trace_id,) = _TRACE_LINE.findall(called)
         assert called.startswith("FEATURES [[0.05, 0.2952, 0.01], "), called
@@ -132,7 +133,7 @@ def _run(command: Command, cwd: Path) -> str:
 
 
 @contextmanager
-def _background(command: Command, cwd: Path) -> Iterator[None]:
+def _background(command: Command, cwd: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``command`` running as with ``&`` until the block ends; then Ctrl-C to its session,
     and SIGKILL to what is left of it after 30 s."""
     name = Path(command.line.split()[1]).stem
@@ -146,7 +147,7 @@ def _background(command: Command, cwd: Path) -> Iterator[None]:
             start_new_session=True,
         )
     try:
-        yield
+        yield proc
     finally:
         _signal(proc.pid, signal.SIGINT)
         with suppress(subprocess.TimeoutExpired):
@@ -160,12 +161,16 @@ def _signal(group: int, signum: int) -> None:
         os.killpg(group, signum)
 
 
-def _wait(ready: Callable[[], bool], what: str, logs: Path) -> None:
+def _wait(
+    ready: Callable[[], bool], what: str, servers: list[subprocess.Popen[bytes]], logs: Path
+) -> None:
+    """Until ``ready()``; fails when a server exits or after ``READY_TIMEOUT_S``, with the logs."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not ready():
-        if time.monotonic() > deadline:
+        exited = [proc.args for proc in servers if proc.poll() is not None]
+        if exited or time.monotonic() > deadline:
             texts = {p.name: p.read_text(errors="replace")[-3000:] for p in logs.glob("*.log")}
-            pytest.fail(f"{what} not ready after {READY_TIMEOUT_S} s: {texts}")
+            pytest.fail(f"{what} not ready ({exited or 'timed out'}): {texts}")
         time.sleep(0.2)
 
 

@@ -46,6 +46,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = sorted(p for p in [README, ROOT / "CHANGELOG.md", *DOCS.glob("*.md")] if p.is_file())
 README_MAX_LINES = 200
+README_FIRST_SCREENS_LINES = 80  # where `make demo` and `make test` must have come
 
 RUNNABLE = frozenset({"python", "py", "bash", "sh", "shell"})
 LINKED_DIRS = ("tests", "examples", "benchmarks", "collector")  # a page's blocks read, never write
@@ -152,7 +153,7 @@ def run_blocks(
             command, stdin = ["bash", "-e", "-o", "pipefail", "-c", code], None
         try:
             done = subprocess.run(
-                command, input=stdin, cwd=directory, env=_environment(), capture_output=True,
+                command, input=stdin, cwd=directory, env=block_environment(), capture_output=True,
                 text=True, timeout=TIMEOUT_S,
             )  # fmt: skip
         except subprocess.TimeoutExpired as expired:
@@ -171,7 +172,7 @@ def _name(page: Path) -> str:
     return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else page.name
 
 
-def _environment() -> dict[str, str]:
+def block_environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTELKIT_"))}
     env["OTELKIT_RAISE_INTERNAL_ERRORS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "examples")])
@@ -251,17 +252,30 @@ def test_the_pages_exist() -> None:
     assert (ROOT / "CHANGELOG.md").is_file()
 
 
-def test_readme_is_one_page_that_opens_with_make_demo_and_make_test() -> None:
-    lines = README.read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
-    first = code_blocks(README)[0]
-    before = [line for line in lines[: first.line - 1] if line.strip()]
-    assert all(line.startswith(("# ", "<!--")) for line in before), before  # title, comment
-    assert first.language == "bash"
-    assert re.search(r"^make demo\b", first.code, re.M), first.code
-    assert re.search(r"^make test\b", first.code, re.M), first.code
-    assert "make check" in README.read_text(encoding="utf-8")
-    assert "foundation release" not in README.read_text(encoding="utf-8").lower()
+def test_readme_is_one_page_that_leads_a_newcomer() -> None:
+    """Install, a first trace, a study and a report, then `make demo` and `make test`, in that
+    order and on the first screens (tests/docs/test_first_trace.py runs the first trace)."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_MAX_LINES, (
+        f"README.md has {len(text.splitlines())} lines"
+    )
+    steps = [
+        r"^pip install -e '\.\[",
+        r"^otelkit receive .*&",
+        r"^otelkit breakdown ",
+        r"^otelkit study run ",
+        r"^otelkit report ",
+        r"^make demo\b",
+        r"^make test\b",
+    ]
+    blocks = [b for b in code_blocks(README) if b.language == "bash"]
+    found = [
+        next((i for i, b in enumerate(blocks) if re.search(s, b.code, re.M)), None) for s in steps
+    ]
+    assert None not in found and found == sorted(found), list(zip(steps, found, strict=True))
+    assert blocks[found[-1]].line <= README_FIRST_SCREENS_LINES, blocks[found[-1]].line
+    assert "make check" in text
+    assert "foundation release" not in text.lower()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)

@@ -79,7 +79,7 @@ def breakdown_chart(
         "mark": {"type": "bar"},
         "height": {"step": 16},
         "encoding": {
-            "y": {"field": "bar", "type": "nominal", "title": None, "sort": None,
+            "y": {"field": "bar", "type": "nominal", "title": "group", "sort": None,
                   "axis": {"labelLimit": 0}},
             "x": {"field": "ms", "type": "quantitative", "stack": "zero",
                   "title": "mean time per request (ms)"},
@@ -101,7 +101,14 @@ def breakdown_chart(
             "type": "nominal",
             "title": None,
             "sort": panels,
-            "header": {"labelAngle": 0, "labelAlign": "left", "labelLimit": 0},
+            # each panel's name above it, so that the bars' labels keep the left side whole
+            "header": {
+                "labelOrient": "top",
+                "labelAnchor": "start",
+                "labelAngle": 0,
+                "labelLimit": 0,
+                "labelFontWeight": "bold",
+            },
         }
         spec["resolve"] = {"scale": {"y": "independent"}}
     return Chart(name, "Where the time of a request goes, per group", spec)

@@ -47,6 +47,7 @@ PUBLIC: dict[str, list[str]] = {
         "iter_spans",
         "load_spans",
         "trace_components",
+        "trace_files",
     ],
     "otelkit.auto": ["OtelkitDistro", "TritonClientInstrumentor"],
     "otelkit.cli": ["main"],

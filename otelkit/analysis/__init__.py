@@ -26,6 +26,7 @@ from otelkit.analysis._loader import (
     build_traces,
     iter_spans,
     load_spans,
+    trace_files,
 )
 
 __all__ = [
@@ -44,4 +45,5 @@ __all__ = [
     "iter_spans",
     "load_spans",
     "trace_components",
+    "trace_files",
 ]

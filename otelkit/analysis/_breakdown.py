@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -316,13 +317,25 @@ def format_breakdowns(groups: dict[tuple[str, ...], Breakdown], labels: Sequence
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", help="OTLP JSON files or directories of them")
+    parser.add_argument("paths", nargs="+", help="OTLP JSON files, or folders holding them")
     parser.add_argument("--group-by", action="append", default=[], help="root attribute key")
     parser.add_argument("--root", default=None, help="only roots with this span name")
 
 
 def run(args: argparse.Namespace) -> int:
-    traces = build_traces(load_spans(*args.paths))
+    try:
+        spans = load_spans(*args.paths)
+    except FileNotFoundError as error:
+        print(f"otelkit breakdown: {error}", file=sys.stderr)
+        return 2
+    if not spans:
+        where = " ".join(args.paths)
+        print(
+            f"otelkit breakdown: no span read from {where} (no trace file, or only empty ones)",
+            file=sys.stderr,
+        )
+        return 1
+    traces = build_traces(spans)
     groups = breakdown(traces.values(), group_by=args.group_by, root_name=args.root)
     print(format_breakdowns(groups, labels=args.group_by) or "no complete traces found")
     return 0

@@ -14,6 +14,7 @@ cannot be read (the last one of a killed writer, say) is skipped with a warning
 from __future__ import annotations
 
 import gzip
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -33,11 +34,16 @@ __all__ = [
     "build_traces",
     "iter_spans",
     "load_spans",
+    "trace_files",
 ]
+
+_log = logging.getLogger("otelkit.analysis")
 
 
 def load_spans(*paths: str | Path) -> list[Span]:
-    """Read spans from OTLP JSON-lines files, or directories of ``*.jsonl``/``*.jsonl.gz``.
+    """Read spans from OTLP JSON-lines files, or folders holding ``*.jsonl``/``*.jsonl.gz``
+    files at any depth (a study's ``study-files``, the demo's output folder as they are given).
+    A folder holding none is logged as a warning naming it.
 
     >>> spans = load_spans("otelkit-traces", "collector/traces.jsonl.gz")  # doctest: +SKIP
     """
@@ -56,10 +62,28 @@ def iter_spans(*paths: str | Path) -> Iterator[Span]:
                 yield from spans_of_line(line, f"{path}:{number}")
 
 
+def trace_files(*paths: str | Path) -> list[Path]:
+    """The files ``load_spans`` reads from ``paths``, in order; a folder holding none is
+    logged as a warning that names it, a path that does not exist raises FileNotFoundError.
+
+    >>> trace_files("study-files")  # doctest: +SKIP
+    [PosixPath('study-files/traces/traces.jsonl')]
+    """
+    return list(_files(paths))
+
+
 def _files(paths: Iterable[str | Path]) -> Iterator[Path]:
     for path in map(Path, paths):
         if path.is_dir():
-            yield from sorted([*path.glob("*.jsonl"), *path.glob("*.jsonl.gz")])
+            found = sorted(
+                f
+                for pattern in ("*.jsonl", "*.jsonl.gz")
+                for f in path.rglob(pattern)
+                if f.is_file()
+            )
+            if not found:
+                _log.warning("%s: no trace file (*.jsonl or *.jsonl.gz) in this folder", path)
+            yield from found
         elif path.is_file():
             yield path
         else:

@@ -49,24 +49,38 @@ def component_order(name: str) -> tuple[int, str]:
     return (0 if name.startswith("client ") else 4), name
 
 
-def breakdown_chart(groups: Mapping[str, Mapping[str, float]], name: str = "breakdown") -> Chart:
-    """Stacked bars: one per group, each component's mean ms per request, in pipeline order."""
+def breakdown_chart(
+    groups: Mapping[str, Mapping[str, float]],
+    name: str = "breakdown",
+    facets: Mapping[str, tuple[str, str]] | None = None,
+) -> Chart:
+    """Stacked bars: one per group, each component's mean ms per request, in pipeline order.
+
+    ``facets`` (group -> facet, bar label) splits the bars into panels, one per facet in the
+    order of ``groups``, on one time axis: thirty groups stay readable, related ones side by
+    side (one server's options and threads in its panel), labels whole.
+    """
     rows: list[dict[str, Any]] = []
     names: set[str] = set()
+    facets = facets or {}
     for group, components in groups.items():
         names.update(components)
         total = sum(max(0.0, ms) for ms in components.values()) or 1.0
+        facet, bar = facets.get(group, ("", group))
         for component in sorted(components, key=component_order):
             ms = components[component]
-            rows.append({"group": group, "component": component, "ms": round(ms, 4),
+            rows.append({"group": group, "facet": facet, "bar": bar, "component": component,
+                         "ms": round(ms, 4),
                          "share": round(100 * max(0.0, ms) / total, 1),
                          "order": component_order(component)[0]})  # fmt: skip
-    spec = {
+    spec: dict[str, Any] = {
         "$schema": SCHEMA,
         "data": {"values": rows},
         "mark": {"type": "bar"},
+        "height": {"step": 16},
         "encoding": {
-            "y": {"field": "group", "type": "nominal", "title": "group", "sort": None},
+            "y": {"field": "bar", "type": "nominal", "title": "group", "sort": None,
+                  "axis": {"labelLimit": 0}},
             "x": {"field": "ms", "type": "quantitative", "stack": "zero",
                   "title": "mean time per request (ms)"},
             "color": {"field": "component", "type": "nominal", "title": "component",
@@ -80,6 +94,23 @@ def breakdown_chart(groups: Mapping[str, Mapping[str, float]], name: str = "brea
             ],
         },
     }  # fmt: skip
+    panels = list(dict.fromkeys(row["facet"] for row in rows))
+    if panels != [""]:
+        spec["encoding"]["row"] = {
+            "field": "facet",
+            "type": "nominal",
+            "title": None,
+            "sort": panels,
+            # each panel's name above it, so that the bars' labels keep the left side whole
+            "header": {
+                "labelOrient": "top",
+                "labelAnchor": "start",
+                "labelAngle": 0,
+                "labelLimit": 0,
+                "labelFontWeight": "bold",
+            },
+        }
+        spec["resolve"] = {"scale": {"y": "independent"}}
     return Chart(name, "Where the time of a request goes, per group", spec)
 
 
@@ -142,4 +173,6 @@ def sized(spec: Mapping[str, Any], width: int, height: int, font: int = 11) -> d
     config = {"axis": {"labelFontSize": font - 1, "titleFontSize": font},
               "legend": {"labelFontSize": font - 1, "titleFontSize": font, "labelLimit": 260},
               "font": "sans-serif"}  # fmt: skip
-    return {**spec, "width": width, "height": height, "config": config}
+    # a chart that sizes itself by its bars (a step per bar) keeps that height
+    keep = isinstance(spec.get("height"), Mapping)
+    return {**spec, "width": width, "height": spec["height"] if keep else height, "config": config}

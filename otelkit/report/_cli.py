@@ -1,12 +1,14 @@
 """``otelkit report``: the command.
 
 otelkit report demo-output/traces --group-by gnn_tracking.option --out report.html
+otelkit report --study study.jsonl --out report.html  # a study: its traces, grouped by point
 otelkit report --study study.jsonl --figures figures/   # a study's plots for a paper
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from otelkit.report._report import Report
@@ -15,9 +17,20 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="*", help="OTLP JSON trace files or directories of them")
-    parser.add_argument("--study", action="append", default=[], metavar="RESULTS",
-                        help="an `otelkit study` results file (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        help="OTLP JSON trace files, or folders holding them at any depth "
+        "(default with --study: the study's own traces)",
+    )
+    parser.add_argument(
+        "--study",
+        action="append",
+        default=[],
+        metavar="RESULTS",
+        help="an `otelkit study` results file (repeatable); traces are grouped "
+        "by its swept parameters unless --group-by says otherwise",
+    )
     parser.add_argument("--out", default="report.html", help="the HTML file to write")
     parser.add_argument("--figures", metavar="DIR", help="also write each plot as PNG and SVG")
     parser.add_argument("--group-by", action="append", default=[], help="root attribute key")
@@ -40,8 +53,26 @@ def run(args: argparse.Namespace) -> int:
         print("otelkit report: give trace paths, --study results, or both")
         return 2
     started = time.monotonic()
-    report = Report.build(args.paths, args.study, group_by=args.group_by, root_name=args.root,
-                          max_spans=args.max_spans, grace_s=args.grace_s)  # fmt: skip
+    try:
+        report = Report.build(args.paths, args.study, group_by=args.group_by, root_name=args.root,
+                              max_spans=args.max_spans, grace_s=args.grace_s)  # fmt: skip
+    except FileNotFoundError as error:
+        print(f"otelkit report: {error}", file=sys.stderr)
+        return 2
+    if not report.facts.spans:
+        where = " ".join(map(str, args.paths)) or "where the study's results file says"
+        if not report.studies:
+            # a page of nothing looks like a run that did nothing: say so, and write none
+            print(
+                f"otelkit report: no span read from {where} (no trace file, or only empty "
+                "ones): no page written",
+                file=sys.stderr,
+            )
+            return 1
+        print(
+            f"otelkit report: no span read from {where}: the page holds the study alone",
+            file=sys.stderr,
+        )
     report.title = args.title
     out = report.write_html(args.out)
     size = out.stat().st_size / 1e6

@@ -29,14 +29,38 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from otelkit import semconv
 from otelkit.analysis import Span, Trace
 from otelkit.analysis._breakdown import TOTAL, Breakdown, group_key
 from otelkit.report._waterfall import encode_trace, json_value
 
-__all__ = ["Facts", "Gathered", "group_label"]
+__all__ = ["APART", "WARMUP", "Facts", "Gathered", "group_label", "natural_order"]
 
 _SAMPLE = 32  # candidates per group for the median and p99 views
 _HOST_KEYS = ("host.name", "slurm.node.name", "k8s.node.name")
+
+
+#: The group of a study's warm-up requests: they are not what a point measures.
+WARMUP = ("study warm-up",)
+#: The facet of the groups that are not measurements: warm-ups and checks (the demo's runs of
+#: each option before it is timed) sit apart, so that they are not compared with the others.
+APART = "warm-up and checks"
+_APART_VALUES = frozenset({"warmup", "warm-up", "check", WARMUP[0]})
+
+
+def natural_order(key: tuple[str, ...]) -> tuple[tuple[int, float, str], ...]:
+    """Sorts numbers as numbers: ``concurrency=2`` before ``concurrency=10``.
+
+    >>> sorted([("10",), ("2",), ("b",)], key=natural_order)
+    [('2',), ('10',), ('b',)]
+    """
+    out = []
+    for value in key:
+        try:
+            out.append((0, float(value), value))
+        except ValueError:
+            out.append((1, 0.0, value))
+    return tuple(out)
 
 
 def group_label(key: tuple[str, ...], labels: Sequence[str]) -> str:
@@ -105,6 +129,9 @@ class Gathered:
         self._candidates: dict[tuple[str, ...], _Candidates] = {}
         self.sampled: dict[tuple[str, ...], int] = {}  # per group, the candidates of its views
         self._random = random.Random(seed)  # a report of the same files is the same page
+        # a study's points: (run id, index) -> its first measured trace, kept for the page
+        self.points: dict[tuple[str, int], str] = {}
+        self._points_of: dict[tuple[str, ...], set[tuple[str, int]]] = {}
 
     def _root(self, trace: Trace) -> Span | None:
         for root in trace.roots:
@@ -113,12 +140,25 @@ class Gathered:
         return None
 
     def _key(self, trace: Trace, root: Span) -> tuple[str, ...]:
+        if root.attributes.get(semconv.STUDY_PHASE) == semconv.STUDY_PHASE_WARMUP:
+            return WARMUP
         if not self.group_by:
             return (root.name,)
         return group_key(trace, root, self.group_by)
 
     def label(self, key: tuple[str, ...]) -> str:
+        if key == WARMUP:
+            return WARMUP[0]
         return group_label(key, self.group_by)
+
+    def facet(self, key: tuple[str, ...]) -> tuple[str, str]:
+        """Where a group's bar sits in the breakdown: its facet (the first grouping key's value,
+        or ``APART``) and its label within it (the other keys' values)."""
+        if key == WARMUP or _APART_VALUES & set(key):
+            return APART, self.label(key)
+        if len(self.group_by) < 2 or len(key) != len(self.group_by):
+            return "", self.label(key)
+        return group_label(key[:1], self.group_by[:1]), group_label(key[1:], self.group_by[1:])
 
     def add(self, trace: Trace) -> None:
         """Account for one complete trace."""
@@ -140,6 +180,32 @@ class Gathered:
         if encoded is not None:
             self._durations[trace.trace_id] = duration
         self._offer(key, trace, duration, encoded)
+        self._note_point(key, trace, root, encoded)
+
+    def _note_point(
+        self, key: tuple[str, ...], trace: Trace, root: Span, encoded: dict[str, Any] | None
+    ) -> None:
+        """Remember which study point a measured trace belongs to, and keep its first one."""
+        index = root.attributes.get(semconv.STUDY_POINT)
+        if index is None or key == WARMUP:
+            return
+        point = (str(root.attributes.get(semconv.STUDY_RUN, "")), int(str(index)))
+        self._points_of.setdefault(key, set()).add(point)
+        if point not in self.points:
+            self.points[point] = trace.trace_id
+            if encoded is None:
+                self.kept.setdefault(trace.trace_id, encode_trace(trace, self.label(key)))
+
+    def point_traces(
+        self, views: dict[tuple[str, ...], dict[str, str]]
+    ) -> dict[tuple[str, int], str]:
+        """Per study point (run id, index), the trace its waterfall link opens: the median
+        view of its group when the group holds that point alone, else its first trace."""
+        out = dict(self.points)
+        for key, points in self._points_of.items():
+            if len(points) == 1 and key in views:
+                out[next(iter(points))] = views[key]["median"]
+        return out
 
     def _offer(
         self, key: tuple[str, ...], trace: Trace, duration: float, encoded: dict[str, Any] | None

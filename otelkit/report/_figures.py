@@ -47,6 +47,10 @@ def _column_spec(chart: Chart) -> dict[str, Any]:
         # the legend goes under both, from the left edge
         spec.update(width=COLUMN[0] - _LABELS, height=10 * bars)
         legend.update(orient="none", legendX=-_LABELS, legendY=10 * bars + 32)
+        if "row" in spec.get("encoding", {}):  # panels: each as tall as its bars
+            spec["height"] = {"step": 10}
+            legend.update(orient="bottom", legendX=None, legendY=None)
+            legend = {k: v for k, v in legend.items() if v is not None}
         spec["config"]["axisY"] = {"labelLimit": _LABELS - 8}
     else:  # the whole figure, axes and legend, in the column; the legend below the plot
         spec["autosize"] = {"type": "fit", "contains": "padding"}

@@ -15,15 +15,17 @@ With neither traces nor studies the page still opens and says so:
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from otelkit import semconv
 from otelkit.analysis import iter_spans
 from otelkit.analysis._breakdown import TOTAL, Breakdown
 from otelkit.report._charts import Chart, breakdown_chart, sized
-from otelkit.report._collect import Facts, Gathered
+from otelkit.report._collect import APART, Facts, Gathered, natural_order
 from otelkit.report._page import render_page
 from otelkit.report._sections import (
     breakdown_section,
@@ -38,7 +40,9 @@ from otelkit.report._stream import TraceStream
 if TYPE_CHECKING:
     from otelkit.study import StudyResults
 
-__all__ = ["PAGE_SIZE", "Report"]
+__all__ = ["PAGE_SIZE", "Report", "swept_keys"]
+
+_log = logging.getLogger("otelkit.report")
 
 PAGE_SIZE = (440, 260)  # a chart's plot area on the page, in pixels
 
@@ -53,6 +57,8 @@ class Report:
     views: dict[str, dict[str, str]] = field(default_factory=dict)  # group -> view -> id
     sampled: dict[str, int] = field(default_factory=dict)  # group -> candidates of its views
     studies: list[tuple[str, StudyResults, list[Chart]]] = field(default_factory=list)
+    facets: dict[str, tuple[str, str]] = field(default_factory=dict)  # group -> facet, bar
+    point_links: dict[str, list[tuple[str, str | None]]] = field(default_factory=dict)
     late_spans: int = 0
     closed_early: int = 0
     title: str = "otelkit report"
@@ -67,9 +73,18 @@ class Report:
         max_spans: int = 8000,
         grace_s: float = 10.0,
     ) -> Report:
-        """Read ``traces`` (OTLP JSON files or directories) in one streaming pass and
-        ``studies`` (results files of ``otelkit study``)."""
+        """Read ``traces`` (OTLP JSON files, or folders holding them at any depth) in one
+        streaming pass and ``studies`` (results files of ``otelkit study``).
+
+        With studies and no ``traces``, the traces are read where each results file says its
+        study wrote them; with studies and no ``group_by``, traces are grouped by the studies'
+        swept parameters (``otelkit.study.param.<name>``)."""
         report = cls()
+        read = _read_studies(studies)
+        if not traces:
+            traces = [found for _, results in read for found in _study_traces(results)]
+        if not group_by:
+            group_by = swept_keys([results for _, results in read])
         gathered = Gathered(group_by, root_name=root_name, max_spans=max_spans)
         if traces:
             stream = TraceStream(grace_s=grace_s)
@@ -86,10 +101,14 @@ class Report:
                     gc.enable()
             report.late_spans, report.closed_early = stream.late_spans, stream.closed_early
         views = gathered.views()
-        report.views = {gathered.label(key): chosen for key, chosen in sorted(views.items())}
-        report.sampled = {gathered.label(key): n for key, n in sorted(gathered.sampled.items())}
-        report.groups = [(gathered.label(key), g) for key, g in sorted(gathered.groups.items())]
+        order = sorted(gathered.groups.items(), key=lambda item: _place(gathered, item[0]))
+        report.views = {gathered.label(key): views[key] for key, _ in order if key in views}
+        sampled = gathered.sampled
+        report.sampled = {gathered.label(k): sampled[k] for k, _ in order if k in sampled}
+        report.groups = [(gathered.label(key), g) for key, g in order]
+        report.facets = {gathered.label(key): gathered.facet(key) for key, _ in order}
         report.traces, report.facts = gathered.kept, gathered.facts
+        linked = gathered.point_traces(views)
         if studies:  # the study package's imports cost half a second: only when needed
             from otelkit.report._study_charts import study_charts
             from otelkit.study import read_results
@@ -98,6 +117,9 @@ class Report:
             name = Path(path).stem
             prefix = "study" if len(studies) == 1 else f"study-{n + 1}"
             report.studies.append((name, results, study_charts(results, prefix)))
+            run = str(results.header.get("run_id", ""))
+            points = [(p.label, linked.get((run, p.index))) for p in results.points]
+            report.point_links[name] = points
         return report
 
     @property
@@ -108,7 +130,7 @@ class Report:
             for label, group in self.groups
             if group.traces
         }
-        return breakdown_chart(bars) if bars else None
+        return breakdown_chart(bars, facets=self.facets) if bars else None
 
     @property
     def charts(self) -> list[Chart]:
@@ -137,7 +159,8 @@ class Report:
         ]
         for name, results, charts in self.studies:
             verdicts = [f"[{v.curve or 'all'}] {v.kind}: {v.sentence}" for v in results.verdicts]
-            sections.append(study_section(name, results.header, verdicts, place(charts)))
+            points = self.point_links.get(name, [])
+            sections.append(study_section(name, results.header, verdicts, place(charts), points))
         headers = [(name, results.header) for name, results, _ in self.studies]
         sections.append(facts_section(self.facts, headers, self.late_spans))
         data = {
@@ -161,3 +184,49 @@ class Report:
         from otelkit.report._figures import write_figures
 
         return write_figures(self.charts, Path(folder))
+
+
+def swept_keys(studies: Sequence[StudyResults]) -> list[str]:
+    """The root attributes that name a study's point: one per parameter that takes more than
+    one value in a sweep (every parameter, where none does), in the sweep's order.
+
+    >>> from otelkit.study import StudyResults
+    >>> swept_keys([StudyResults({"sweep": [{"instances": 1, "concurrency": 1},
+    ...                                     {"instances": 1, "concurrency": 2}]}, [])])
+    ['otelkit.study.param.concurrency']
+    """
+    names: dict[str, None] = {}
+    for results in studies:
+        sweep = results.header.get("sweep") or [p.params for p in results.points]
+        values: dict[str, set[str]] = {}
+        for params in sweep:
+            for name, value in params.items():
+                values.setdefault(name, set()).add(str(value))
+        varied = [name for name, seen in values.items() if len(seen) > 1] or list(values)
+        names.update(dict.fromkeys(varied))
+    return [f"{semconv.STUDY_PARAM}.{name}" for name in names]
+
+
+def _read_studies(studies: Sequence[str | Path]) -> list[tuple[str | Path, StudyResults]]:
+    if not studies:
+        return []
+    from otelkit.study import read_results  # the study package's imports cost half a second
+
+    return [(path, read_results(path)) for path in studies]
+
+
+def _study_traces(results: StudyResults) -> list[Path]:
+    """Where a results file says its study wrote its traces, if they are there."""
+    where = results.header.get("traces")
+    if not where or results.path is None:
+        return []
+    folder = results.path.parent / str(where)
+    if not folder.exists():
+        _log.warning("%s: the study's traces are not at %s", results.path, folder)
+        return []
+    return [folder]
+
+
+def _place(gathered: Gathered, key: tuple[str, ...]) -> tuple[bool, tuple[object, ...]]:
+    """Groups in facet order, numbers as numbers; warm-ups and checks last."""
+    return gathered.facet(key)[0] == APART, natural_order(key)

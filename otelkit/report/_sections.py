@@ -90,13 +90,32 @@ def heading_section(title: str, studies: Sequence[str]) -> str:
     )
 
 
-def study_section(title: str, header: dict[str, Any], verdicts: Sequence[str], charts: str) -> str:
-    """A study's plots and its verdicts in words."""
+def study_section(
+    title: str,
+    header: dict[str, Any],
+    verdicts: Sequence[str],
+    charts: str,
+    points: Sequence[tuple[str, str | None]] = (),
+) -> str:
+    """A study's plots, its verdicts in words and its points, each linked to the waterfall of
+    one of its traces (``points``: label and trace id, None where no trace was read)."""
     facts = ", ".join(f"{k}: {_e(str(header[k]))}" for k in ("model", "server", "unit", "otelkit")
                       if k in header)  # fmt: skip
     words = "".join(f'<li class="verdict">{_e(v)}</li>' for v in verdicts)
+    rows = "".join(
+        f"<tr><td>{_e(label)}</td><td>{_point_link(trace)}</td></tr>" for label, trace in points
+    )
+    table = ""
+    if rows:
+        table = f'<table class="points"><tr><th>point</th><th>a trace of it</th></tr>{rows}</table>'
     return (f'<h2 id="study-{_e(title)}">Study: {_e(title)}</h2><p class="facts-line">{facts}</p>'
-            f"<ul>{words}</ul>{charts}")  # fmt: skip
+            f"<ul>{words}</ul>{table}{charts}")  # fmt: skip
+
+
+def _point_link(trace: str | None) -> str:
+    if trace is None:
+        return "no trace read"
+    return f'<a class="point-trace" href="#trace={_e(trace)}">its waterfall</a>'
 
 
 def p99_label(sampled: int) -> str:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -328,7 +329,20 @@ def run_study(args: argparse.Namespace) -> int:
     if results.interrupted:
         print(f"interrupted: the points done are in {study.out}", file=sys.stderr)
         return 130
+    print(f"\nthe report, with the study's traces: {report_command(results)}")
     return 0
+
+
+def report_command(results: StudyResults) -> str:
+    """The command that makes the page of a study's results and the traces it wrote.
+
+    >>> from pathlib import Path
+    >>> report_command(StudyResults({"traces": "study-files/traces"}, [], path=Path("study.jsonl")))
+    'otelkit report --study study.jsonl --out study.html'
+    """
+    out = results.path if results.path is not None else Path("study.jsonl")
+    page = out.with_suffix(".html")
+    return f"otelkit report --study {shlex.quote(str(out))} --out {shlex.quote(str(page))}"
 
 
 def run_command(args: list[str]) -> int:

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import sys
 import time
 import uuid
@@ -213,6 +214,9 @@ class Study:
             if each is not None:
                 each.keep_logs(files)
         header = self._header(run_id, points)
+        # where the traces are, relative to the results file: `otelkit report --study` reads
+        # them from there, and the two move together
+        header["traces"] = _relative(traces_dir, self.out.parent) if traces_dir else None
         results = StudyResults(header, [], path=self.out)
         progress = Progress(len(points), enabled=self.progress)
         failure: StudyError | None = None
@@ -318,6 +322,10 @@ class Study:
 def run(**options: Any) -> StudyResults:
     """``Study(**options).run()``."""
     return Study(**options).run()
+
+
+def _relative(path: Path, start: Path) -> str:
+    return os.path.relpath(path.resolve(), start.resolve())
 
 
 def _server(server: Server | str) -> Server:

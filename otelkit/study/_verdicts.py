@@ -427,6 +427,26 @@ def _m(servers: float | None) -> str:
     return f"{round(servers or 0.0, 1):g}"
 
 
+def _is_plural(name: str) -> bool:
+    """Whether a resource's name is plural, for the verb that follows it: its last word is
+    (``client threads``, ``the host's 2 cores``), or it is a list (``a and b``).
+
+    >>> [_is_plural(n) for n in ("server queue", "the host's 2 cores", "network + offload",
+    ...                         "client threads", "server gnn_process", "a and b", "Envoy's")]
+    [False, True, False, True, False, True, False]
+    """
+    words = name.split()
+    if " and " in f" {name} " or not words:
+        return " and " in f" {name} "
+    last = words[-1].lower()
+    return last.endswith("s") and not last.endswith(("ss", "us", "is", "'s")) and len(last) > 2
+
+
+def _says(name: str, singular: str, plural: str) -> str:
+    """``name`` and its verb, agreeing in number: ``client threads are``."""
+    return f"{name} {plural if _is_plural(name) else singular}"
+
+
 def _figures(row: Evidence, unit: str) -> str:
     """X, D, m and U of a resource at the peak, and how its demand changed with load."""
     used = f"U {row.utilisation:.2f}, " if row.utilisation is not None else ""
@@ -454,7 +474,8 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
             "contended",
             top,
             (
-                f"{top.name} serves one {unit} at a time (a lock or the GIL): held "
+                f"{_says(top.name, 'serves', 'serve')} one {unit} at a time (a lock or the "
+                "GIL): held "
                 f"{top.low_ms:.1f} ms per {unit}, it allows at most {limit} (predicted: 1 / "
                 f"{top.low_ms:.1f} ms); {seen}, while {top.name}'s time grows to "
                 f"{top.peak_ms:.1f} ms waiting for it"
@@ -466,7 +487,7 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
             "contended",
             top,
             (
-                f"{top.name} are busy: "
+                f"{_says(top.name, 'is', 'are')} busy: "
                 f"{_law(top, facts, f'{_m(top.servers)} cores', ' of CPU')}; {seen}, "
                 "while what runs on them waits for a core"
             ),
@@ -479,7 +500,7 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
             "network",
             top,
             (
-                f"{top.name} is busy: {sent} a {unit}, "
+                f"{_says(top.name, 'is', 'are')} busy: {sent} a {unit}, "
                 f"{_law(top, facts, '1 link', ' on the wire')}; {seen}"
             ),
             "smaller payloads (compression, fewer bytes per event, batching server-side "
@@ -503,7 +524,8 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
             "saturated",
             top,
             (
-                f"{top.name} is busy all the time: {_law(top, facts, workers, ' of CPU')}; "
+                f"{_says(top.name, 'is', 'are')} busy all the time: "
+                f"{_law(top, facts, workers, ' of CPU')}; "
                 f"{seen}, while the servers behind it wait for requests"
             ),
             "more worker threads for the load balancer (Envoy's --concurrency, up to its "
@@ -515,7 +537,8 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
             "client",
             top,
             (
-                f"{top.name} is the limit: in one process (Python's GIL: one core at a time) "
+                f"{_says(top.name, 'is', 'are')} the limit: in one process (Python's GIL: one "
+                "core at a time) "
                 f"{_law(top, facts, _m(top.servers), ' of CPU')}; {seen}"
             ),
             "more client processes, or less Python work per request; more threads and more "
@@ -536,7 +559,10 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
     return verdict(
         "saturated",
         top,
-        (f"{top.name} is busy all the time{grew}: {_law(top, facts, '1')}; {seen}"),
+        (
+            f"{_says(top.name, 'is', 'are')} busy all the time{grew}: "
+            f"{_law(top, facts, '1')}; {seen}"
+        ),
         "a faster GPU, more GPUs, or less GPU work per request",
     )
 
@@ -581,7 +607,8 @@ def _unexplained(
             row,
             (
                 f"{row.name}{where}: {row.low_ms:.1f} → {row.peak_ms:.1f} ms per {unit} "
-                f"(×{row.growth:.1f}); {facts.throughput()}, because {row.name} waits for a "
+                f"(×{row.growth:.1f}); {facts.throughput()}, because "
+                f"{_says(row.name, 'waits', 'wait')} for a "
                 f"resource the study does not measure (a lock, the GIL, memory bandwidth, a "
                 f"device){busiest}"
             ),

@@ -15,7 +15,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from otelkit.report import Report
-from tests.report.conftest import TRACES
+from tests.report.conftest import GROUP_BY, TRACES
 
 # The ensemble (option 4) on Triton at one thread: client span, InferRequest, the ensemble's
 # model span, each step's model span with its compute and stage spans.
@@ -106,8 +106,12 @@ def test_every_chart_is_drawn(browser: WebDriver, report: Report, report_html: P
     assert {"study-strong-scaling", "study-saturation", "study-attribution-0"} <= names
     for name, marks, titles in drawn:
         assert marks > 0, f"{name}: nothing drawn"
-        # both axes titled; counts (threads, instances) need no unit, measured values name one
-        assert len(titles) == 2 and all(titles) and any("(" in t for t in titles), (name, titles)
+        # both axes titled (the breakdown's y in each of its panels); counts (threads,
+        # instances) need no unit, measured values name one
+        assert len(set(titles)) == 2 and all(titles) and any("(" in t for t in titles), (
+            name,
+            titles,
+        )
 
 
 def test_waterfall_of_a_known_trace(
@@ -186,3 +190,60 @@ def test_a_study_alone_loads_cleanly(browser: WebDriver, tmp_path: Path) -> None
     assert browser.get_log("browser") == []
     assert browser.find_element(By.ID, "waterfall").text == ""
     assert "No complete traces" in browser.find_element(By.TAG_NAME, "body").text
+
+
+def _demo_like_traces(path: Path) -> list[str]:
+    """Thirty groups as the demo makes them (servers × options × threads, a warm-up and a
+    check), one trace each, written as OTLP JSON; their group labels, in the page's order."""
+    servers, options, threads = ("triton-grpc-ensemble", "fastapi", "ray-serve"), "1234", "18"
+    keys = [(s, o, t) for s in servers for o in options for t in threads]
+    keys += [("warmup", "1", "1"), ("check", "1", "1")]
+    lines = []
+    for n, (server, option, thread) in enumerate(keys, 1):
+        values = dict(zip(GROUP_BY, (server, option, thread), strict=True))
+        attributes = [{"key": k, "value": {"stringValue": v}} for k, v in values.items()]
+        span = {
+            "traceId": f"{n:032x}",
+            "spanId": f"{n:016x}",
+            "name": "reconstruct event",
+            "kind": 1,
+            "startTimeUnixNano": str(n * 10**9),
+            "endTimeUnixNano": str(n * 10**9 + n * 10**6),
+            "attributes": attributes,
+        }
+        scope = {"scope": {"name": "demo"}, "spans": [span]}
+        lines.append(json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [scope]}]}))
+    path.write_text("\n".join(lines) + "\n")
+    return [f"server={s} option={o} threads={t}" for s, o, t in keys]
+
+
+def test_breakdown_of_thirty_groups_in_panels_with_whole_labels(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    """One panel per server, its options and threads side by side, the warm-up and the check
+    in a panel of their own, last; every label whole."""
+    (tmp_path / "traces").mkdir()
+    _demo_like_traces(tmp_path / "traces" / "demo.jsonl")
+    report = Report.build([tmp_path / "traces"], group_by=GROUP_BY)
+    _load(browser, report.write_html(tmp_path / "report.html"))
+    texts = browser.execute_script(
+        "const chart = document.querySelector('[data-chart=breakdown] svg');"
+        "const of = role => Array.from(chart.querySelectorAll(`[class*=role-${role}] text`))"
+        ".map(t => t.textContent);"
+        "return [of('title-text'), of('axis-label')];"
+    )
+    headers, labels = texts
+    assert headers == [
+        "server=fastapi",
+        "server=ray-serve",
+        "server=triton-grpc-ensemble",
+        "warm-up and checks",
+    ]
+    bars = [f"option={o} threads={t}" for o in "1234" for t in "18"]
+    names = [label for label in labels if label.startswith(("option=", "server="))]
+    assert names == [
+        *bars * 3,
+        "server=check option=1 threads=1",
+        "server=warmup option=1 threads=1",
+    ]
+    assert not [label for label in labels if label.endswith("…")]

@@ -15,7 +15,7 @@
    1 to 8 events in flight, untraced (``--no-study`` leaves it out), its verdicts with their
    evidence, what to change and the plateau the operational laws predict;
 6. snapshots every ``/metrics`` page, stops the servers, and prints the per-stage time
-   breakdown computed from the collected traces (``otelkit.analysis.breakdown``), the
+   breakdown computed from the collected traces (``otelkit.analysis._breakdown``), the
    throughput per option, and where the traces and metrics went; writes the same traces as
    one HTML page (``otelkit report``: breakdown bars, trace waterfalls, the study's figures and
    verdicts) and prints its path;

@@ -9,7 +9,7 @@
 The same ``reconstruct`` runs each option; a remote stage goes through an instrumented
 ``tritonclient`` (HTTP or gRPC) to Triton or to the FastAPI twin, so every call is a CLIENT
 span carrying the trace to the server. An event's work is one span, ``reconstruct event``,
-with the option as attribute: the root that ``otelkit.analysis.breakdown`` splits.
+with the option as attribute: the root that ``otelkit.analysis._breakdown`` splits.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ network wait, and none of it changes what the caller gets. So the call hands tha
 mostly while the caller waits on the network again. Polling, not a wake-up per call: waking
 the thread as each call ended made it contend for the GIL with the caller's next request and
 cost more latency than it saved; and handing the GIL back after every item instead of every
-batch multiplied the CPU cost per call (docs/performance.md has the figures).
+batch multiplied the CPU cost per call (CHANGELOG.md, "Overhead history", has the figures).
 
 Whoever needs the results now drains first, so nothing read is stale: the metric snapshot
 (``HOT.collect``) and, through ``DrainFirst``, the first span processor of otelkit's tracer

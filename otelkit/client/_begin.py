@@ -17,9 +17,8 @@ from collections.abc import Callable, Mapping
 from random import getrandbits
 from typing import Any, Protocol, cast
 
-from opentelemetry.trace.propagation import _SPAN_KEY
-
 from otelkit._core.context import SUPPRESSED_KEYS, current_context, is_suppressed
+from otelkit._core.deps.otel import SPAN_KEY as _SPAN_KEY
 from otelkit._core.guard import internal_error
 from otelkit._core.spans import NOT_SAMPLED, UNDECIDED, RootDecision
 from otelkit._core.switch import SWITCH

@@ -17,8 +17,12 @@ from typing import Any
 
 from otelkit._core.deps import degraded
 
-__all__ = ["OVERRIDDEN", "PassThroughAioInterceptor", "PassThroughInterceptor",
-           "server_interceptor_bases"]  # fmt: skip
+__all__ = [
+    "OVERRIDDEN",
+    "PassThroughAioInterceptor",
+    "PassThroughInterceptor",
+    "server_interceptor_bases",
+]
 
 _DISTRIBUTION = "opentelemetry-instrumentation-grpc"
 #: The contrib's private methods otelkit overrides, which its ``intercept_service`` calls.

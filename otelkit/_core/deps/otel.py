@@ -28,8 +28,15 @@ from opentelemetry.context import Context
 
 from otelkit._core.deps import degraded
 
-__all__ = ["RUNTIME_CONTEXT", "SPAN_KEY", "SUPPRESS_INSTRUMENTATION_KEY", "RuntimeContext",
-           "active_span_processor", "context_reader", "merge_resource"]  # fmt: skip
+__all__ = [
+    "RUNTIME_CONTEXT",
+    "SPAN_KEY",
+    "SUPPRESS_INSTRUMENTATION_KEY",
+    "RuntimeContext",
+    "active_span_processor",
+    "context_reader",
+    "merge_resource",
+]
 
 _API = "opentelemetry-api"
 _SDK = "opentelemetry-sdk"

@@ -383,11 +383,10 @@ class SpanRecorder:
         generation = SWITCH.generation
         if self._generation != generation:
             provider = SWITCH.configured_tracer_provider()
-            processor = (
-                active_span_processor(provider) if isinstance(provider, TracerProvider) else None
-            )
-            if processor is None:  # not the SDK's provider, or its processor is out of reach
-                self.pipeline = None
+            sdk = isinstance(provider, TracerProvider)
+            processor = active_span_processor(provider) if sdk else None
+            if processor is None or not isinstance(provider, TracerProvider):
+                self.pipeline = None  # not the SDK's provider, or its processor out of reach
             else:
                 self.pipeline = _Pipeline(
                     processor, provider.resource, provider.id_generator,

@@ -31,7 +31,7 @@ def enter(span: RecordingSpan, parent: Context) -> object:
 
 def leave(token: object) -> None:
     """Undo ``enter``."""
-    _current_context.detach(token)  # type: ignore[arg-type]  # the Token that enter returned
+    _current_context.detach(token)  # the Token that enter returned
 
 
 def observe(series: HistogramSeries, seconds: float, span: RecordingSpan) -> None:

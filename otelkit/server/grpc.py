@@ -45,6 +45,8 @@ from otelkit.server._serving import enter, leave, observe, set_error_status
 grpc = require("grpc", extra="grpc", feature="otelkit.server.grpc")
 # the contrib package, for its missing-extra message; its private parts: deps.grpc_instrumentation
 require("opentelemetry.instrumentation.grpc", extra="grpc", feature="otelkit.server.grpc")
+_ContribInterceptor: Any
+_ContribAioInterceptor: Any
 _ContribInterceptor, _ContribAioInterceptor = server_interceptor_bases(grpc)
 
 __all__ = [

@@ -43,9 +43,7 @@ class PassThroughInterceptor:
 class PassThroughAioInterceptor(PassThroughInterceptor):
     """The ``grpc.aio.ServerInterceptor`` twin of ``PassThroughInterceptor``."""
 
-    async def intercept_service(  # type: ignore[override]  # grpc.aio awaits it
-        self, continuation: Any, handler_call_details: Any
-    ) -> Any:
+    async def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         return await continuation(handler_call_details)
 
 

@@ -176,3 +176,26 @@ def test_the_keys_found_through_the_public_api_are_the_apis_own() -> None:
     assert (
         suppress == otel_context._SUPPRESS_INSTRUMENTATION_KEY == otel.SUPPRESS_INSTRUMENTATION_KEY
     )
+
+
+def test_rays_private_parts_missing_cost_their_hook_or_figure_with_one_line(
+    fresh_warnings: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ray._private import state
+
+    from otelkit._core.deps import ray as ray_private
+
+    assert ray_private.serve_class("ray.serve.batching", "_BatchQueue") is not None
+    monkeypatch.delattr(state, "actors")
+    with caplog.at_level(logging.WARNING, logger="otelkit"):
+        assert ray_private.serve_class("ray.serve.batching", "_RenamedQueue") is None
+        assert ray_private.serve_class("ray.serve._moved", "UserCallableWrapper") is None
+        assert ray_private.actor_table() == {}
+        assert ray_private.actor_table() == {}
+    lines = warnings(caplog)
+    assert [line.split(" has no ")[1].split(";")[0] for line in lines] == [
+        "ray.serve.batching._RenamedQueue",
+        "ray.serve._moved.UserCallableWrapper",
+        "ray._private.state.actors",
+    ]
+    assert all(line.startswith(f"otelkit: ray {deps.version_of('ray')} ") for line in lines)

@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install debian-packages helm test lint typecheck check demo fleet bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-fleet clean
+.PHONY: install debian-packages helm test lint typecheck check check-lowest demo fleet bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-fleet clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,27 @@ typecheck: install
 	$(VENV)/bin/mypy examples/clients examples/servers
 
 check: lint typecheck test
+
+# The lowest versions pyproject.toml allows of the dependencies whose private parts otelkit
+# reaches (.ci/lowest-constraints.txt; docs/deployment.md, "Supported versions"), in a venv of
+# their own, on the tests of what touches them: `make check` covers the newest.
+LOWEST_VENV  ?= .venv-lowest
+LOWEST_PY    := $(LOWEST_VENV)/bin/python
+LOWEST_STAMP := $(LOWEST_VENV)/.otelkit-installed
+LOWEST_TESTS ?= tests/core tests/export tests/client tests/server/test_grpc.py \
+	tests/server/test_grpc_contrib_changes.py tests/server/test_ray_serve.py \
+	tests/server/test_server_stages.py tests/server/test_stage_failures.py
+
+$(LOWEST_STAMP): pyproject.toml .ci/lowest-constraints.txt
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_PY) -m pip install --quiet --upgrade pip
+	$(LOWEST_PY) -m pip install --quiet $(TORCH)
+	$(LOWEST_PY) -m pip install --quiet -c .ci/lowest-constraints.txt \
+	  -e '.[triton,pytriton,fastapi,grpc,ray,test]' '$(TORCH)'
+	touch $@
+
+check-lowest: $(LOWEST_STAMP) debian-packages
+	$(LOWEST_PY) -m pytest -ra -p no:cacheprovider $(LOWEST_TESTS) $(PYTEST_ARGS)
 
 # The reference deployment end to end: embedded receiver, Triton, five service options, the
 # FastAPI twin, and the breakdown computed from the traces (examples/gnn_tracking/driving/demo.py).
@@ -111,4 +132,4 @@ bench-fleet: install debian-packages
 	$(PY) benchmarks/bench_fleet.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces demo-output study-output
+	rm -rf $(VENV) $(LOWEST_VENV) .pytest_cache .mypy_cache .ruff_cache otelkit-traces demo-output study-output

@@ -5,18 +5,19 @@ suppressed it."""
 from __future__ import annotations
 
 import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from opentelemetry import context as otel_context
-from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, Context
+from opentelemetry.context import Context
+
+from otelkit._core.deps.otel import SUPPRESS_INSTRUMENTATION_KEY, context_reader
 
 __all__ = ["SUPPRESSED_KEYS", "current_context", "instrumentation_suppressed", "is_suppressed"]
 
 # What ``opentelemetry.instrumentation.utils.suppress_instrumentation()`` sets, and what every
 # contrib instrumentation checks before it makes a span, records a metric or injects a
 # context: the API's key, and the plain string that older instrumentations set by hand.
-SUPPRESSED_KEYS = (_SUPPRESS_INSTRUMENTATION_KEY, "suppress_instrumentation")
+SUPPRESSED_KEYS = (SUPPRESS_INSTRUMENTATION_KEY, "suppress_instrumentation")
 
 
 @contextlib.contextmanager
@@ -25,28 +26,16 @@ def instrumentation_suppressed() -> Iterator[None]:
     contrib instrumentation (gRPC, requests, urllib3, ...) checks before it makes a span or
     injects a context. The SDK's own processors export this way; so do otelkit's, lest an
     instrumented HTTP or gRPC library trace every export, and export that span in turn."""
-    token = otel_context.attach(otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+    token = otel_context.attach(otel_context.set_value(SUPPRESS_INSTRUMENTATION_KEY, True))
     try:
         yield
     finally:
         otel_context.detach(token)
 
 
-def _context_reader() -> Callable[[], Context]:
-    """``opentelemetry.context.get_current``, minus three calls where the runtime allows.
-
-    The default runtime context keeps the current ``Context`` in one ``ContextVar``; reading
-    it directly costs a fraction of the API's call chain. Any other runtime goes the API way.
-    """
-    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
-    variable = getattr(runtime, "_current_context", None)
-    if isinstance(variable, contextvars.ContextVar):
-        read: Callable[[], Context] = variable.get
-        return read
-    return otel_context.get_current
-
-
-current_context = _context_reader()
+# The default runtime keeps the current ``Context`` in one ``ContextVar``; reading it directly
+# costs a fraction of the API's call chain (``deps.otel.context_reader``).
+current_context = context_reader()
 
 
 def is_suppressed(context: Context | None = None) -> bool:

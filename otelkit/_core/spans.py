@@ -34,10 +34,11 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.trace.propagation import _SPAN_KEY
 
 from otelkit import semconv
 from otelkit._core.context import current_context as _current_context
+from otelkit._core.deps.otel import SPAN_KEY as _SPAN_KEY
+from otelkit._core.deps.otel import active_span_processor
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
 from otelkit._propagation import format_traceparent
@@ -382,11 +383,13 @@ class SpanRecorder:
         generation = SWITCH.generation
         if self._generation != generation:
             provider = SWITCH.configured_tracer_provider()
-            if not isinstance(provider, TracerProvider):
-                self.pipeline = None
+            sdk = isinstance(provider, TracerProvider)
+            processor = active_span_processor(provider) if sdk else None
+            if processor is None or not isinstance(provider, TracerProvider):
+                self.pipeline = None  # not the SDK's provider, or its processor out of reach
             else:
                 self.pipeline = _Pipeline(
-                    provider._active_span_processor, provider.resource, provider.id_generator,
+                    processor, provider.resource, provider.id_generator,
                     provider.sampler, _fixed_root_decision(provider.sampler),
                     type(provider.id_generator) is RandomIdGenerator,
                     SWITCH.span_attributes,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otelkit import semconv
+from otelkit._core.deps import tritonclient as triton_private
 from otelkit._core.extras import require
 from otelkit._core.worker import LATER
 from otelkit.client import _aio, _stream, _sync, _transport
@@ -37,20 +38,23 @@ def _strip_target(target: str) -> str:
 
 
 def _grpc_url(client: Any) -> str:
-    return _strip_target(channel_target(client._channel))
+    channel = triton_private.channel(client)
+    return "unknown" if channel is None else _strip_target(channel_target(channel))
 
 
 def _http_url(client: Any) -> str:
-    return f"{client._parsed_url.host}:{client._parsed_url.port}"
+    parsed = triton_private.server_url(client, "_parsed_url")
+    return "unknown" if parsed is None else f"{parsed.host}:{parsed.port}"
 
 
 def _aio_http_url(client: Any) -> str:
-    return _strip_target(str(client._url))
+    url = triton_private.server_url(client, "_url")
+    return "unknown" if url is None else _strip_target(str(url))
 
 
-def _attach_grpc_transport(client: Any) -> None:
-    _transport.attach_model_infer(client)
-    _stream.attach_stream_transport(client)
+def _attach_grpc_transport(client: Any) -> bool:
+    hooked = _transport.attach_model_infer(client)
+    return _stream.attach_stream_transport(client) and hooked
 
 
 def _detach_grpc_transport(client: Any) -> None:
@@ -58,12 +62,12 @@ def _detach_grpc_transport(client: Any) -> None:
     _stream.detach_stream_transport(client)
 
 
-def _attach_aio_http_transport(client: Any) -> None:
+def _attach_aio_http_transport(client: Any) -> bool:
     stamp = _transport.stamp_async
-    if session_traced(client._stub):  # OpenTelemetry's aiohttp instrumentation, most likely
-        _transport.attach_http_transport(client, lambda post: infer_suppressed(stamp(post)))
-    else:
-        _transport.attach_http_transport(client, stamp)
+    # traced by OpenTelemetry's aiohttp instrumentation, most likely
+    if session_traced(triton_private.session(client)):
+        return _transport.attach_http_transport(client, lambda post: infer_suppressed(stamp(post)))
+    return _transport.attach_http_transport(client, stamp)
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class _Kind:
     url: Callable[[Any], str]
     tensors: Tensors
     wrappers: dict[str, Callable[[Callable[[Any], ClientTarget], Callable[..., Any]], Any]]
-    attach_transport: Callable[[Any], None]
+    attach_transport: Callable[[Any], bool]  # False: the client's transport is not hooked
     detach_transport: Callable[[Any], None]
 
 
@@ -137,7 +141,9 @@ def _target(kind: _Kind, client: Any) -> ClientTarget:
                 target = ClientTarget(
                     kind.protocol, kind.url(client), kind.system, kind.method, kind.tensors
                 )
-                kind.attach_transport(client)
+                # a gRPC call's request message comes from the hooked transport, else from
+                # the caller's inputs
+                target.handed_request = kind.attach_transport(client) and kind.protocol == "grpc"
                 client.__dict__[TARGET] = target
     return target
 

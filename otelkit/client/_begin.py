@@ -17,14 +17,13 @@ from collections.abc import Callable, Mapping
 from random import getrandbits
 from typing import Any, Protocol, cast
 
-from opentelemetry.trace.propagation import _SPAN_KEY
-
 from otelkit._core.context import SUPPRESSED_KEYS, current_context, is_suppressed
+from otelkit._core.deps.otel import SPAN_KEY as _SPAN_KEY
 from otelkit._core.guard import internal_error
 from otelkit._core.spans import NOT_SAMPLED, UNDECIDED, RootDecision
 from otelkit._core.switch import SWITCH
 from otelkit.client._call import CURRENT_CALL, RECORDER, Call, MeteredCall
-from otelkit.client._target import GRPC_TENSORS, TARGET, ClientTarget
+from otelkit.client._target import TARGET, ClientTarget
 
 __all__ = ["TargetOf", "Traced", "begin", "enter", "headers_index", "with_headers"]
 
@@ -74,8 +73,7 @@ def begin(
         if root is NOT_SAMPLED:
             return MeteredCall(target, args, kwargs)
         # a gRPC call goes through the rebuilt ModelInfer, which hands it its request
-        grpc = target.tensors is GRPC_TENSORS
-        return Call(target, args, kwargs, style, root, handed_request=grpc)
+        return Call(target, args, kwargs, style, root, handed_request=target.handed_request)
     except Exception:
         internal_error(f"starting a client span for {style}")
         return None

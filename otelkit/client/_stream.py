@@ -27,6 +27,7 @@ from opentelemetry.trace import Link, SpanKind
 
 from otelkit import semconv
 from otelkit._core.context import is_suppressed
+from otelkit._core.deps import tritonclient as triton_private
 from otelkit._core.guard import internal_error
 from otelkit._core.spans import error_type, with_span
 from otelkit.client._begin import TargetOf, headers_index, with_headers
@@ -203,11 +204,14 @@ class _Watched:
         return getattr(self._inner, name)
 
 
-def attach_stream_transport(client: Any) -> None:
-    """Watch ``ModelStreamInfer``'s responses for the stream that is being opened."""
-    stub = client._client_stub
+def attach_stream_transport(client: Any) -> bool:
+    """Watch ``ModelStreamInfer``'s responses for the stream that is being opened; ``False``
+    (nothing changed) where this tritonclient has no stub or channel where otelkit looks."""
+    stub, channel = triton_private.stub(client), triton_private.channel(client)
+    if stub is None or channel is None:
+        return False
     original = stub.ModelStreamInfer
-    if intercepted(client._channel):
+    if intercepted(channel):
         original = Suppressed(original)
 
     def model_stream_infer(*args: Any, **kwargs: Any) -> Any:
@@ -216,10 +220,13 @@ def attach_stream_transport(client: Any) -> None:
         return _Watched(responses, stream) if stream is not None else responses
 
     swap_in(client, stub, "ModelStreamInfer", model_stream_infer)
+    return True
 
 
 def detach_stream_transport(client: Any) -> None:
-    swap_back(client, client._client_stub, "ModelStreamInfer")
+    stub = triton_private.stub(client)
+    if stub is not None:
+        swap_back(client, stub, "ModelStreamInfer")
 
 
 def _opening(client: Any, stream: StreamCalls, start: Callable[[], Any]) -> Any:

@@ -114,6 +114,8 @@ class ClientTarget:
         self.method = method
         self.tensors = tensors
         self.send_context = send_context
+        # whether the client's transport hands a sampled gRPC call its request message
+        self.handed_request = tensors is GRPC_TENSORS
         # (model, version), or the model's name alone for its default version: no tuple to
         # build and hash on every call to the usual kind of model
         self.by_model: dict[tuple[str, str] | str, PerModel] = {}
@@ -124,6 +126,7 @@ class ClientTarget:
         found = self._other_methods.get(method)
         if found is None:
             found = ClientTarget(self.protocol, self.server, self.system, method, self.tensors)
+            found.handed_request = self.handed_request
             self._other_methods[method] = found
         return found
 

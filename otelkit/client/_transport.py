@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from otelkit._core.deps import tritonclient as triton_private
 from otelkit.client._call import CURRENT_CALL
 from otelkit.client._interceptors import Suppressed, intercepted
 
@@ -90,7 +91,7 @@ def _deserializer(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return deserialize
 
 
-def attach_model_infer(client: Any) -> None:
+def attach_model_infer(client: Any) -> bool:
     """Rebuild a gRPC client's ``ModelInfer`` (sync or asyncio) on its channel, with a
     serialiser that tells the sampled call in progress its request left once it is bytes (and
     hands it the request message), and a deserialiser that tells it its response came back
@@ -101,16 +102,20 @@ def attach_model_infer(client: Any) -> None:
     (which copied the caller's context), so ``CURRENT_CALL`` is the call they serve; a future's
     response is parsed on gRPC's thread, and ``async_infer``'s callback stamps it instead.
     On a channel with interceptors, its calls run with OpenTelemetry's instrumentation
-    suppressed (``_interceptors``).
+    suppressed (``_interceptors``). ``False`` (nothing changed) where this tritonclient has
+    no stub or channel where otelkit looks (``deps.tritonclient``).
     """
-    stub = client._client_stub
+    stub, channel = triton_private.stub(client), triton_private.channel(client)
+    if stub is None or channel is None:
+        return False
     serialize, parse = _model_infer_codec(stub.ModelInfer)
-    rebuilt = client._channel.unary_unary(
+    rebuilt = channel.unary_unary(
         _MODEL_INFER, _serializer(serialize), _deserializer(parse), _registered_method=True
     )
-    if intercepted(client._channel):
+    if intercepted(channel):
         rebuilt = Suppressed(rebuilt)
     swap_in(client, stub, "ModelInfer", rebuilt)
+    return True
 
 
 def _model_infer_codec(own: Any) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
@@ -129,12 +134,19 @@ def _model_infer_codec(own: Any) -> tuple[Callable[[Any], bytes], Callable[[byte
 
 def detach_model_infer(client: Any) -> None:
     """Give a gRPC client its stub's own ``ModelInfer`` back."""
-    swap_back(client, client._client_stub, "ModelInfer")
+    stub = triton_private.stub(client)
+    if stub is not None:
+        swap_back(client, stub, "ModelInfer")
 
 
-def attach_http_transport(client: Any, stamped: Callable[[Any], Transport] = stamp) -> None:
-    """Stamp an HTTP client's ``_post`` (``stamped``: how; ``stamp_async`` for asyncio)."""
-    swap_in(client, client, "_post", stamped(client._post))
+def attach_http_transport(client: Any, stamped: Callable[[Any], Transport] = stamp) -> bool:
+    """Stamp an HTTP client's ``_post`` (``stamped``: how; ``stamp_async`` for asyncio);
+    ``False`` (nothing changed) where this tritonclient has none."""
+    post = triton_private.http_post(client)
+    if post is None:
+        return False
+    swap_in(client, client, "_post", stamped(post))
+    return True
 
 
 def detach_http_transport(client: Any) -> None:

@@ -20,12 +20,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind
 
 from otelkit import semconv
+from otelkit._core.deps.otel import RUNTIME_CONTEXT
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT
 from otelkit._core.spans import LeanSpan, RecordingSpan, SpanRecorder, with_own_parent_id, with_span
@@ -37,7 +37,7 @@ CARRIER = "_otelkit_carrier"  # the RequestMetadata attribute: (headers, time of
 _RECORDER = SpanRecorder("otelkit.server.ray_serve", server=True)
 _LABELS = (semconv.M_DEPLOYMENT, semconv.M_APPLICATION, semconv.M_METHOD, semconv.M_ERROR_TYPE)
 _DURATION = HOT.histogram(semconv.RAY_SERVE_CALL_DURATION, _LABELS)
-_runtime = otel_context._RUNTIME_CONTEXT
+_runtime = RUNTIME_CONTEXT
 
 
 class Replica:

@@ -7,16 +7,16 @@ that both follow a caller's trace, name their spans and file their exemplars the
 
 from __future__ import annotations
 
-from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
 
+from otelkit._core.deps.otel import RUNTIME_CONTEXT
 from otelkit._core.hotmetrics import HistogramSeries
 from otelkit._core.spans import LeanSpan, RecordingSpan, SdkSpan, with_own_parent_id, with_span
 
 __all__ = ["enter", "leave", "observe", "rename", "set_error_status"]
 
-_current_context = otel_context._RUNTIME_CONTEXT
+_current_context = RUNTIME_CONTEXT
 
 
 def enter(span: RecordingSpan, parent: Context) -> object:
@@ -31,7 +31,7 @@ def enter(span: RecordingSpan, parent: Context) -> object:
 
 def leave(token: object) -> None:
     """Undo ``enter``."""
-    _current_context.detach(token)  # type: ignore[arg-type]  # the Token that enter returned
+    _current_context.detach(token)  # the Token that enter returned
 
 
 def observe(series: HistogramSeries, seconds: float, span: RecordingSpan) -> None:

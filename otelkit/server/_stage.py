@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar, cast
 
-from opentelemetry import context as otel_context
 from opentelemetry.trace import Link, SpanKind
 
 from otelkit import semconv
+from otelkit._core.deps.otel import RUNTIME_CONTEXT
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT, HistogramSeries, UpDownSeries
 from otelkit._core.spans import SpanRecorder, error_type, with_span
@@ -47,7 +47,7 @@ _RECORDER = SpanRecorder("otelkit.server", server=True)
 _LABELS = (semconv.M_MODEL, semconv.M_STAGE)
 _ERROR_LABELS = (*_LABELS, semconv.M_ERROR_TYPE)
 _INTERNAL = SpanKind.INTERNAL
-_current_context = otel_context._RUNTIME_CONTEXT
+_current_context = RUNTIME_CONTEXT
 
 
 class _Series:

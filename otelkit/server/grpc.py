@@ -34,6 +34,7 @@ from urllib.parse import unquote
 from opentelemetry.trace import SpanKind
 
 from otelkit import semconv
+from otelkit._core.deps.grpc_instrumentation import server_interceptor_bases
 from otelkit._core.extras import require
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT
@@ -42,13 +43,11 @@ from otelkit._propagation import extract
 from otelkit.server._serving import enter, leave, observe, set_error_status
 
 grpc = require("grpc", extra="grpc", feature="otelkit.server.grpc")
-_contrib = require(
-    "opentelemetry.instrumentation.grpc._server", extra="grpc", feature="otelkit.server.grpc"
-)
-_ContribInterceptor: Any = _contrib.OpenTelemetryServerInterceptor
-_ContribAioInterceptor: Any = require(
-    "opentelemetry.instrumentation.grpc._aio_server", extra="grpc", feature="otelkit.server.grpc"
-).OpenTelemetryAioServerInterceptor
+# the contrib package, for its missing-extra message; its private parts: deps.grpc_instrumentation
+require("opentelemetry.instrumentation.grpc", extra="grpc", feature="otelkit.server.grpc")
+_ContribInterceptor: Any
+_ContribAioInterceptor: Any
+_ContribInterceptor, _ContribAioInterceptor = server_interceptor_bases(grpc)
 
 __all__ = [
     "AioServerInterceptor",
@@ -75,6 +74,17 @@ class _Ignored:
 
     def record_exception(self, error: BaseException) -> None:
         """Recorded at the end, when the exception leaves the handler."""
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other span method a newer contrib release calls: ignored too, rather than an
+        ``AttributeError`` in every RPC."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _ignore
+
+
+def _ignore(*args: object, **kwargs: object) -> None:
+    """What the contrib's other span calls do here: nothing (otelkit reads the outcome)."""
 
 
 _IGNORED = _Ignored()
@@ -148,13 +158,16 @@ class _Overrides:
     server_address: str | None
     server_port: int | None
 
+    # Both take what a newer contrib release may add to its calls (``*_more``) and ignore it.
     @contextmanager
-    def _set_remote_context(self, servicer_context: Any) -> Iterator[None]:
+    def _set_remote_context(
+        self, servicer_context: Any, *_more: Any, **_named: Any
+    ) -> Iterator[None]:
         yield  # the parent is read in _start_span, by otelkit's propagation
 
     @contextmanager
     def _start_span(
-        self, handler_call_details: Any, context: Any, set_status_on_exception: bool = False
+        self, handler_call_details: Any, context: Any, *_more: Any, **_named: Any
     ) -> Iterator[_Ignored]:
         try:
             rpc: _Rpc | None = _Rpc(self, handler_call_details.method or "", context)

@@ -40,6 +40,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from otelkit._core.deps import ray as ray_private
 from otelkit._core.guard import internal_error
 from otelkit.server._ray_calls import BatchCall, HandleCall, Replica, carry
 from otelkit.server.fastapi import HttpServerRequest
@@ -146,20 +147,23 @@ def _setup_guarded() -> None:
 
 
 def _install_hooks() -> None:
-    from ray.serve import batching, handle
-    from ray.serve._private import replica
-
-    _hook(handle.DeploymentHandle, "_init_router_and_get_metadata", _carrying)
-    wrapper = replica.UserCallableWrapper
-    run_user_code = wrapper.__dict__.get("_run_user_code")
+    handle = ray_private.serve_class("ray.serve.handle", "DeploymentHandle")
+    if handle is not None:
+        _hook(handle, "_init_router_and_get_metadata", _carrying)
+    wrapper = ray_private.serve_class("ray.serve._private.replica", "UserCallableWrapper")
+    run_user_code = None if wrapper is None else wrapper.__dict__.get("_run_user_code")
     for name, traced in (("call_user_method", _handle_call), ("_call_http_entrypoint", _http)):
+        if wrapper is None:
+            break
         inner = getattr(wrapper.__dict__.get(name), "__wrapped__", None)
         if run_user_code is None or inner is None:
             logger.warning("otelkit: Ray Serve's replica has no %s to trace; not traced", name)
             continue
         # Serve's own decorator around ours: ours then runs where the user's code runs
         setattr(wrapper, name, run_user_code(functools.wraps(inner)(traced(inner))))
-    _hook(batching._BatchQueue, "_process_batch_inner", _batch)
+    batch_queue = ray_private.serve_class("ray.serve.batching", "_BatchQueue")
+    if batch_queue is not None:
+        _hook(batch_queue, "_process_batch_inner", _batch)
 
 
 def _hook(owner: type, name: str, wrap: Callable[[Any], Any]) -> None:

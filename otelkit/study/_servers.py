@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otelkit._core.deps import ray as ray_private
 from otelkit._errors import StudyError, TritonStartError
 from otelkit.tritonserver import TritonServer, free_port
 
@@ -449,10 +450,8 @@ class RayServe(Server):
         names a replica's actor class ``ServeReplica:<application>:<deployment>``). Without it,
         a deployment's demand comes from its stages alone."""
         try:
-            from ray._private import state
-
-            actors = state.actors()
-        except Exception:  # a Ray that moved it: the figures go without the replicas' CPU
+            actors = ray_private.actor_table()
+        except Exception:  # Ray not started: the figures go without the replicas' CPU
             return {}
         prefix = f"ServeReplica:{self.name}:"
         found: dict[str, list[int]] = {}

@@ -26,6 +26,7 @@ from opentelemetry.sdk.resources import Resource
 from otelkit import semconv
 from otelkit._config import Settings, resolve, takes_options
 from otelkit._core import guard
+from otelkit._core.deps.otel import merge_resource
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
 from otelkit._propagation import W3CPropagator
@@ -243,11 +244,7 @@ def _child_resource() -> None:
         return
     provider = state.tracer_provider
     pid = Resource({semconv.PROCESS_PID: os.getpid()})
-    update = getattr(provider, "_update_resource", None)  # the SDK's, which its tracers follow
-    if update is not None:
-        update(pid)
-    else:
-        provider._resource = provider.resource.merge(pid)
+    merge_resource(provider, pid)
 
 
 class _ChildMarker:

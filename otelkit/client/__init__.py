@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from otelkit import semconv
+from otelkit._core.deps import grpcio as grpc_private
 from otelkit._core.deps import tritonclient as triton_private
 from otelkit._core.extras import require
 from otelkit._core.worker import LATER
 from otelkit.client import _aio, _stream, _sync, _transport
-from otelkit.client._interceptors import channel_target, infer_suppressed, session_traced
+from otelkit.client._interceptors import infer_suppressed, session_traced
 from otelkit.client._target import GRPC_TENSORS, HTTP_TENSORS, TARGET, ClientTarget, Tensors
 
 __all__ = ["instrument_classes", "instrument_client", "is_triton_client", "uninstrument_classes",
@@ -39,7 +40,8 @@ def _strip_target(target: str) -> str:
 
 def _grpc_url(client: Any) -> str:
     channel = triton_private.channel(client)
-    return "unknown" if channel is None else _strip_target(channel_target(channel))
+    target = None if channel is None else grpc_private.channel_target(channel)
+    return "unknown" if target is None else _strip_target(target)
 
 
 def _http_url(client: Any) -> str:

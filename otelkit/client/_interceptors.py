@@ -25,7 +25,7 @@ from typing import Any
 
 from otelkit._core.context import instrumentation_suppressed
 
-__all__ = ["Suppressed", "channel_target", "infer_suppressed", "intercepted", "session_traced"]
+__all__ = ["Suppressed", "infer_suppressed", "intercepted", "session_traced"]
 
 _INTERCEPTOR_LISTS = ("_unary_unary_interceptors", "_unary_stream_interceptors",
                       "_stream_unary_interceptors", "_stream_stream_interceptors")  # fmt: skip
@@ -36,18 +36,6 @@ def intercepted(channel: Any) -> bool:
     if hasattr(channel, "_interceptor"):  # grpc.intercept_channel's wrapper
         return True
     return any(getattr(channel, name, None) for name in _INTERCEPTOR_LISTS)  # grpc.aio's
-
-
-def channel_target(channel: Any) -> str:
-    """The target ``channel`` connects to, found under the wrappers interceptors put around
-    it (``AttributeError`` for something that is not a gRPC channel)."""
-    for _ in range(16):
-        channel = channel._channel
-        target = getattr(channel, "target", None)
-        if target is not None:
-            target = target() if callable(target) else target
-            return target.decode() if isinstance(target, bytes) else str(target)
-    raise AttributeError("no gRPC channel target under 16 wrappers")
 
 
 def _suppressed(function: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,6 +12,7 @@ import inspect
 import random
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -294,16 +295,29 @@ def test_ratio_sampled_calls_export_the_sampled_ones_and_count_them_all(
         assert int(span.trace_id, 16) % 2**64 < 2**63  # the ratio's bound, on the low 64 bits
 
 
-def client_points(name: str, model: str, protocol: str) -> dict[str, Any]:
+@dataclass
+class Summed:
+    """A client metric's points summed over the servers they name: a client whose grpcio does not
+    tell its channel's target names it ``unknown`` (otelkit._core.deps.grpcio)."""
+
+    value: float = 0
+    count: int = 0
+
+
+def client_points(name: str, model: str, protocol: str) -> dict[str, Summed]:
     """The points of one client metric for ``model``, by error type (or "" for none)."""
-    return {
-        str(point.attributes.get(semconv.M_ERROR_TYPE, "")): point
-        for metric in HOT.collect()
-        if metric.name == name
-        for point in metric.data.data_points  # type: ignore[union-attr]
-        if point.attributes[semconv.M_MODEL] == model
-        and point.attributes[semconv.M_PROTOCOL] == protocol
-    }
+    summed: dict[str, Summed] = {}
+    for metric in HOT.collect():
+        if metric.name != name:
+            continue
+        for point in metric.data.data_points:  # type: ignore[union-attr]
+            attributes = point.attributes
+            if attributes[semconv.M_MODEL] != model or attributes[semconv.M_PROTOCOL] != protocol:
+                continue
+            total = summed.setdefault(str(attributes.get(semconv.M_ERROR_TYPE, "")), Summed())
+            total.value += getattr(point, "value", 0)
+            total.count += getattr(point, "count", 0)
+    return summed
 
 
 def recording_own_errors(client: Any, raised: list[BaseException]) -> Callable[[], None]:

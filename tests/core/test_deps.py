@@ -199,3 +199,30 @@ def test_rays_private_parts_missing_cost_their_hook_or_figure_with_one_line(
         "ray._private.state.actors",
     ]
     assert all(line.startswith(f"otelkit: ray {deps.version_of('ray')} ") for line in lines)
+
+
+def test_a_grpc_channel_without_its_target_names_the_server_unknown_with_one_line(
+    fresh_warnings: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpcio's asyncio channel tells its target from 1.82 on; before, otelkit's spans name the
+    server ``unknown`` (checked at 1.67.1 by ``make check-lowest``)."""
+    import grpc
+
+    from otelkit._core.deps import grpcio
+
+    channel = grpc.insecure_channel("127.0.0.1:8001")
+    try:
+        assert grpcio.channel_target(SimpleNamespace(_channel=channel)) == "dns:///127.0.0.1:8001"
+    finally:
+        channel.close()
+
+    class AioChannel:  # what grpcio 1.67's asyncio channel holds: no target
+        def close(self) -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="otelkit"):
+        assert grpcio.channel_target(SimpleNamespace(_channel=AioChannel())) is None
+        assert grpcio.channel_target(SimpleNamespace(_channel=AioChannel())) is None
+    lines = warnings(caplog)
+    assert len(lines) == 1
+    assert lines[0].startswith(f"otelkit: grpcio {deps.version_of('grpcio')} has no ")
+    assert lines[0].endswith(".AioChannel.target; otelkit names the server 'unknown'")

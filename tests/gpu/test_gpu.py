@@ -550,7 +550,7 @@ def test_owners_name_triton_model_instances_and_otelkit_services(tmp_path: Path)
     )
     assert server_owner == "triton"
     service = subprocess.run(
-        [sys.executable, "-c", "import os, sys; from otelkit.gpu import owners; "
+        [sys.executable, "-c", "import os, sys; from otelkit.gpu import _owners as owners; "
          "print(owners.owner(os.getpid()))"],
         env={**os.environ, "OTEL_SERVICE_NAME": "tracking-server"},
         capture_output=True, text=True, timeout=60,

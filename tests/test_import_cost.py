@@ -11,8 +11,10 @@ of otelkit's share: a new eager import changes it, and shows in review.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.paths import ROOT
 
@@ -34,6 +36,18 @@ HEAVY = (
     "starlette",
     "torch",
     "tritonclient",
+    "urllib3",
+    "wsgiref",
+)
+
+#: What a process that exports OTLP-JSON lines (the embedded default) never needs.
+EXPORT_CLIENTS = (
+    "google.protobuf",
+    "grpc",
+    "opentelemetry.exporter",
+    "opentelemetry.proto",
+    "prometheus_client",
+    "requests",
     "urllib3",
     "wsgiref",
 )
@@ -63,9 +77,15 @@ OTELKIT_MODULES = [
 
 def loaded_by(code: str) -> list[str]:
     """``sys.modules`` after ``code`` runs in a fresh interpreter that imports this tree."""
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("OTEL_", "OTELKIT_"))  # the defaults, whatever runs the tests
+    }
     found = subprocess.run(  # in ROOT: ``-c`` puts the working directory first on sys.path
         [sys.executable, "-c", f"{code}\nimport json, sys; print(json.dumps(sorted(sys.modules)))"],
         cwd=ROOT,
+        env=environment,
         check=True,
         capture_output=True,
         text=True,
@@ -75,8 +95,8 @@ def loaded_by(code: str) -> list[str]:
     return modules
 
 
-def heavy(modules: list[str]) -> list[str]:
-    return [m for m in modules if any(m == h or m.startswith(f"{h}.") for h in HEAVY)]
+def heavy(modules: list[str], names: tuple[str, ...] = HEAVY) -> list[str]:
+    return [m for m in modules if any(m == h or m.startswith(f"{h}.") for h in names)]
 
 
 def test_import_otelkit_loads_no_exporter_and_no_client_library() -> None:
@@ -103,3 +123,15 @@ def test_the_public_names_come_on_first_use() -> None:
     modules = loaded_by("import otelkit\nassert callable(otelkit.configure)")
     assert "otelkit.telemetry" in modules
     assert "otelkit.telemetry" not in loaded_by("import otelkit")
+
+
+def test_configure_with_the_embedded_default_loads_no_export_client(tmp_path: Path) -> None:
+    code = (
+        "import otelkit\n"
+        f"otelkit.configure(service_name='import-cost', traces_dir={str(tmp_path)!r})\n"
+        "with otelkit.stage('frnn'): pass\n"
+        "assert otelkit.flush()\n"
+        "otelkit.shutdown()"
+    )
+    assert heavy(loaded_by(code), EXPORT_CLIENTS) == []
+    assert list(tmp_path.glob("traces-import-cost-*.jsonl"))  # the span was written

@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install debian-packages helm test lint typecheck check check-lowest demo fleet bench-receiver bench-client bench-stage bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-fleet clean
+.PHONY: install debian-packages helm test lint typecheck check check-lowest demo fleet bench-receiver bench-client bench-stage bench-import bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-fleet clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -105,6 +105,10 @@ bench-client: install
 
 bench-stage: install
 	$(PY) benchmarks/bench_stage.py
+
+# `import otelkit` in fresh interpreters, this tree against d811eec's (git archive), interleaved.
+bench-import: install
+	$(PY) benchmarks/bench_import.py
 
 bench-gpu: install
 	$(PY) benchmarks/bench_gpu.py

@@ -38,6 +38,22 @@ def difference_interval(
     return (float(low), float(high)), (float(low_pct), float(high_pct))
 
 
+def ratio_interval(
+    before: Sequence[float], after: Sequence[float], replicates: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95 % interval of ``median(after) / median(before)`` from a bootstrap over rounds (pairs
+    at the same index were measured side by side), for runs of a few dozen rounds, each a
+    process of its own: independent, so resampled one by one."""
+    before_values, after_values = np.asarray(before, float), np.asarray(after, float)
+    count = len(before_values)
+    if count != len(after_values) or count == 0:
+        raise ValueError(f"need as many rounds after as before, and some: {count}, {len(after)}")
+    index = np.random.default_rng(seed).integers(0, count, (replicates, count))
+    ratios = np.median(after_values[index], axis=1) / np.median(before_values[index], axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def verdict(measured: float, interval: tuple[float, float], bound: float) -> dict[str, Any]:
     """``met`` when the whole 95 % interval is within ``bound``, ``missed`` when none of it is,
     else ``undecided`` (this run cannot tell: run it again, or longer)."""

@@ -13,11 +13,15 @@ subpackage (``otelkit.analysis``, ``otelkit.semconv``, ``otelkit.receiver``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from otelkit._errors import ConfigError, MissingExtraError, OtelkitError
-from otelkit._instrumentation import instrument, uninstrument
 from otelkit._propagation import extract, inject
 from otelkit.server import stage
-from otelkit.telemetry import Telemetry, configure, flush, shutdown
+
+if TYPE_CHECKING:
+    from otelkit._instrumentation import instrument, uninstrument
+    from otelkit.telemetry import Telemetry, configure, flush, shutdown
 
 __all__ = [
     "ConfigError",
@@ -33,3 +37,29 @@ __all__ = [
     "stage",
     "uninstrument",
 ]
+
+# A Triton Python-backend instance or a PyTriton worker may only time stages: it should not
+# import the SDK's providers, the exporters and their clients (requests, protobuf,
+# prometheus_client) that configure() and instrument() bring. They come with the first use of
+# one of these names, which then stays in the module's namespace.
+_TELEMETRY = frozenset({"Telemetry", "configure", "flush", "shutdown"})
+_INSTRUMENTATION = frozenset({"instrument", "uninstrument"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TELEMETRY:
+        from otelkit import telemetry
+
+        value = getattr(telemetry, name)
+    elif name in _INSTRUMENTATION:
+        from otelkit import _instrumentation
+
+        value = getattr(_instrumentation, name)
+    else:
+        raise AttributeError(f"module 'otelkit' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

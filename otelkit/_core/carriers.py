@@ -10,9 +10,12 @@ are combined with "," (RFC 9110 section 5.3), whatever the carrier: a ``dict``, 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterable, Mapping, MutableMapping
-from email.message import Message
-from typing import Any, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard, TypeVar, cast
+
+if TYPE_CHECKING:
+    from email.message import Message
 
 __all__ = ["Carrier", "CarrierT", "read", "write"]
 
@@ -53,7 +56,9 @@ def read(carrier: Carrier, names: frozenset[str]) -> dict[str, str]:
                     [carrier[k] for k, low in zip(keys, lowered, strict=True) if low == name]
                 )
         return found
-    if isinstance(carrier, (Mapping, Message)):
+    if isinstance(carrier, Mapping) or (
+        not isinstance(carrier, (list, tuple)) and _is_message(carrier)
+    ):
         # Header mappings' get_all/getlist match names case-insensitively and give repeats
         # (Message, HTTPMessage, starlette Headers); other mappings through items(), which a
         # multidict gives with its repeats.
@@ -68,6 +73,14 @@ def read(carrier: Carrier, names: frozenset[str]) -> dict[str, str]:
         name: _join([pair[1] for pair, low in zip(pairs, lowered, strict=True) if low == name])
         for name in names.intersection(lowered)
     }
+
+
+def _is_message(carrier: object) -> TypeGuard[Message]:
+    """Whether ``carrier`` is an ``email.message.Message`` (``http.client.HTTPMessage`` is one),
+    without importing ``email``, which ``import otelkit`` would otherwise pay for: a message
+    exists only once its module has been imported."""
+    module = sys.modules.get("email.message")
+    return module is not None and isinstance(carrier, module.Message)
 
 
 def _join(values: Iterable[Any]) -> str:

@@ -26,25 +26,25 @@ import time
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
-from opentelemetry.sdk.metrics._internal.exemplar import Exemplar
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    Histogram,
-    HistogramDataPoint,
-    Metric,
-    MetricsData,
-    NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
-    Sum,
-)
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelkit import semconv
 from otelkit._core.worker import LATER, Later
+
+# The SDK's metric data types are needed only to collect (a scrape, an export), never to
+# observe: a process that times stages without exporting metrics does not import them.
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import (
+        Histogram,
+        HistogramDataPoint,
+        Metric,
+        MetricsData,
+        NumberDataPoint,
+        Sum,
+    )
+    from opentelemetry.sdk.resources import Resource
 
 __all__ = [
     "HOT",
@@ -61,7 +61,6 @@ __all__ = [
 ]
 
 Clock = Callable[[], int]
-_CUMULATIVE = AggregationTemporality.CUMULATIVE
 _SCOPE = InstrumentationScope("otelkit")
 
 
@@ -119,6 +118,9 @@ class HistogramSeries:
             self._exemplars[index] = (value, trace_id, span_id, self._clock())
 
     def _point(self, attributes: dict[str, str], start_ns: int, now_ns: int) -> HistogramDataPoint:
+        from opentelemetry.sdk.metrics._internal.exemplar import Exemplar
+        from opentelemetry.sdk.metrics.export import HistogramDataPoint
+
         with self._guard.lock:
             counts, total = list(self._counts), self._sum
             low, high, newest = self._min, self._max, list(self._exemplars)
@@ -155,6 +157,8 @@ class SumSeries:
             lock.release()
 
     def _point(self, attributes: dict[str, str], start_ns: int, now_ns: int) -> NumberDataPoint:
+        from opentelemetry.sdk.metrics.export import NumberDataPoint
+
         return NumberDataPoint(attributes, start_ns, now_ns, self._value)
 
 
@@ -176,6 +180,8 @@ class UpDownSeries(SumSeries):
         self.begin = self._begun.__next__
 
     def _point(self, attributes: dict[str, str], start_ns: int, now_ns: int) -> NumberDataPoint:
+        from opentelemetry.sdk.metrics.export import NumberDataPoint
+
         with self._guard.lock:
             begun = next(self._begun) - self._reads
             self._reads += 1
@@ -285,9 +291,12 @@ class HotHistogram(_Instrument[HistogramSeries]):
 
     def metric(self, start_ns: int, now_ns: int) -> Metric | None:
         """The series observed at least once; an empty one has no min or max to report."""
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram
+
         found = (s._point(labels, start_ns, now_ns) for labels, s in self._labelled())
         points = [point for point in found if point.count]
-        return _metric(self.spec, Histogram(points, _CUMULATIVE)) if points else None
+        data = Histogram(points, AggregationTemporality.CUMULATIVE)
+        return _metric(self.spec, data) if points else None
 
 
 class HotCounter(_Instrument[SumSeries]):
@@ -300,8 +309,10 @@ class HotCounter(_Instrument[SumSeries]):
 
     def metric(self, start_ns: int, now_ns: int) -> Metric | None:
         """Every series, zeros included: a counter at 0 is news to a ``rate()``."""
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, Sum
+
         points = [s._point(labels, start_ns, now_ns) for labels, s in self._labelled()]
-        data = Sum(points, _CUMULATIVE, is_monotonic=self.kind == "counter")
+        data = Sum(points, AggregationTemporality.CUMULATIVE, is_monotonic=self.kind == "counter")
         return _metric(self.spec, data) if points else None
 
 
@@ -320,6 +331,8 @@ class HotUpDownCounter(HotCounter):
 
 
 def _metric(spec: semconv.MetricSpec, data: Histogram | Sum) -> Metric:
+    from opentelemetry.sdk.metrics.export import Metric
+
     return Metric(spec.name, spec.description, spec.unit, data)
 
 
@@ -411,6 +424,8 @@ def with_hot_metrics(
     data: MetricsData | None, metrics: Sequence[Metric], resource: Resource
 ) -> MetricsData | None:
     """``data`` with ``metrics`` added under the ``otelkit`` scope of its first resource."""
+    from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+
     if not metrics:
         return data
     if data is None or not data.resource_metrics:

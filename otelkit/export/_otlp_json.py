@@ -12,14 +12,19 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from google.protobuf.json_format import MessageToDict
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 
 from otelkit.export._otlp_json_encode import spans_to_bytes
 from otelkit.export._otlp_json_normalize import normalize_json
+
+# The JSON-lines exporter writes spans without protobuf (``otlp_json_encode``); protobuf's
+# messages come in only with a protobuf request to convert (the receiver's).
+if TYPE_CHECKING:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
 
 __all__ = ["dumps", "normalize_json", "request_to_json", "span_count", "spans_to_bytes",
            "spans_to_json"]  # fmt: skip
@@ -49,7 +54,8 @@ def request_to_json(req: ExportTraceServiceRequest) -> JsonDict:
     Cheaper than ``google.protobuf.json_format.MessageToDict``, and unlike it writes ids as hex
     and enums as integers, as OTLP JSON requires.
 
-    >>> request_to_json(ExportTraceServiceRequest())
+    >>> from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    >>> request_to_json(trace_service_pb2.ExportTraceServiceRequest())
     {}
     """
     resource_spans = [_resource_spans(rs) for rs in req.resource_spans]
@@ -93,7 +99,7 @@ def _resource_spans(rs: Any) -> JsonDict:
     if rs.HasField("resource"):
         out["resource"] = res = _fields(rs.resource, _ATTRIBUTED)
         if rs.resource.entity_refs:  # strings only, and rare: the generic converter is exact
-            res["entityRefs"] = [MessageToDict(ref) for ref in rs.resource.entity_refs]
+            res["entityRefs"] = [_generic(ref) for ref in rs.resource.entity_refs]
     out["scopeSpans"] = [_scope_spans(ss) for ss in rs.scope_spans]
     return _fields(rs, _SCHEMA, out)
 
@@ -186,7 +192,7 @@ def _any_value(v: Any, which: str | None = "") -> JsonDict:
     if which == "double_value":
         d = v.double_value
         # d - d is 0.0 unless d is inf or nan, which JSON can only carry as strings.
-        return {"doubleValue": d if d - d == 0.0 else MessageToDict(v)["doubleValue"]}
+        return {"doubleValue": d if d - d == 0.0 else _generic(v)["doubleValue"]}
     if which == "bool_value":
         return {"boolValue": v.bool_value}
     if which in ("array_value", "kvlist_value"):
@@ -196,4 +202,12 @@ def _any_value(v: Any, which: str | None = "") -> JsonDict:
         return {key: {"values": convert(values)} if values else {}}
     if which == "bytes_value":
         return {"bytesValue": base64.b64encode(v.bytes_value).decode("ascii")}
-    return {} if which is None else MessageToDict(v)  # a value type newer than this module
+    return {} if which is None else _generic(v)  # a value type newer than this module
+
+
+def _generic(message: Any) -> JsonDict:
+    """protobuf's own JSON mapping of ``message``, for the rare fields converted here with it."""
+    from google.protobuf.json_format import MessageToDict  # an import otelkit does not pay
+
+    found: JsonDict = MessageToDict(message)
+    return found

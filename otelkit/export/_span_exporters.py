@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from pathlib import Path
 
-import requests
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.re import parse_env_headers
@@ -103,6 +102,8 @@ class HttpSpanExporter(SpanExporter):
         }
         self._timeout_s = timeout_s
         self._closed = False
+        import requests  # only a process that sends OTLP/HTTP needs it
+
         self._session = requests.Session()
         self._session.verify = setting("CERTIFICATE") or True
         certificate, key = setting("CLIENT_CERTIFICATE"), setting("CLIENT_KEY")
@@ -141,6 +142,8 @@ class HttpSpanExporter(SpanExporter):
     def _post(self, body: bytes) -> int | None:
         """POST ``body``, retrying what may pass later until the timeout; ``None`` when it was
         taken, else the HTTP status (0: no answer), logged unless it was 413."""
+        import requests  # imported by __init__: a lookup in sys.modules
+
         deadline = time.monotonic() + self._timeout_s
         delay = 0.1
         while True:

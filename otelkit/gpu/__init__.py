@@ -7,20 +7,26 @@ OTLP and on the Prometheus endpoint; ``otelkit gpu-exporter`` serves them as a p
 own. Nothing here imports ``pynvml`` or ``torch`` until a sampler starts.
 """
 
-from otelkit.gpu._backend import (
-    FIELDS,
-    Device,
-    FieldNoData,
-    FieldNotSupported,
-    GpuBackend,
-    GpuLost,
-    GpuProcess,
-    GpuReadError,
-    GpuUnavailable,
-)
-from otelkit.gpu._nvml import NvmlBackend
-from otelkit.gpu._replay import RecordingError, ReplayBackend, record
-from otelkit.gpu._sampler import GpuSampler, Reading, Sample
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from otelkit.gpu._backend import (
+        FIELDS,
+        Device,
+        FieldNoData,
+        FieldNotSupported,
+        GpuBackend,
+        GpuLost,
+        GpuProcess,
+        GpuReadError,
+        GpuUnavailable,
+    )
+    from otelkit.gpu._nvml import NvmlBackend
+    from otelkit.gpu._replay import RecordingError, ReplayBackend, record
+    from otelkit.gpu._sampler import GpuSampler, Reading, Sample
 
 __all__ = [
     "FIELDS",
@@ -40,3 +46,36 @@ __all__ = [
     "Sample",
     "record",
 ]
+
+# ``otelkit.stage`` imports this package for its CUDA events (``_cuda_events``); the sampler and
+# its backends come with the first use of one of their names.
+_NAMES_OF = {
+    "_backend": (
+        "FIELDS",
+        "Device",
+        "FieldNoData",
+        "FieldNotSupported",
+        "GpuBackend",
+        "GpuLost",
+        "GpuProcess",
+        "GpuReadError",
+        "GpuUnavailable",
+    ),
+    "_nvml": ("NvmlBackend",),
+    "_replay": ("RecordingError", "ReplayBackend", "record"),
+    "_sampler": ("GpuSampler", "Reading", "Sample"),
+}
+_MODULE_OF = {name: module for module, names in _NAMES_OF.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'otelkit.gpu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"otelkit.gpu.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

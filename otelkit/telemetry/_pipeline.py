@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
 from opentelemetry.sdk.metrics import MeterProvider
@@ -36,15 +37,18 @@ from otelkit._core.sampling import RateLimitingSampler
 from otelkit._core.worker import LATER, DrainFirst
 from otelkit._resource import make_resource
 from otelkit.export._processor import BatchExportProcessor, LossCounter, MetricPusher, PullReader
-from otelkit.export._prometheus import PrometheusEndpoint
 from otelkit.export._span_exporters import (
     HttpSpanExporter,
     JsonLinesSpanExporter,
     grpc_span_exporter,
 )
 from otelkit.gpu import _cuda_events as cuda_events
-from otelkit.gpu._replay import RecordingError, ReplayBackend
-from otelkit.gpu._sampler import GpuSampler
+
+# What only some configurations use is imported when one of them is built: the Prometheus
+# endpoint (prometheus_client, wsgiref) and the GPU sampler.
+if TYPE_CHECKING:
+    from otelkit.export._prometheus import PrometheusEndpoint
+    from otelkit.gpu._sampler import GpuSampler
 
 _log = logging.getLogger("otelkit")
 
@@ -193,6 +197,9 @@ def _views() -> list[View]:
 
 def _gpu_sampler(settings: Settings) -> GpuSampler | None:
     """The GPU sampler, started; a recording that cannot be replayed is logged, not raised."""
+    from otelkit.gpu._replay import RecordingError, ReplayBackend
+    from otelkit.gpu._sampler import GpuSampler
+
     backend = None
     if settings.gpu_replay:
         try:
@@ -248,6 +255,8 @@ def build(settings: Settings) -> Telemetry:
             resource,
         )
     if prometheus_reader is not None:
+        from otelkit.export._prometheus import PrometheusEndpoint
+
         port = (
             _DEFAULT_PROMETHEUS_PORT
             if settings.prometheus_port is None

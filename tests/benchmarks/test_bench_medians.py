@@ -67,6 +67,20 @@ def test_no_difference_gives_an_interval_around_zero() -> None:
     assert low < 0 < high
 
 
+def test_the_ratio_interval_covers_the_true_ratio_of_medians_about_as_often_as_it_claims() -> None:
+    rng = np.random.default_rng(5)
+    covered = 0
+    runs = 120
+    for run in range(runs):
+        # import times of a few dozen processes: skewed, the second path at 0.4 of the first
+        before = 150 + rng.gamma(2.0, 20.0, 30)
+        after = 0.4 * (150 + rng.gamma(2.0, 20.0, 30))
+        true = 0.4  # the two distributions differ by the factor alone
+        low, high = medians.ratio_interval(before, after, replicates=500, seed=run)
+        covered += low <= true <= high
+    assert covered / runs >= 0.85
+
+
 @pytest.mark.parametrize(
     ("interval", "expected"),
     [((3.0, 4.9), "met"), ((3.0, 5.0), "met"), ((4.0, 6.0), "undecided"), ((5.1, 7.0), "missed")],
@@ -84,3 +98,5 @@ def test_unpaired_values_are_refused() -> None:
         medians.difference_interval([1.0, 2.0], [1.0])
     with pytest.raises(ValueError):
         medians.difference_interval([], [])
+    with pytest.raises(ValueError, match="as many"):
+        medians.ratio_interval([1.0, 2.0], [1.0])

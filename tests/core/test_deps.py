@@ -31,7 +31,7 @@ _WITHOUT = textwrap.dedent("""
     module_name, name, out = sys.argv[1:4]
     # OpenTelemetry's own packages imported first (those of a newer release go with its API),
     # then otelkit's modules forgotten, to import them again over the newer module
-    import otelkit
+    import opentelemetry.sdk.metrics, opentelemetry.sdk.trace, otelkit.telemetry
     for loaded in [m for m in sys.modules if m == "otelkit" or m.startswith("otelkit.")]:
         del sys.modules[loaded]
     real = importlib.import_module(module_name)

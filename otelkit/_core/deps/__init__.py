@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from importlib import metadata
 
 __all__ = ["DEGRADED", "degraded", "version_of"]
 
@@ -26,6 +25,8 @@ _lock = threading.Lock()
 
 def version_of(distribution: str) -> str:
     """The installed version of ``distribution``, or ``"(not installed)"``."""
+    from importlib import metadata  # it imports email: not for every ``import otelkit``
+
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:

@@ -298,10 +298,15 @@ def phase(name: str, bare: Any, traced: Any, work: Workload, calls: int) -> dict
         flush=True,
     )
     return {
-        "bare": bare_median, "traced": traced_median, "difference": difference,
-        "difference_pct": 100 * difference / bare_median, "paired": paired,
-        "cpu": traced_cpu - bare_cpu, "interval": interval, "interval_pct": interval_pct,
-    }  # fmt: skip
+        "bare": bare_median,
+        "traced": traced_median,
+        "difference": difference,
+        "difference_pct": 100 * difference / bare_median,
+        "paired": paired,
+        "cpu": traced_cpu - bare_cpu,
+        "interval": interval,
+        "interval_pct": interval_pct,
+    }
 
 
 # Issue 3's targets: (key in the result, what is measured, its bound)
@@ -451,7 +456,7 @@ def ablations(
             f"{'own time':>10}: {sampler}: otelkit's own time on the caller's thread "
             f"{before:.1f} us before the client's infer, {after:.1f} us after (medians)",
             flush=True,
-        )  # fmt: skip
+        )
         prefix = "sampled" if sampler == "always_on" else "unsampled"
         found[f"{prefix}_own_time_before_us"], found[f"{prefix}_own_time_after_us"] = before, after
     other_bare = module.InferenceServerClient(url)
@@ -466,9 +471,11 @@ def ablations(
     other_bare.close()
     if module is grpcclient:
         otelkit.configure(
-            service_name="bench-client", traces_dir=traces, prometheus_port=0,
+            service_name="bench-client",
+            traces_dir=traces,
+            prometheus_port=0,
             bsp_max_queue_size=100_000,
-        )  # fmt: skip
+        )
         contrib = contrib_intercepted(module, url)
         result = phase("contrib", bare, contrib, work, calls)
         found["contrib_interceptor_us"] = result["difference"]
@@ -478,9 +485,11 @@ def ablations(
     result = phase("no export", bare, traced, work, calls)
     found["sampled_no_export_us"] = result["difference"]
     otelkit.configure(
-        service_name="bench-client", traces_dir=traces, prometheus_port=0,
+        service_name="bench-client",
+        traces_dir=traces,
+        prometheus_port=0,
         bsp_max_queue_size=100_000,
-    )  # fmt: skip
+    )
     no_context = otelkit.instrument(module.InferenceServerClient(url), send_context=False)
     result = phase("no context", bare, no_context, work, calls)
     found["sampled_no_context_us"] = result["difference"]
@@ -509,19 +518,25 @@ def main() -> int:
     for flag, text in SWITCHES.items():
         parser.add_argument(flag, action="store_true", help=text)
     parser.add_argument(
-        "--elements", type=int, default=16,
+        "--elements",
+        type=int,
+        default=16,
         help="float32 elements per request (16: the smallest call; 150000: a 600 kB event, "
         "about a mid-size tracking event of 50k space points with 3 features)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--held", type=int, default=HELD,
+        "--held",
+        type=int,
+        default=HELD,
         help="results each client keeps alive (0: each is freed as soon as it is timed)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--between", choices=sorted(BETWEEN), default="nothing",
+        "--between",
+        choices=sorted(BETWEEN),
+        default="nothing",
         help="what the job does between calls, outside their timing (idle: sleeps 10 ms; "
         "sweep: about 2 ms of work through 32 MB)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     if (args.asyncio or args.async_infer) and args.ablate:
         parser.error("--ablate measures the synchronous clients only")
@@ -549,9 +564,11 @@ def main() -> int:
         style = "asyncio " if args.asyncio else "async_infer " if args.async_infer else ""
         print(f"tritonserver up; {style}{args.protocol} client; spans to {traces}", flush=True)
         otelkit.configure(
-            service_name="bench-client", traces_dir=traces, prometheus_port=0,
+            service_name="bench-client",
+            traces_dir=traces,
+            prometheus_port=0,
             bsp_max_queue_size=100_000,
-        )  # fmt: skip
+        )
         sampled = phase("sampled", bare, traced, work, args.calls)
         if args.profile:
             profile(traced, work, 2000)
@@ -561,9 +578,12 @@ def main() -> int:
         )
         unsampled = phase("unsampled", bare, traced, work, args.calls)
         otelkit.configure(
-            service_name="bench-client", traces_dir=traces, prometheus_port=0,
-            sampler="parentbased_traceidratio", sampler_arg=0.01,
-        )  # fmt: skip
+            service_name="bench-client",
+            traces_dir=traces,
+            prometheus_port=0,
+            sampler="parentbased_traceidratio",
+            sampler_arg=0.01,
+        )
         one_pct = phase("1% sampled", bare, traced, work, args.calls)
         parts = {}
         if args.ablate:

@@ -26,15 +26,23 @@ from medians import latency_summary  # benchmarks/, this script's directory
 import otelkit
 
 SCOPE: dict[str, Any] = {
-    "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-    "scheme": "http", "path": "/v2/models/gnn/infer", "raw_path": b"/v2/models/gnn/infer",
-    "query_string": b"", "root_path": "", "server": ("127.0.0.1", 8000),
+    "type": "http",
+    "asgi": {"version": "3.0"},
+    "http_version": "1.1",
+    "method": "POST",
+    "scheme": "http",
+    "path": "/v2/models/gnn/infer",
+    "raw_path": b"/v2/models/gnn/infer",
+    "query_string": b"",
+    "root_path": "",
+    "server": ("127.0.0.1", 8000),
     "client": ("127.0.0.1", 50000),
     "headers": [
-        (b"host", b"127.0.0.1:8000"), (b"content-length", b"0"),
+        (b"host", b"127.0.0.1:8000"),
+        (b"content-length", b"0"),
         (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
     ],
-}  # fmt: skip
+}
 
 
 def make_app() -> FastAPI:
@@ -81,9 +89,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=20_000, help="interleaved pairs")
     args = parser.parse_args()
     telemetry = otelkit.configure(
-        service_name="bench-fastapi", traces_dir=tempfile.mkdtemp(prefix="bench-fastapi-"),
-        sampler="always_on", prometheus_port=0, bsp_max_queue_size=200_000,
-    )  # fmt: skip
+        service_name="bench-fastapi",
+        traces_dir=tempfile.mkdtemp(prefix="bench-fastapi-"),
+        sampler="always_on",
+        prometheus_port=0,
+        bsp_max_queue_size=200_000,
+    )
     plain_ns, traced_ns = asyncio.run(run(args.requests))
     telemetry.flush()
     summary: dict[str, float] = {"requests": args.requests}

@@ -97,10 +97,12 @@ def main() -> int:
         "exposition_bytes": size,
         "target_cpu_pct_at_1hz_8gpu": 0.2,
     }
-    print(f"one sample, per GPU: every field {every_us:.1f} us CPU, the fast ones "
-          f"{between_us:.1f} us; at 1 Hz with the slow fields every "
-          f"{1 / ratio:g} s: {per_gpu:.1f} us a sample; "
-          f"one scrape ({size} bytes): {result['scrape_ms']} ms")  # fmt: skip
+    print(
+        f"one sample, per GPU: every field {every_us:.1f} us CPU, the fast ones "
+        f"{between_us:.1f} us; at 1 Hz with the slow fields every "
+        f"{1 / ratio:g} s: {per_gpu:.1f} us a sample; "
+        f"one scrape ({size} bytes): {result['scrape_ms']} ms"
+    )
     print(json.dumps(result))
     return 0
 
@@ -118,8 +120,10 @@ def _per_call(backend: GpuBackend, repeats: int) -> None:
             call()
             wall.append((time.perf_counter_ns() - wall0) / 1e3)
             cpu.append((time.thread_time_ns() - cpu0) / 1e3)
-        print(f"  {name:>28}: {statistics.median(cpu):9.1f} us CPU, "
-              f"{statistics.median(wall):9.1f} us wall")  # fmt: skip
+        print(
+            f"  {name:>28}: {statistics.median(cpu):9.1f} us CPU, "
+            f"{statistics.median(wall):9.1f} us wall"
+        )
     backend.close()
 
 

@@ -82,9 +82,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3000, help="rounds of one call each")
     args = parser.parse_args()
     telemetry = otelkit.configure(
-        service_name="bench-grpc-server", traces_dir=tempfile.mkdtemp(prefix="bench-grpc-"),
-        sampler="always_on", prometheus_port=0, bsp_max_queue_size=200_000,
-    )  # fmt: skip
+        service_name="bench-grpc-server",
+        traces_dir=tempfile.mkdtemp(prefix="bench-grpc-"),
+        sampler="always_on",
+        prometheus_port=0,
+        bsp_max_queue_size=200_000,
+    )
     durations = run(args.requests, ["plain", "otelkit", "contrib"])
     telemetry.flush()
     summary: dict[str, float] = {"requests": args.requests}

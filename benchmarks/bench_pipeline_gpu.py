@@ -106,8 +106,11 @@ def _summarise(out: Path, agreement: dict[str, float]) -> int:
                 and s.parent_span_id in by_id
                 and by_id[s.parent_span_id].attributes.get("size") == size
             ]
-            gpu = [float(s.attributes[semconv.STAGE_GPU_S]) for s in runs
-                   if semconv.STAGE_GPU_S in s.attributes]  # fmt: skip
+            gpu = [
+                float(s.attributes[semconv.STAGE_GPU_S])
+                for s in runs
+                if semconv.STAGE_GPU_S in s.attributes
+            ]
             rows[stage] = {
                 "runs": len(runs),
                 "host_ms": round(statistics.median(s.duration_ns for s in runs) / 1e6, 3),
@@ -116,8 +119,7 @@ def _summarise(out: Path, agreement: dict[str, float]) -> int:
         table[size] = rows
         cells = ", ".join(f"{stage} {r['host_ms']}/{r['gpu_ms']}" for stage, r in rows.items())
         print(f"{size:>10}: host/GPU ms {cells}; labels agree on {agreement[size]:.1%} of hits")
-    print(json.dumps({"device": _device_name(), "stages": table,
-                      "min_label_agreement": agreement}))  # fmt: skip
+    print(json.dumps({"device": _device_name(), "stages": table, "min_label_agreement": agreement}))
     return 0 if all(rows[s]["runs"] for rows in table.values() for s in rows) else 1
 
 

@@ -61,11 +61,15 @@ def main() -> int:
     print(
         f"otelkit / opentelemetry: extract {ratios['extract']:.2f}, inject {ratios['inject']:.2f}"
     )
-    print(json.dumps({
-        "rounds": args.rounds,
-        "median_us": {name: round(m, 3) for name, m in medians.items()},
-        "ratio_to_opentelemetry": {what: round(r, 3) for what, r in ratios.items()},
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "rounds": args.rounds,
+                "median_us": {name: round(m, 3) for name, m in medians.items()},
+                "ratio_to_opentelemetry": {what: round(r, 3) for what, r in ratios.items()},
+            }
+        )
+    )
     return 0
 
 

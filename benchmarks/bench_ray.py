@@ -106,9 +106,10 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=600, help="interleaved pairs")
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument(
-        "--sampler", default="always_on",
+        "--sampler",
+        default="always_on",
         help="the instrumented replicas' sampler (always_off: the hooks alone, no span recorded)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:

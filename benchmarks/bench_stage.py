@@ -88,9 +88,12 @@ def main() -> int:
     args = parser.parse_args()
     traces = tempfile.mkdtemp(prefix="bench-stage-")
     telemetry = otelkit.configure(
-        service_name="bench-stage", traces_dir=traces, sampler="always_on", prometheus_port=0,
+        service_name="bench-stage",
+        traces_dir=traces,
+        sampler="always_on",
+        prometheus_port=0,
         bsp_max_queue_size=400_000,
-    )  # fmt: skip
+    )
     staged = otelkit.stage("bench", model="bench")(work)
     variants = [work, staged, with_sdk(telemetry)]
     interleave(variants, max(1000, args.calls // 20), args.block)  # warm every path
@@ -117,23 +120,29 @@ def main() -> int:
         "ratio_to_opentelemetry": verdict(ratio, ratio_interval, RATIO),
     }
     for key, found in targets.items():
-        print(f"target: {key} {found['measured']} (95 % {found['interval95']}), at most "
-              f"{found['bound']:g}: {found['verdict']}")  # fmt: skip
-    print(json.dumps({
-        "calls": args.calls,
-        "block": args.block,
-        "bare_median_us": round(bare, 2),
-        "stage_median_us": round(stage, 2),
-        "opentelemetry_median_us": round(sdk, 2),
-        "overhead_us": round(overhead, 2),
-        "opentelemetry_overhead_us": round(sdk_overhead, 2),
-        "ratio": round(ratio, 3),
-        "overhead_interval95_us": [round(bound, 2) for bound in stage_interval],
-        "opentelemetry_overhead_interval95_us": [round(bound, 2) for bound in sdk_interval],
-        "targets": targets,
-        "spans_exported": stats.get("exported", 0),
-        "spans_dropped": sum(n for k, n in stats.items() if k.startswith("dropped")),
-    }))  # fmt: skip
+        print(
+            f"target: {key} {found['measured']} (95 % {found['interval95']}), at most "
+            f"{found['bound']:g}: {found['verdict']}"
+        )
+    print(
+        json.dumps(
+            {
+                "calls": args.calls,
+                "block": args.block,
+                "bare_median_us": round(bare, 2),
+                "stage_median_us": round(stage, 2),
+                "opentelemetry_median_us": round(sdk, 2),
+                "overhead_us": round(overhead, 2),
+                "opentelemetry_overhead_us": round(sdk_overhead, 2),
+                "ratio": round(ratio, 3),
+                "overhead_interval95_us": [round(bound, 2) for bound in stage_interval],
+                "opentelemetry_overhead_interval95_us": [round(bound, 2) for bound in sdk_interval],
+                "targets": targets,
+                "spans_exported": stats.get("exported", 0),
+                "spans_dropped": sum(n for k, n in stats.items() if k.startswith("dropped")),
+            }
+        )
+    )
     return 0
 
 

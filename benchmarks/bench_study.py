@@ -78,10 +78,12 @@ def study(url: str, concurrency: int, seconds: float, warmup_s: float) -> tuple[
     """Requests a second of ``otelkit study``'s closed loop at ``concurrency``, and its CPU."""
     with tempfile.TemporaryDirectory() as scratch:
         results = Study(
-            model=MODEL, server=Remote(url),
+            model=MODEL,
+            server=Remote(url),
             load=Load(concurrency=concurrency, seconds=seconds, warmup_s=warmup_s),
-            out=Path(scratch) / "study.jsonl", progress=False,
-        ).run()  # fmt: skip
+            out=Path(scratch) / "study.jsonl",
+            progress=False,
+        ).run()
     point = results.points[0]
     if point.status != "ok" or point.failed:
         raise RuntimeError(f"the study's point failed: {point.error or point.errors}")
@@ -104,10 +106,15 @@ def footprint(kind: str, url: str, threads: int, seconds: float, warmup_s: float
     throughput, cpu_s = run(url, threads, seconds, warmup_s)
     stop.set()
     sampler.join()
-    return {"driver": kind, "threads": threads, "requests_per_s": round(throughput, 1),
-            "rss_start_mb": round(rss0 / 2**20, 1), "rss_peak_mb": round(peak[0] / 2**20, 1),
-            "cpu_us_per_request": round(1e6 * cpu_s / (throughput * seconds), 1),
-            "cores": round(cpu_s / seconds, 2)}  # fmt: skip
+    return {
+        "driver": kind,
+        "threads": threads,
+        "requests_per_s": round(throughput, 1),
+        "rss_start_mb": round(rss0 / 2**20, 1),
+        "rss_peak_mb": round(peak[0] / 2**20, 1),
+        "cpu_us_per_request": round(1e6 * cpu_s / (throughput * seconds), 1),
+        "cores": round(cpu_s / seconds, 2),
+    }
 
 
 def _rss() -> int:
@@ -118,8 +125,20 @@ def _rss() -> int:
 def in_fresh_process(
     kind: str, url: str, threads: int, seconds: float, warmup_s: float
 ) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--footprint", kind, "--url", url, "--threads",
-               str(threads), "--seconds", str(seconds), "--warmup", str(warmup_s)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--footprint",
+        kind,
+        "--url",
+        url,
+        "--threads",
+        str(threads),
+        "--seconds",
+        str(seconds),
+        "--warmup",
+        str(warmup_s),
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]))
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:
@@ -145,39 +164,51 @@ def main() -> int:
     summary: dict[str, Any] = {"bound": BOUND, "concurrency": {}}
     with TritonServer(ROOT / "tests" / "models") as server:  # tracing off
         url = server.http_url
-        print(f"tritonserver {url}, {MODEL}, tracing off; {args.rounds} rounds of "
-              f"{args.seconds:g} s a driver", flush=True)  # fmt: skip
+        print(
+            f"tritonserver {url}, {MODEL}, tracing off; {args.rounds} rounds of "
+            f"{args.seconds:g} s a driver",
+            flush=True,
+        )
         for concurrency in args.concurrency:
             pairs = []
             for round_ in range(args.rounds):
                 order = ("bare", "study") if round_ % 2 == 0 else ("study", "bare")
-                got = {kind: (bare if kind == "bare" else study)(url, concurrency, args.seconds,
-                                                                  args.warmup)[0]
-                       for kind in order}  # fmt: skip
+                got = {
+                    kind: (bare if kind == "bare" else study)(
+                        url, concurrency, args.seconds, args.warmup
+                    )[0]
+                    for kind in order
+                }
                 pairs.append((got["bare"], got["study"]))
             ratios = [s / b for b, s in pairs]
             ratio = statistics.median(ratios)
             entry = {
                 "bare_median": round(statistics.median(b for b, _ in pairs), 1),
                 "study_median": round(statistics.median(s for _, s in pairs), 1),
-                "ratio_median": round(ratio, 3), "ratios": [round(r, 3) for r in ratios],
+                "ratio_median": round(ratio, 3),
+                "ratios": [round(r, 3) for r in ratios],
                 "verdict": "met" if ratio >= BOUND else "missed",
-            }  # fmt: skip
+            }
             summary["concurrency"][str(concurrency)] = entry
-            print(f"concurrency {concurrency:>3}: bare {entry['bare_median']:8.1f}/s, study "
-                  f"{entry['study_median']:8.1f}/s, ratio {ratio:.3f} (rounds: "
-                  f"{', '.join(f'{r:.3f}' for r in ratios)}): {entry['verdict']}",
-                  flush=True)  # fmt: skip
+            print(
+                f"concurrency {concurrency:>3}: bare {entry['bare_median']:8.1f}/s, study "
+                f"{entry['study_median']:8.1f}/s, ratio {ratio:.3f} (rounds: "
+                f"{', '.join(f'{r:.3f}' for r in ratios)}): {entry['verdict']}",
+                flush=True,
+            )
         if args.threads:
             for kind in ("bare", "study"):
                 # a thousand threads ramp up for seconds: a longer warm-up and window
-                found = in_fresh_process(kind, url, args.threads, max(args.seconds, 5.0),
-                                         max(args.warmup, 5.0))  # fmt: skip
+                found = in_fresh_process(
+                    kind, url, args.threads, max(args.seconds, 5.0), max(args.warmup, 5.0)
+                )
                 summary[f"footprint_{kind}"] = found
-                print(f"{kind:>5} at {args.threads} threads: {found['requests_per_s']}/s, "
-                      f"peak RSS {found['rss_peak_mb']} MB (from {found['rss_start_mb']} MB), "
-                      f"{found['cpu_us_per_request']} us CPU a request, {found['cores']} cores",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{kind:>5} at {args.threads} threads: {found['requests_per_s']}/s, "
+                    f"peak RSS {found['rss_peak_mb']} MB (from {found['rss_start_mb']} MB), "
+                    f"{found['cpu_us_per_request']} us CPU a request, {found['cores']} cores",
+                    flush=True,
+                )
     verdicts = [e["verdict"] for e in summary["concurrency"].values()]
     summary["verdict"] = (
         "not judged" if not verdicts else "met" if all(v == "met" for v in verdicts) else "missed"

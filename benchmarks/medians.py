@@ -60,9 +60,11 @@ def verdict(measured: float, interval: tuple[float, float], bound: float) -> dic
     low, high = interval
     outcome = "met" if high <= bound else "missed" if low > bound else "undecided"
     return {
-        "bound": bound, "measured": round(measured, 2),
-        "interval95": [round(low, 2), round(high, 2)], "verdict": outcome,
-    }  # fmt: skip
+        "bound": bound,
+        "measured": round(measured, 2),
+        "interval95": [round(low, 2), round(high, 2)],
+        "verdict": outcome,
+    }
 
 
 def latency_summary(durations_ns: dict[str, Sequence[int]]) -> dict[str, float]:

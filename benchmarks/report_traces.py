@@ -27,8 +27,9 @@ def _template() -> tuple[list[dict[str, Any]], int, dict[str, int]]:
     """The template's documents, its span count and each trace's shift: the demo ran its
     groups one after another; a copy of the template runs them side by side, 2 ms apart."""
     docs = [json.loads(line) for line in TEMPLATE.read_text().splitlines() if line.strip()]
-    spans = [s for d in docs for rs in d["resourceSpans"] for ss in rs["scopeSpans"]
-             for s in ss["spans"]]  # fmt: skip
+    spans = [
+        s for d in docs for rs in d["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]
+    ]
     starts: dict[str, int] = {}
     for s in spans:
         start = int(s["startTimeUnixNano"])
@@ -59,8 +60,10 @@ def _copy(doc: dict[str, Any], k: int, shifts: dict[str, int], offset: int) -> d
                 copy["startTimeUnixNano"] = str(int(s["startTimeUnixNano"]) + shift)
                 copy["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + shift)
                 if "events" in s:
-                    copy["events"] = [{**e, "timeUnixNano": str(int(e["timeUnixNano"]) + shift)}
-                                      for e in s["events"]]  # fmt: skip
+                    copy["events"] = [
+                        {**e, "timeUnixNano": str(int(e["timeUnixNano"]) + shift)}
+                        for e in s["events"]
+                    ]
                 spans.append(copy)
             scopes.append({**ss, "spans": spans})
         out_rs.append({**rs, "scopeSpans": scopes})

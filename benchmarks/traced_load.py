@@ -45,9 +45,12 @@ def main() -> int:
         TritonServer(MODELS, trace_url=receiver.traces_url, trace_rate=1_000_000) as server,
     ):
         telemetry = otelkit.configure(
-            service_name="traced-load", traces_dir=str(out / "client"), sampler=args.sampler,
-            sampler_arg=args.arg, metrics_exporter="none",
-        )  # fmt: skip
+            service_name="traced-load",
+            traces_dir=str(out / "client"),
+            sampler=args.sampler,
+            sampler_arg=args.arg,
+            metrics_exporter="none",
+        )
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         stop = threading.Event()
         calls, errors = [0] * args.threads, [0] * args.threads
@@ -89,12 +92,17 @@ def main() -> int:
         alive = server.running
         otelkit.shutdown()
     result = {
-        "protocol": args.protocol, "sampler": args.sampler, "arg": args.arg,
-        "threads": args.threads, "seconds": round(elapsed, 1), "calls": sum(calls),
-        "traced_per_s": round(traced / elapsed, 1), "errors": sum(errors),
+        "protocol": args.protocol,
+        "sampler": args.sampler,
+        "arg": args.arg,
+        "threads": args.threads,
+        "seconds": round(elapsed, 1),
+        "calls": sum(calls),
+        "traced_per_s": round(traced / elapsed, 1),
+        "errors": sum(errors),
         "first_error_after_s": round(first_error[0], 1) if first_error else None,
         "server_alive": alive,
-    }  # fmt: skip
+    }
     print(
         f"{args.protocol} {args.sampler} {args.arg:g}, {args.threads} threads: {sum(calls)} calls "
         f"in {elapsed:.1f} s, {result['traced_per_s']} traced/s, {sum(errors)} errors"

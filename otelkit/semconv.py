@@ -55,9 +55,25 @@ EXPORTER = "exporter"
 # Request and stage durations run from sub-millisecond (a small MLP on a GPU) to a minute (a
 # large event through the whole pipeline on a CPU): buckets resolve 100 us to 60 s.
 DURATION_BUCKETS_S: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-)  # fmt: skip
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 
 InstrumentKind = Literal["counter", "up_down_counter", "histogram", "gauge"]
 
@@ -79,31 +95,43 @@ class MetricSpec:
 
 
 TELEMETRY_SPANS_EXPORTED = MetricSpec(
-    f"{PREFIX}.telemetry.spans.exported", "counter", "{span}",
+    f"{PREFIX}.telemetry.spans.exported",
+    "counter",
+    "{span}",
     "Spans handed to the exporter and accepted by it.",
-)  # fmt: skip
+)
 TELEMETRY_SPANS_DROPPED = MetricSpec(
-    f"{PREFIX}.telemetry.spans.dropped", "counter", "{span}",
+    f"{PREFIX}.telemetry.spans.dropped",
+    "counter",
+    "{span}",
     "Spans lost before reaching the backend, by reason (queue_full, export_failed, shutdown).",
-)  # fmt: skip
+)
 TELEMETRY_EXPORT_ERRORS = MetricSpec(
-    f"{PREFIX}.telemetry.export.errors", "counter", "{error}",
+    f"{PREFIX}.telemetry.export.errors",
+    "counter",
+    "{error}",
     "Export requests that failed, by exporter.",
-)  # fmt: skip
+)
 TELEMETRY_INTERNAL_ERRORS = MetricSpec(
-    f"{PREFIX}.telemetry.internal.errors", "counter", "{error}",
+    f"{PREFIX}.telemetry.internal.errors",
+    "counter",
+    "{error}",
     "Failures of otelkit's own code, caught so that the program went on (the first at each "
     "place is logged with its traceback).",
-)  # fmt: skip
+)
 TELEMETRY_QUEUE_SIZE = MetricSpec(
-    f"{PREFIX}.telemetry.spans.queued", "up_down_counter", "{span}",
+    f"{PREFIX}.telemetry.spans.queued",
+    "up_down_counter",
+    "{span}",
     "Spans waiting in the export queue.",
-)  # fmt: skip
+)
 TELEMETRY_IN_EXPORT = MetricSpec(
-    f"{PREFIX}.telemetry.spans.exporting", "up_down_counter", "{span}",
+    f"{PREFIX}.telemetry.spans.exporting",
+    "up_down_counter",
+    "{span}",
     "Spans of the batch being exported now. Every span ended is exported, dropped, queued or "
     "exporting.",
-)  # fmt: skip
+)
 
 # -- client spans (OpenTelemetry RPC conventions, plus otelkit's inference attributes) ---------
 RPC_SYSTEM_NAME = "rpc.system.name"
@@ -155,8 +183,13 @@ NETWORK_PROTOCOL_VERSION = "network.protocol.version"
 RPC_RESPONSE_STATUS_CODE = "rpc.response.status_code"  # the status name: OK, INTERNAL, ...
 # The codes that mean the server failed (the RPC conventions); others are the caller's error.
 RPC_SERVER_ERROR_CODES = (
-    "UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-)  # fmt: skip
+    "UNKNOWN",
+    "DEADLINE_EXCEEDED",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+)
 CLIENT_PORT = "client.port"
 
 # -- Ray Serve: deployments' requests, the wait before a replica took one, batched calls --------
@@ -200,54 +233,84 @@ M_APPLICATION = "application"
 M_METHOD = "method"
 
 CLIENT_DURATION = MetricSpec(
-    f"{PREFIX}.client.duration", "histogram", "s",
-    "Inference calls as the client saw them, from the call to its result.", DURATION_BUCKETS_S,
-)  # fmt: skip
+    f"{PREFIX}.client.duration",
+    "histogram",
+    "s",
+    "Inference calls as the client saw them, from the call to its result.",
+    DURATION_BUCKETS_S,
+)
 CLIENT_REQUEST_BYTES = MetricSpec(
-    f"{PREFIX}.client.request.size", "counter", "By", "Tensor bytes sent in inference requests.",
-)  # fmt: skip
+    f"{PREFIX}.client.request.size",
+    "counter",
+    "By",
+    "Tensor bytes sent in inference requests.",
+)
 CLIENT_RESPONSE_BYTES = MetricSpec(
-    f"{PREFIX}.client.response.size", "counter", "By",
+    f"{PREFIX}.client.response.size",
+    "counter",
+    "By",
     "Tensor bytes received in inference responses.",
-)  # fmt: skip
+)
 CLIENT_IN_FLIGHT = MetricSpec(
-    f"{PREFIX}.client.in_flight", "up_down_counter", "{request}",
+    f"{PREFIX}.client.in_flight",
+    "up_down_counter",
+    "{request}",
     "Inference calls started and not yet finished.",
-)  # fmt: skip
+)
 CLIENT_ERRORS = MetricSpec(
-    f"{PREFIX}.client.errors", "counter", "{error}", "Failed inference calls, by error_type.",
-)  # fmt: skip
+    f"{PREFIX}.client.errors",
+    "counter",
+    "{error}",
+    "Failed inference calls, by error_type.",
+)
 
 STAGE_DURATION = MetricSpec(
-    f"{PREFIX}.stage.duration", "histogram", "s",
-    "Wall time of one pipeline stage on the server host.", DURATION_BUCKETS_S,
-)  # fmt: skip
+    f"{PREFIX}.stage.duration",
+    "histogram",
+    "s",
+    "Wall time of one pipeline stage on the server host.",
+    DURATION_BUCKETS_S,
+)
 STAGE_GPU_DURATION = MetricSpec(
-    f"{PREFIX}.stage.gpu.duration", "histogram", "s",
-    "GPU time of one pipeline stage, between CUDA events recorded around it.", DURATION_BUCKETS_S,
-)  # fmt: skip
+    f"{PREFIX}.stage.gpu.duration",
+    "histogram",
+    "s",
+    "GPU time of one pipeline stage, between CUDA events recorded around it.",
+    DURATION_BUCKETS_S,
+)
 STAGE_IN_FLIGHT = MetricSpec(
-    f"{PREFIX}.stage.in_flight", "up_down_counter", "{stage}",
+    f"{PREFIX}.stage.in_flight",
+    "up_down_counter",
+    "{stage}",
     "Pipeline stages started and not yet finished.",
-)  # fmt: skip
+)
 STAGE_ERRORS = MetricSpec(
-    f"{PREFIX}.stage.errors", "counter", "{error}", "Pipeline stages that raised, by error_type.",
-)  # fmt: skip
+    f"{PREFIX}.stage.errors",
+    "counter",
+    "{error}",
+    "Pipeline stages that raised, by error_type.",
+)
 HTTP_SERVER_DURATION = MetricSpec(
-    "http.server.request.duration", "histogram", "s",
+    "http.server.request.duration",
+    "histogram",
+    "s",
     "HTTP requests as the server saw them (OpenTelemetry HTTP server convention).",
     DURATION_BUCKETS_S,
-)  # fmt: skip
+)
 RPC_SERVER_DURATION = MetricSpec(
-    "rpc.server.call.duration", "histogram", "s",
+    "rpc.server.call.duration",
+    "histogram",
+    "s",
     "RPCs as the gRPC server saw them (OpenTelemetry RPC server convention).",
     DURATION_BUCKETS_S,
-)  # fmt: skip
+)
 RAY_SERVE_CALL_DURATION = MetricSpec(
-    f"{PREFIX}.ray_serve.call.duration", "histogram", "s",
+    f"{PREFIX}.ray_serve.call.duration",
+    "histogram",
+    "s",
     "DeploymentHandle calls as the called replica ran them, by deployment and method.",
     DURATION_BUCKETS_S,
-)  # fmt: skip
+)
 
 # -- GPU telemetry (NVML), labelled like Triton's nv_gpu_* (gpu_uuid) so the two can be joined --
 M_GPU = "gpu"  # NVML index of the GPU (a MIG instance carries its parent's)
@@ -324,9 +387,12 @@ GPU_READ_ERRORS = MetricSpec(
     f"{PREFIX}.gpu.read.errors", "counter", "{error}", "NVML reads that failed, by field."
 )
 GPU_SAMPLE_DURATION = MetricSpec(
-    f"{PREFIX}.gpu.sample.duration", "histogram", "s",
-    "Wall time of one NVML sample of every GPU.", DURATION_BUCKETS_S,
-)  # fmt: skip
+    f"{PREFIX}.gpu.sample.duration",
+    "histogram",
+    "s",
+    "Wall time of one NVML sample of every GPU.",
+    DURATION_BUCKETS_S,
+)
 
 # What users already run, to cross-check ours: (DCGM exporter field, Triton metric), "" if none.
 GPU_EQUIVALENTS: dict[str, tuple[str, str]] = {
@@ -349,12 +415,31 @@ GPU_EQUIVALENTS: dict[str, tuple[str, str]] = {
 }
 
 GPU_METRICS: tuple[MetricSpec, ...] = (
-    GPU_AVAILABLE, GPU_UTILIZATION, GPU_MEMORY_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_FREE,
-    GPU_MEMORY_TOTAL, GPU_POWER_USAGE, GPU_POWER_LIMIT, GPU_ENERGY, GPU_TEMPERATURE, GPU_CLOCK_SM,
-    GPU_CLOCK_MEMORY, GPU_PCIE_THROUGHPUT, GPU_CLOCKS_EVENT, GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVITY,
-    GPU_DRAM_ACTIVITY, GPU_PROCESS_MEMORY, GPU_TORCH_ALLOCATED, GPU_TORCH_RESERVED, GPU_TORCH_PEAK,
-    GPU_LOST, GPU_READ_ERRORS, GPU_SAMPLE_DURATION,
-)  # fmt: skip
+    GPU_AVAILABLE,
+    GPU_UTILIZATION,
+    GPU_MEMORY_UTILIZATION,
+    GPU_MEMORY_USED,
+    GPU_MEMORY_FREE,
+    GPU_MEMORY_TOTAL,
+    GPU_POWER_USAGE,
+    GPU_POWER_LIMIT,
+    GPU_ENERGY,
+    GPU_TEMPERATURE,
+    GPU_CLOCK_SM,
+    GPU_CLOCK_MEMORY,
+    GPU_PCIE_THROUGHPUT,
+    GPU_CLOCKS_EVENT,
+    GPU_SM_OCCUPANCY,
+    GPU_TENSOR_ACTIVITY,
+    GPU_DRAM_ACTIVITY,
+    GPU_PROCESS_MEMORY,
+    GPU_TORCH_ALLOCATED,
+    GPU_TORCH_RESERVED,
+    GPU_TORCH_PEAK,
+    GPU_LOST,
+    GPU_READ_ERRORS,
+    GPU_SAMPLE_DURATION,
+)
 
 # -- the fleet (otelkit.fleet): the renderer's own metrics, and the labels it gives targets --------
 M_SITE = "site"  # the fleet's metrics: a server's site (M_SERVER: its name)
@@ -473,13 +558,25 @@ TRITON_GPU_POWER_USAGE = "nv_gpu_power_usage"
 TRITON_GPU_POWER_LIMIT = "nv_gpu_power_limit"
 TRITON_CPU_UTILIZATION = "nv_cpu_utilization"
 TRITON_METRICS: tuple[str, ...] = (
-    TRITON_REQUEST_SUCCESS, TRITON_REQUEST_FAILURE, TRITON_INFERENCE_COUNT, TRITON_EXECUTION_COUNT,
-    TRITON_PENDING_REQUESTS, TRITON_REQUEST_DURATION_US, TRITON_QUEUE_DURATION_US,
-    TRITON_COMPUTE_INPUT_US, TRITON_COMPUTE_INFER_US, TRITON_COMPUTE_OUTPUT_US,
-    TRITON_REQUEST_SUMMARY_US, TRITON_QUEUE_SUMMARY_US, TRITON_GPU_UTILIZATION,
-    TRITON_GPU_MEMORY_USED, TRITON_GPU_MEMORY_TOTAL, TRITON_GPU_POWER_USAGE, TRITON_GPU_POWER_LIMIT,
+    TRITON_REQUEST_SUCCESS,
+    TRITON_REQUEST_FAILURE,
+    TRITON_INFERENCE_COUNT,
+    TRITON_EXECUTION_COUNT,
+    TRITON_PENDING_REQUESTS,
+    TRITON_REQUEST_DURATION_US,
+    TRITON_QUEUE_DURATION_US,
+    TRITON_COMPUTE_INPUT_US,
+    TRITON_COMPUTE_INFER_US,
+    TRITON_COMPUTE_OUTPUT_US,
+    TRITON_REQUEST_SUMMARY_US,
+    TRITON_QUEUE_SUMMARY_US,
+    TRITON_GPU_UTILIZATION,
+    TRITON_GPU_MEMORY_USED,
+    TRITON_GPU_MEMORY_TOTAL,
+    TRITON_GPU_POWER_USAGE,
+    TRITON_GPU_POWER_LIMIT,
     TRITON_CPU_UTILIZATION,
-)  # fmt: skip
+)
 TRITON_MODEL = "model"  # Triton's label names
 TRITON_VERSION = "version"
 
@@ -492,10 +589,14 @@ RAY_SERVE_QUEUED = "ray_serve_deployment_queued_queries"  # waiting in callers' 
 RAY_SERVE_REPLICAS_HEALTHY = "ray_serve_deployment_replica_healthy"  # 1 per healthy replica
 RAY_SERVE_LABEL_DEPLOYMENT = "deployment"
 RAY_SERVE_METRICS: tuple[str, ...] = (
-    RAY_SERVE_REQUESTS, RAY_SERVE_ERRORS, f"{RAY_SERVE_PROCESSING_MS}_bucket",
-    f"{RAY_SERVE_PROCESSING_MS}_sum", f"{RAY_SERVE_PROCESSING_MS}_count", RAY_SERVE_QUEUED,
+    RAY_SERVE_REQUESTS,
+    RAY_SERVE_ERRORS,
+    f"{RAY_SERVE_PROCESSING_MS}_bucket",
+    f"{RAY_SERVE_PROCESSING_MS}_sum",
+    f"{RAY_SERVE_PROCESSING_MS}_count",
+    RAY_SERVE_QUEUED,
     RAY_SERVE_REPLICAS_HEALTHY,
-)  # fmt: skip
+)
 
 SERVER_METRICS: tuple[MetricSpec, ...] = (
     STAGE_DURATION,
@@ -524,9 +625,16 @@ TELEMETRY_METRICS: tuple[MetricSpec, ...] = (
 METRICS: tuple[MetricSpec, ...] = CLIENT_METRICS + SERVER_METRICS + TELEMETRY_METRICS + GPU_METRICS
 
 _UNIT_SUFFIXES = {
-    "s": "seconds", "ms": "milliseconds", "By": "bytes", "1": "ratio", "W": "watts",
-    "J": "joules", "Cel": "celsius", "Hz": "hertz", "By/s": "bytes_per_second",
-}  # fmt: skip
+    "s": "seconds",
+    "ms": "milliseconds",
+    "By": "bytes",
+    "1": "ratio",
+    "W": "watts",
+    "J": "joules",
+    "Cel": "celsius",
+    "Hz": "hertz",
+    "By/s": "bytes_per_second",
+}
 
 
 def prometheus_metric_name(name: str, unit: str, *, counter: bool) -> str:

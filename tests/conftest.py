@@ -55,9 +55,11 @@ def triton(receiver: Receiver, model_metrics_port: int) -> Iterator[TritonServer
         "OTELKIT_PROMETHEUS_HOST": "127.0.0.1",
     }
     with TritonServer(
-        MODELS, trace_url=receiver.traces_url, trace_resource={"service.name": "triton-tests"},
+        MODELS,
+        trace_url=receiver.traces_url,
+        trace_resource={"service.name": "triton-tests"},
         env=models_env,
-    ) as server:  # fmt: skip
+    ) as server:
         yield server
 
 

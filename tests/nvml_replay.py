@@ -156,8 +156,9 @@ class NvmlReplay:
                 monkeypatch.setattr(pynvml, name, self._counted(name, getattr(self, name)))
         monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", self._unanswered)
         # pynvml caches the message of a code it had to ask NVML for on the class: keep it local
-        monkeypatch.setattr(pynvml.NVMLError, "_errcode_to_string",
-                            dict(pynvml.NVMLError._errcode_to_string))  # fmt: skip
+        monkeypatch.setattr(
+            pynvml.NVMLError, "_errcode_to_string", dict(pynvml.NVMLError._errcode_to_string)
+        )
         return self
 
     def _counted(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -329,14 +330,16 @@ class NvmlReplay:
         device = self._device(handle)
         instance = device.get("mig_instance")
         return [
-            pynvml.nvmlFriendlyObject({
-                "pid": int(p["pid"]),
-                "usedGpuMemory": p.get("used_bytes"),  # pynvml's None: NVML_VALUE_NOT_AVAILABLE
-                "gpuInstanceId": 0xFFFFFFFF if instance is None else instance,
-                "computeInstanceId": 0xFFFFFFFF if instance is None else 0,
-            })
+            pynvml.nvmlFriendlyObject(
+                {
+                    "pid": int(p["pid"]),
+                    "usedGpuMemory": p.get("used_bytes"),  # pynvml's None: NVML_VALUE_NOT_AVAILABLE
+                    "gpuInstanceId": 0xFFFFFFFF if instance is None else instance,
+                    "computeInstanceId": 0xFFFFFFFF if instance is None else 0,
+                }
+            )
             for p in found
-        ]  # fmt: skip
+        ]
 
     def nvmlSystemGetProcessName(self, pid: int) -> str:
         for found in self._sample().get("processes", {}).values():

@@ -93,17 +93,20 @@ SKIPS = {
 }
 
 
-@pytest.mark.parametrize(("form", "ci", "outcome"), [
-    ("in the test", "true", "failed"),
-    ("in the test", "", "skipped"),
-    ("gpu test", "true", "skipped"),
-    ("skipif mark", "true", "errors"),
-    ("in a fixture", "true", "errors"),
-    ("module level", "true", "errors"),
-    ("module level", "", "skipped"),
-    ("importorskip", "true", "errors"),
-    ("expected failure", "true", "xfailed"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("form", "ci", "outcome"),
+    [
+        ("in the test", "true", "failed"),
+        ("in the test", "", "skipped"),
+        ("gpu test", "true", "skipped"),
+        ("skipif mark", "true", "errors"),
+        ("in a fixture", "true", "errors"),
+        ("module level", "true", "errors"),
+        ("module level", "", "skipped"),
+        ("importorskip", "true", "errors"),
+        ("expected failure", "true", "xfailed"),
+    ],
+)
 def test_under_ci_only_gpu_tests_may_skip(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, form: str, ci: str, outcome: str
 ) -> None:

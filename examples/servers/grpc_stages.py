@@ -56,9 +56,11 @@ def main() -> None:
     args = parser.parse_args()
     otelkit.configure(service_name="hit-features-grpc")  # OTEL_* env vars too
     spec = ModelSpec(
-        MODEL, (TensorSpec("HITS", "FP32", (-1, 3)),), (TensorSpec("FEATURES", "FP32", (-1, 3)),),
+        MODEL,
+        (TensorSpec("HITS", "FP32", (-1, 3)),),
+        (TensorSpec("FEATURES", "FP32", (-1, 3)),),
         hit_features,
-    )  # fmt: skip
+    )
     servicer = KServeServicer([spec], name="hit-features-grpc")
     interceptor = server_interceptor(args.host, args.port)
     server = grpc_server(servicer, args.port, host=args.host, interceptors=[interceptor])

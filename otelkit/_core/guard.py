@@ -54,5 +54,6 @@ def caught(where: str) -> None:
     if INTERNAL_ERRORS.count(where):
         logger.exception(
             "otelkit: telemetry failed while %s; the program is unaffected (further failures "
-            "are counted in otelkit_telemetry_internal_errors_total)", where,
-        )  # fmt: skip
+            "are counted in otelkit_telemetry_internal_errors_total)",
+            where,
+        )

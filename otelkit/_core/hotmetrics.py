@@ -129,9 +129,17 @@ class HistogramSeries:
             for value, trace_id, span_id, at in filter(None, newest)
         ]
         return HistogramDataPoint(
-            attributes, start_ns, now_ns, count=sum(counts), sum=total, bucket_counts=counts,
-            explicit_bounds=self._bounds, min=low, max=high, exemplars=exemplars,
-        )  # fmt: skip
+            attributes,
+            start_ns,
+            now_ns,
+            count=sum(counts),
+            sum=total,
+            bucket_counts=counts,
+            explicit_bounds=self._bounds,
+            min=low,
+            max=high,
+            exemplars=exemplars,
+        )
 
 
 class SumSeries:
@@ -381,9 +389,12 @@ class HotRegistry:
             if found is None:
                 guard = _Guard()
                 found = self._calls[key] = CallSeries(
-                    guard, duration.series(values, guard), in_flight.series(values, guard),
-                    request_bytes.series(values, guard), response_bytes.series(values, guard),
-                )  # fmt: skip
+                    guard,
+                    duration.series(values, guard),
+                    in_flight.series(values, guard),
+                    request_bytes.series(values, guard),
+                    response_bytes.series(values, guard),
+                )
         return found
 
     def _get(

@@ -43,9 +43,22 @@ from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
 from otelkit._propagation import format_traceparent
 
-__all__ = ["NOT_SAMPLED", "READY_IDS", "READY_ROOTS", "UNDECIDED", "LeanSpan", "ReadyRoots",
-           "RecordingSpan", "RootDecision", "RootRule", "SdkSpan", "SpanRecorder", "error_type",
-           "with_own_parent_id", "with_span"]  # fmt: skip
+__all__ = [
+    "NOT_SAMPLED",
+    "READY_IDS",
+    "READY_ROOTS",
+    "UNDECIDED",
+    "LeanSpan",
+    "ReadyRoots",
+    "RecordingSpan",
+    "RootDecision",
+    "RootRule",
+    "SdkSpan",
+    "SpanRecorder",
+    "error_type",
+    "with_own_parent_id",
+    "with_span",
+]
 
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
@@ -120,9 +133,12 @@ def with_own_parent_id(parent: Context) -> Context:
     if not incoming.is_valid:
         return parent
     own = SpanContext(
-        incoming.trace_id, random.getrandbits(64) or 1, False, incoming.trace_flags,
+        incoming.trace_id,
+        random.getrandbits(64) or 1,
+        False,
+        incoming.trace_flags,
         incoming.trace_state,
-    )  # fmt: skip
+    )
     return with_span(own, parent)
 
 
@@ -234,8 +250,20 @@ def _sampled(
 class LeanSpan:
     """A span being recorded; ``end()`` hands it to the span processors as a ``ReadableSpan``."""
 
-    __slots__ = ("_pipeline", "_scope", "attributes", "context", "events", "kind", "links",
-                 "name", "parent", "start_ns", "status", "traceparent")  # fmt: skip
+    __slots__ = (
+        "_pipeline",
+        "_scope",
+        "attributes",
+        "context",
+        "events",
+        "kind",
+        "links",
+        "name",
+        "parent",
+        "start_ns",
+        "status",
+        "traceparent",
+    )
 
     def __init__(
         self,
@@ -277,11 +305,14 @@ class LeanSpan:
         kind = type(error).__qualname__
         self.attributes[semconv.ERROR_TYPE] = kind
         self.status = Status(StatusCode.ERROR, f"{kind}: {error}")
-        self.add_event("exception", {
-            "exception.type": kind,
-            "exception.message": str(error),
-            "exception.stacktrace": "".join(traceback.format_exception(error)),
-        })  # fmt: skip
+        self.add_event(
+            "exception",
+            {
+                "exception.type": kind,
+                "exception.message": str(error),
+                "exception.stacktrace": "".join(traceback.format_exception(error)),
+            },
+        )
 
     def end(self, end_ns: int = 0) -> None:
         self._pipeline.processor.on_end(
@@ -389,11 +420,14 @@ class SpanRecorder:
                 self.pipeline = None  # not the SDK's provider, or its processor out of reach
             else:
                 self.pipeline = _Pipeline(
-                    processor, provider.resource, provider.id_generator,
-                    provider.sampler, _fixed_root_decision(provider.sampler),
+                    processor,
+                    provider.resource,
+                    provider.id_generator,
+                    provider.sampler,
+                    _fixed_root_decision(provider.sampler),
                     type(provider.id_generator) is RandomIdGenerator,
                     SWITCH.span_attributes,
-                )  # fmt: skip
+                )
             self._generation = generation
             self.roots = _root_rule(self.pipeline, generation)
         return self.pipeline
@@ -415,9 +449,17 @@ class SpanRecorder:
         """The span of a root that ``take_root`` gave ids to, started at ``start_ns``."""
         pipeline, (context, traceparent) = taken
         return LeanSpan(
-            pipeline, self._scope, name, kind, context, None, self._attributes(pipeline), (),
-            traceparent, start_ns,
-        )  # fmt: skip
+            pipeline,
+            self._scope,
+            name,
+            kind,
+            context,
+            None,
+            self._attributes(pipeline),
+            (),
+            traceparent,
+            start_ns,
+        )
 
     def _attributes(self, pipeline: _Pipeline) -> dict[str, Any]:
         """A new span's first attributes: a server span's GPU ones, when enriching."""
@@ -478,16 +520,26 @@ class SpanRecorder:
                         return UNSAMPLED
         if ready is None:
             span_context = SpanContext(
-                trace_id, pipeline.ids.generate_span_id(), False, _SAMPLED_FLAGS[flags],
+                trace_id,
+                pipeline.ids.generate_span_id(),
+                False,
+                _SAMPLED_FLAGS[flags],
                 parent.trace_state,
-            )  # fmt: skip
+            )
             traceparent = None
         else:
             span_context, traceparent = ready
         return LeanSpan(
-            pipeline, self._scope, name, kind, span_context, parent_context,
-            self._attributes(pipeline), links, traceparent,
-        )  # fmt: skip
+            pipeline,
+            self._scope,
+            name,
+            kind,
+            span_context,
+            parent_context,
+            self._attributes(pipeline),
+            links,
+            traceparent,
+        )
 
 
 def error_type(error: BaseException) -> str:

@@ -24,8 +24,13 @@ from otelkit.client import _aio, _stream, _sync, _transport
 from otelkit.client._interceptors import infer_suppressed, session_traced
 from otelkit.client._target import GRPC_TENSORS, HTTP_TENSORS, TARGET, ClientTarget, Tensors
 
-__all__ = ["instrument_classes", "instrument_client", "is_triton_client", "uninstrument_classes",
-           "uninstrument_client"]  # fmt: skip
+__all__ = [
+    "instrument_classes",
+    "instrument_client",
+    "is_triton_client",
+    "uninstrument_classes",
+    "uninstrument_client",
+]
 
 logger = logging.getLogger("otelkit")
 _WRAPPED = "_otelkit_wrapped"
@@ -89,29 +94,56 @@ _GRPC, _HTTP = semconv.RPC_SYSTEM_TRITON_GRPC, semconv.RPC_SYSTEM_TRITON_HTTP
 _GRPC_INFER, _HTTP_INFER = semconv.RPC_METHOD_GRPC_INFER, semconv.RPC_METHOD_HTTP_INFER
 _KINDS: dict[str, _Kind] = {
     "tritonclient.http": _Kind(
-        "tritonclient.http", "http", _HTTP, _HTTP_INFER, _http_url, HTTP_TENSORS,
+        "tritonclient.http",
+        "http",
+        _HTTP,
+        _HTTP_INFER,
+        _http_url,
+        HTTP_TENSORS,
         {"infer": _sync.traced_infer, "async_infer": _sync.traced_http_async_infer},
-        _transport.attach_http_transport, _transport.detach_http_transport,
+        _transport.attach_http_transport,
+        _transport.detach_http_transport,
     ),
     "tritonclient.grpc": _Kind(
-        "tritonclient.grpc", "grpc", _GRPC, _GRPC_INFER, _grpc_url, GRPC_TENSORS,
-        {"infer": _sync.traced_infer, "async_infer": _sync.traced_grpc_async_infer,
-         "start_stream": _stream.traced_start_stream,
-         "async_stream_infer": _stream.traced_async_stream_infer,
-         "stop_stream": _stream.traced_stop_stream},
-        _attach_grpc_transport, _detach_grpc_transport,
+        "tritonclient.grpc",
+        "grpc",
+        _GRPC,
+        _GRPC_INFER,
+        _grpc_url,
+        GRPC_TENSORS,
+        {
+            "infer": _sync.traced_infer,
+            "async_infer": _sync.traced_grpc_async_infer,
+            "start_stream": _stream.traced_start_stream,
+            "async_stream_infer": _stream.traced_async_stream_infer,
+            "stop_stream": _stream.traced_stop_stream,
+        },
+        _attach_grpc_transport,
+        _detach_grpc_transport,
     ),
     "tritonclient.http.aio": _Kind(
-        "tritonclient.http.aio", "http", _HTTP, _HTTP_INFER, _aio_http_url, HTTP_TENSORS,
+        "tritonclient.http.aio",
+        "http",
+        _HTTP,
+        _HTTP_INFER,
+        _aio_http_url,
+        HTTP_TENSORS,
         {"infer": _aio.traced_aio_infer},
-        _attach_aio_http_transport, _transport.detach_http_transport,
+        _attach_aio_http_transport,
+        _transport.detach_http_transport,
     ),
     "tritonclient.grpc.aio": _Kind(
-        "tritonclient.grpc.aio", "grpc", _GRPC, _GRPC_INFER, _grpc_url, GRPC_TENSORS,
+        "tritonclient.grpc.aio",
+        "grpc",
+        _GRPC,
+        _GRPC_INFER,
+        _grpc_url,
+        GRPC_TENSORS,
         {"infer": _aio.traced_aio_infer, "stream_infer": _stream.traced_aio_stream_infer},
-        _attach_grpc_transport, _detach_grpc_transport,
+        _attach_grpc_transport,
+        _detach_grpc_transport,
     ),
-}  # fmt: skip
+}
 
 
 def _kind_of(obj: Any) -> _Kind | None:

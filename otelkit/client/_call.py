@@ -204,8 +204,20 @@ class Call(MeteredCall):
     it, started when the call started.
     """
 
-    __slots__ = ("counted", "ends_later", "facts", "ready", "received_ns", "request", "root",
-                 "sampled", "sent_ns", "span", "style", "wire")  # fmt: skip
+    __slots__ = (
+        "counted",
+        "ends_later",
+        "facts",
+        "ready",
+        "received_ns",
+        "request",
+        "root",
+        "sampled",
+        "sent_ns",
+        "span",
+        "style",
+        "wire",
+    )
 
     def __init__(
         self,
@@ -306,9 +318,12 @@ class Call(MeteredCall):
             span = self.span = RECORDER.root_span(self.ready, per.span_name, _CLIENT, started)
         context = span.context
         per.calls.end(
-            (self.end - self.start) / 1e9, self.request_bytes, response_bytes,
-            context.trace_id, context.span_id,
-        )  # fmt: skip
+            (self.end - self.start) / 1e9,
+            self.request_bytes,
+            response_bytes,
+            context.trace_id,
+            context.span_id,
+        )
         if error is not None:
             span.record_error(error)
         self._describe(span.attributes, error, response_bytes, outputs)

@@ -27,8 +27,12 @@ from otelkit._core.context import instrumentation_suppressed
 
 __all__ = ["Suppressed", "infer_suppressed", "intercepted", "session_traced"]
 
-_INTERCEPTOR_LISTS = ("_unary_unary_interceptors", "_unary_stream_interceptors",
-                      "_stream_unary_interceptors", "_stream_stream_interceptors")  # fmt: skip
+_INTERCEPTOR_LISTS = (
+    "_unary_unary_interceptors",
+    "_unary_stream_interceptors",
+    "_stream_unary_interceptors",
+    "_stream_stream_interceptors",
+)
 
 
 def intercepted(channel: Any) -> bool:

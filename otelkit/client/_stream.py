@@ -36,9 +36,15 @@ from otelkit.client._interceptors import Suppressed, intercepted
 from otelkit.client._target import ClientTarget
 from otelkit.client._transport import swap_back, swap_in
 
-__all__ = ["StreamCalls", "attach_stream_transport", "detach_stream_transport",
-           "traced_aio_stream_infer", "traced_async_stream_infer", "traced_start_stream",
-           "traced_stop_stream"]  # fmt: skip
+__all__ = [
+    "StreamCalls",
+    "attach_stream_transport",
+    "detach_stream_transport",
+    "traced_aio_stream_infer",
+    "traced_async_stream_infer",
+    "traced_start_stream",
+    "traced_stop_stream",
+]
 
 _STREAM = "_otelkit_stream"
 _OPENING = "_otelkit_opening_stream"
@@ -60,13 +66,15 @@ class StreamCalls:
         self.sampled = span.sampled
         if span.sampled:
             stream_target = self.target
-            span.attributes.update({
-                semconv.RPC_SYSTEM_NAME: stream_target.system,
-                semconv.RPC_METHOD: stream_target.method,
-                semconv.SERVER_ADDRESS: stream_target.server_address,
-                semconv.PROTOCOL: stream_target.protocol,
-                semconv.CALL_STYLE: style,
-            })  # fmt: skip
+            span.attributes.update(
+                {
+                    semconv.RPC_SYSTEM_NAME: stream_target.system,
+                    semconv.RPC_METHOD: stream_target.method,
+                    semconv.SERVER_ADDRESS: stream_target.server_address,
+                    semconv.PROTOCOL: stream_target.protocol,
+                    semconv.CALL_STYLE: style,
+                }
+            )
             if stream_target.server_port is not None:
                 span.attributes[semconv.SERVER_PORT] = stream_target.server_port
         self._links = (Link(span.context),) if span.sampled else ()
@@ -106,10 +114,13 @@ class StreamCalls:
             request_id = (args[4] if len(args) > 4 else kwargs.get("request_id")) or ""
             own_parent = trace.get_current_span().get_span_context().is_valid
             call = Call(
-                self.target, args, kwargs, self.style,
+                self.target,
+                args,
+                kwargs,
+                self.style,
                 context=None if own_parent else self._context,
                 links=self._links if own_parent else (),
-            )  # fmt: skip
+            )
             with self._lock:
                 self._pending.setdefault(request_id, deque()).append(call)
                 self.requests += 1
@@ -375,7 +386,8 @@ async def _traced_requests(inputs: Any, stream: StreamCalls) -> AsyncIterator[An
 
 
 traced_aio_stream_infer = _stream_opener(
-    "asyncio_stream", lambda stream, inputs: _traced_requests(inputs, stream),
+    "asyncio_stream",
+    lambda stream, inputs: _traced_requests(inputs, stream),
     lambda client, stream, responses: TracedResponses(responses, stream),
-)  # fmt: skip
+)
 """asyncio gRPC ``stream_infer``: the request dicts start spans, the responses end them."""

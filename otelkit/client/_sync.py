@@ -16,8 +16,12 @@ from typing import Any, cast
 from otelkit.client._begin import TargetOf, begin, enter, headers_index, with_headers
 from otelkit.client._call import CURRENT_CALL, Call, MeteredCall
 
-__all__ = ["TracedAsyncRequest", "traced_grpc_async_infer", "traced_http_async_infer",
-           "traced_infer"]  # fmt: skip
+__all__ = [
+    "TracedAsyncRequest",
+    "traced_grpc_async_infer",
+    "traced_http_async_infer",
+    "traced_infer",
+]
 
 
 def traced_infer(target_of: TargetOf, original: Callable[..., Any]) -> Any:

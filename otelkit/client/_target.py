@@ -15,8 +15,15 @@ from otelkit import semconv
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT, CallSpecs
 
-__all__ = ["GRPC_TENSORS", "HTTP_TENSORS", "TARGET", "ClientTarget", "PerModel", "Tensors",
-           "output_count"]  # fmt: skip
+__all__ = [
+    "GRPC_TENSORS",
+    "HTTP_TENSORS",
+    "TARGET",
+    "ClientTarget",
+    "PerModel",
+    "Tensors",
+    "output_count",
+]
 
 TARGET = "_otelkit_target"  # the instance attribute that holds a client's ClientTarget
 
@@ -49,8 +56,21 @@ class Tensors:
             return 0, 0
 
 
-_ITEM_BYTES = {"BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BF16": 2,
-               "INT32": 4, "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8}  # fmt: skip
+_ITEM_BYTES = {
+    "BOOL": 1,
+    "INT8": 1,
+    "UINT8": 1,
+    "INT16": 2,
+    "UINT16": 2,
+    "FP16": 2,
+    "BF16": 2,
+    "INT32": 4,
+    "UINT32": 4,
+    "FP32": 4,
+    "INT64": 8,
+    "UINT64": 8,
+    "FP64": 8,
+}
 
 
 def _grpc_output_bytes(result: Any) -> tuple[int, int | None]:
@@ -142,9 +162,11 @@ class ClientTarget:
 _LABELS = (semconv.M_MODEL, semconv.M_MODEL_VERSION, semconv.M_SERVER, semconv.M_PROTOCOL)
 ERROR_LABELS = (*_LABELS, semconv.M_ERROR_TYPE)
 _CALL_METRICS = CallSpecs(
-    semconv.CLIENT_DURATION, semconv.CLIENT_IN_FLIGHT, semconv.CLIENT_REQUEST_BYTES,
+    semconv.CLIENT_DURATION,
+    semconv.CLIENT_IN_FLIGHT,
+    semconv.CLIENT_REQUEST_BYTES,
     semconv.CLIENT_RESPONSE_BYTES,
-)  # fmt: skip
+)
 
 
 class PerModel:

@@ -18,8 +18,17 @@ from otelkit._core.deps import tritonclient as triton_private
 from otelkit.client._call import CURRENT_CALL
 from otelkit.client._interceptors import Suppressed, intercepted
 
-__all__ = ["Transport", "attach_http_transport", "attach_model_infer", "detach_http_transport",
-           "detach_model_infer", "stamp", "stamp_async", "swap_back", "swap_in"]  # fmt: skip
+__all__ = [
+    "Transport",
+    "attach_http_transport",
+    "attach_model_infer",
+    "detach_http_transport",
+    "detach_model_infer",
+    "stamp",
+    "stamp_async",
+    "swap_back",
+    "swap_in",
+]
 
 Transport = Callable[..., Any]
 _MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"

@@ -23,17 +23,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--out`` and the options of ``DashboardOptions``."""
     parser.add_argument("--out", type=Path, required=True, help="directory for <name>.json")
     parser.add_argument(
-        "--prometheus-uid", default=_DEFAULTS.prometheus_uid,
+        "--prometheus-uid",
+        default=_DEFAULTS.prometheus_uid,
         help=f"uid of the Prometheus datasource ({_DEFAULTS.prometheus_uid})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--jaeger-uid", default=_DEFAULTS.jaeger_uid,
+        "--jaeger-uid",
+        default=_DEFAULTS.jaeger_uid,
         help=f"uid of the Jaeger datasource ({_DEFAULTS.jaeger_uid})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--title-prefix", default=_DEFAULTS.title_prefix,
+        "--title-prefix",
+        default=_DEFAULTS.title_prefix,
         help=f"prefix of the titles, uids and tags ({_DEFAULTS.title_prefix})",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:

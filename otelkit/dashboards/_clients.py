@@ -47,12 +47,21 @@ def _calls() -> list[Any]:
     )
     by_server = _rate(f"{_CLIENT}_count", [semconv.M_SERVER, semconv.M_PROTOCOL, semconv.M_MODEL])
     return [
-        timeseries("Calls/s by client service and host", [Q(by_service, _SERVICE_LEGEND)],
-                   unit="reqps", stack=True),
-        timeseries("Calls/s by server and protocol", [
-            Q(by_server, "{{server}} {{protocol}} {{model}}"),
-        ], unit="reqps", stack=True),
-    ]  # fmt: skip
+        timeseries(
+            "Calls/s by client service and host",
+            [Q(by_service, _SERVICE_LEGEND)],
+            unit="reqps",
+            stack=True,
+        ),
+        timeseries(
+            "Calls/s by server and protocol",
+            [
+                Q(by_server, "{{server}} {{protocol}} {{model}}"),
+            ],
+            unit="reqps",
+            stack=True,
+        ),
+    ]
 
 
 def _latency() -> list[Any]:
@@ -61,16 +70,26 @@ def _latency() -> list[Any]:
     client_mean = f"{_rate(f'{_CLIENT}_sum')} / {_rate(f'{_CLIENT}_count')}"
     server_mean = triton_seconds_per_request(semconv.TRITON_REQUEST_DURATION_US)
     return [
-        timeseries("Client p95 by service and host", [
-            Q(p95, f"{_SERVICE_LEGEND} p95", exemplar=True),
-        ], unit="s", description="Exemplars (dots) open their trace in Jaeger."),
-        timeseries("Offload overhead per call", [
-            Q(f"({client_mean}) - ({server_mean})", "{{model}} overhead"),
-            Q(client_mean, "{{model}} client mean"),
-            Q(server_mean, "{{model}} Triton mean request"),
-        ], unit="s", description="Client mean time minus Triton's mean request time: "
-          "serialisation, network and waiting in the client, per call."),
-    ]  # fmt: skip
+        timeseries(
+            "Client p95 by service and host",
+            [
+                Q(p95, f"{_SERVICE_LEGEND} p95", exemplar=True),
+            ],
+            unit="s",
+            description="Exemplars (dots) open their trace in Jaeger.",
+        ),
+        timeseries(
+            "Offload overhead per call",
+            [
+                Q(f"({client_mean}) - ({server_mean})", "{{model}} overhead"),
+                Q(client_mean, "{{model}} client mean"),
+                Q(server_mean, "{{model}} Triton mean request"),
+            ],
+            unit="s",
+            description="Client mean time minus Triton's mean request time: "
+            "serialisation, network and waiting in the client, per call.",
+        ),
+    ]
 
 
 def _load_and_errors() -> list[Any]:
@@ -82,22 +101,43 @@ def _load_and_errors() -> list[Any]:
     sent = semconv.prometheus_name(semconv.CLIENT_REQUEST_BYTES)
     received = semconv.prometheus_name(semconv.CLIENT_RESPONSE_BYTES)
     return [
-        timeseries("Calls in flight", [Q(in_flight, _SERVICE_LEGEND)], width=8, steps=True,
-                   description="Calls started and not yet finished, per client service."),
-        timeseries("Errors/s by error type", [
-            Q(_rate(errors, [semconv.M_MODEL, semconv.M_ERROR_TYPE]),
-              "{{model}} {{error_type}}"),
-        ], unit="ops", width=8, stack=True),
-        timeseries("Tensor bytes/s", [
-            Q(_rate(sent), "{{model}} sent"), Q(_rate(received), "{{model}} received"),
-        ], unit="Bps", width=8),
-    ]  # fmt: skip
+        timeseries(
+            "Calls in flight",
+            [Q(in_flight, _SERVICE_LEGEND)],
+            width=8,
+            steps=True,
+            description="Calls started and not yet finished, per client service.",
+        ),
+        timeseries(
+            "Errors/s by error type",
+            [
+                Q(
+                    _rate(errors, [semconv.M_MODEL, semconv.M_ERROR_TYPE]),
+                    "{{model}} {{error_type}}",
+                ),
+            ],
+            unit="ops",
+            width=8,
+            stack=True,
+        ),
+        timeseries(
+            "Tensor bytes/s",
+            [
+                Q(_rate(sent), "{{model}} sent"),
+                Q(_rate(received), "{{model}} received"),
+            ],
+            unit="Bps",
+            width=8,
+        ),
+    ]
 
 
 def build(options: DashboardOptions) -> Any:
     """The *Clients* dashboard as a grafanalib ``Dashboard``."""
     return dashboard(
-        options, "clients", "Clients",
+        options,
+        "clients",
+        "Clients",
         "Inference calls by client service and host, by server, calls in flight, errors by "
         "type, client percentiles and the offload overhead per call.",
         f"{_CLIENT}_count",
@@ -106,4 +146,4 @@ def build(options: DashboardOptions) -> Any:
             ("Latency and offload overhead", _latency()),
             ("Load and errors", _load_and_errors()),
         ],
-    )  # fmt: skip
+    )

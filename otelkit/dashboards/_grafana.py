@@ -266,15 +266,23 @@ def _jaeger_explore(uid: str) -> str:
 def _links(options: DashboardOptions) -> list[Any]:
     return [
         DashboardLink(
-            type="dashboards", tags=[options.slug], asDropdown=True, includeVars=True,
-            keepTime=True, title=f"{options.title_prefix} dashboards",
+            type="dashboards",
+            tags=[options.slug],
+            asDropdown=True,
+            includeVars=True,
+            keepTime=True,
+            title=f"{options.title_prefix} dashboards",
         ),
         DashboardLink(
-            type="link", uri=_jaeger_explore(options.jaeger_uid), title="Traces in Jaeger",
-            icon="external link", keepTime=False, targetBlank=True,
+            type="link",
+            uri=_jaeger_explore(options.jaeger_uid),
+            title="Traces in Jaeger",
+            icon="external link",
+            keepTime=False,
+            targetBlank=True,
             tooltip="Search traces; an exemplar on a latency panel opens its own trace",
         ),
-    ]  # fmt: skip
+    ]
 
 
 # -- the dashboard --------------------------------------------------------------------------------

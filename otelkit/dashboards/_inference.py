@@ -56,10 +56,13 @@ def _per_execution(cumulative_us: str, scale: str) -> str:
 
 def _client_quantiles() -> list[Q]:
     return [
-        Q(quantile(q, f"{_CLIENT}_bucket", _BY, MODEL, INSTANCE), f"{{{{model}}}} client p{p}",
-          exemplar=True)
+        Q(
+            quantile(q, f"{_CLIENT}_bucket", _BY, MODEL, INSTANCE),
+            f"{{{{model}}}} client p{p}",
+            exemplar=True,
+        )
         for q, p in ((0.5, 50), (0.95, 95), (0.99, 99))
-    ]  # fmt: skip
+    ]
 
 
 def _saturation() -> str:
@@ -69,107 +72,201 @@ def _saturation() -> str:
 def _overview() -> list[Any]:
     failures = f"{_rate(semconv.TRITON_REQUEST_FAILURE)} / {triton_requests_per_s()}"
     return [
-        stat("Requests/s (Triton)", [Q(f"sum({triton_requests_per_s()})", "requests/s")],
-             unit="reqps"),
-        stat("Failed requests", [Q(f"max({failures})", "worst model")], unit="percentunit",
-             description="Share of Triton's requests that failed, for the worst model."),
-        stat("Client p95", [Q(quantile(0.95, f"{_CLIENT}_bucket", [], MODEL, INSTANCE), "p95")],
-             unit="s", description="95th percentile of inference calls as clients saw them."),
-        stat("Saturation", [Q(f"max({_saturation()})", "worst model")], unit="ms",
-             description="Queue milliseconds per execution for the most loaded model."),
-    ]  # fmt: skip
+        stat(
+            "Requests/s (Triton)",
+            [Q(f"sum({triton_requests_per_s()})", "requests/s")],
+            unit="reqps",
+        ),
+        stat(
+            "Failed requests",
+            [Q(f"max({failures})", "worst model")],
+            unit="percentunit",
+            description="Share of Triton's requests that failed, for the worst model.",
+        ),
+        stat(
+            "Client p95",
+            [Q(quantile(0.95, f"{_CLIENT}_bucket", [], MODEL, INSTANCE), "p95")],
+            unit="s",
+            description="95th percentile of inference calls as clients saw them.",
+        ),
+        stat(
+            "Saturation",
+            [Q(f"max({_saturation()})", "worst model")],
+            unit="ms",
+            description="Queue milliseconds per execution for the most loaded model.",
+        ),
+    ]
 
 
 def _throughput() -> list[Any]:
     return [
-        timeseries("Requests/s", [
-            Q(triton_requests_per_s(), "{{model}} Triton"),
-            Q(_rate(f"{_CLIENT}_count"), "{{model}} client calls"),
-        ], unit="reqps", description="Requests Triton finished (success + failure) and "
-          "inference calls otelkit-instrumented clients made."),
-        timeseries("Success vs failure", [
-            Q(_rate(semconv.TRITON_REQUEST_SUCCESS), "{{model}} success"),
-            Q(_rate(semconv.TRITON_REQUEST_FAILURE), "{{model}} failure"),
-        ], unit="reqps", stack=True),
-    ]  # fmt: skip
+        timeseries(
+            "Requests/s",
+            [
+                Q(triton_requests_per_s(), "{{model}} Triton"),
+                Q(_rate(f"{_CLIENT}_count"), "{{model}} client calls"),
+            ],
+            unit="reqps",
+            description="Requests Triton finished (success + failure) and "
+            "inference calls otelkit-instrumented clients made.",
+        ),
+        timeseries(
+            "Success vs failure",
+            [
+                Q(_rate(semconv.TRITON_REQUEST_SUCCESS), "{{model}} success"),
+                Q(_rate(semconv.TRITON_REQUEST_FAILURE), "{{model}} failure"),
+            ],
+            unit="reqps",
+            stack=True,
+        ),
+    ]
 
 
 def _latency() -> list[Any]:
     server = triton_seconds_per_request(semconv.TRITON_REQUEST_DURATION_US)
     return [
-        timeseries("Client percentiles vs Triton request time", [
-            *_client_quantiles(), Q(server, "{{model}} Triton mean request"),
-        ], unit="s", width=24, description="Client-side p50/p95/p99 against the mean time "
-          "Triton spent on a request. The gap is serialisation, network and client queueing. "
-          "Exemplars (dots) open their trace in Jaeger."),
-        timeseries("Queue time per request", [
-            Q(triton_seconds_per_request(semconv.TRITON_QUEUE_DURATION_US), "{{model}} queue"),
-        ], unit="s", width=8),
-        timeseries("Compute per execution", [
-            Q(_per_execution(semconv.TRITON_COMPUTE_INPUT_US, "1e6"), "{{model}} input"),
-            Q(_per_execution(semconv.TRITON_COMPUTE_INFER_US, "1e6"), "{{model}} infer"),
-            Q(_per_execution(semconv.TRITON_COMPUTE_OUTPUT_US, "1e6"), "{{model}} output"),
-        ], unit="s", width=16, stack=True),
-    ]  # fmt: skip
+        timeseries(
+            "Client percentiles vs Triton request time",
+            [
+                *_client_quantiles(),
+                Q(server, "{{model}} Triton mean request"),
+            ],
+            unit="s",
+            width=24,
+            description="Client-side p50/p95/p99 against the mean time "
+            "Triton spent on a request. The gap is serialisation, network and client queueing. "
+            "Exemplars (dots) open their trace in Jaeger.",
+        ),
+        timeseries(
+            "Queue time per request",
+            [
+                Q(triton_seconds_per_request(semconv.TRITON_QUEUE_DURATION_US), "{{model}} queue"),
+            ],
+            unit="s",
+            width=8,
+        ),
+        timeseries(
+            "Compute per execution",
+            [
+                Q(_per_execution(semconv.TRITON_COMPUTE_INPUT_US, "1e6"), "{{model}} input"),
+                Q(_per_execution(semconv.TRITON_COMPUTE_INFER_US, "1e6"), "{{model}} infer"),
+                Q(_per_execution(semconv.TRITON_COMPUTE_OUTPUT_US, "1e6"), "{{model}} output"),
+            ],
+            unit="s",
+            width=16,
+            stack=True,
+        ),
+    ]
 
 
 def _load() -> list[Any]:
     batch = f"{_rate(semconv.TRITON_INFERENCE_COUNT)} / {_rate(semconv.TRITON_EXECUTION_COUNT)}"
     pending = sum_by(_BY, selector(semconv.TRITON_PENDING_REQUESTS, MODEL, INSTANCE))
     return [
-        timeseries("Saturation: queue ms per execution", [Q(_saturation(), "{{model}}")],
-                   unit="ms", width=8, description="Mean queue time per model execution, "
-                   "the signal SuperSONIC scales on: it grows when requests wait for an "
-                   "instance, whatever the GPU utilisation says."),
-        timeseries("Mean batch size", [Q(batch, "{{model}}")], width=8,
-                   description="Inferences per execution: what dynamic batching achieves."),
+        timeseries(
+            "Saturation: queue ms per execution",
+            [Q(_saturation(), "{{model}}")],
+            unit="ms",
+            width=8,
+            description="Mean queue time per model execution, "
+            "the signal SuperSONIC scales on: it grows when requests wait for an "
+            "instance, whatever the GPU utilisation says.",
+        ),
+        timeseries(
+            "Mean batch size",
+            [Q(batch, "{{model}}")],
+            width=8,
+            description="Inferences per execution: what dynamic batching achieves.",
+        ),
         timeseries("Pending requests", [Q(pending, "{{model}}")], width=8, steps=True),
-    ]  # fmt: skip
+    ]
 
 
 def _python_servers() -> list[Any]:
     http = f"{_HTTP}_bucket"
     return [
-        timeseries("HTTP requests/s", [
-            Q(sum_by(_HTTP_BY, rate(f"{_HTTP}_count", INSTANCE)),
-              "{{http_request_method}} {{http_route}} {{http_response_status_code}}"),
-        ], unit="reqps"),
-        timeseries("HTTP p95 by route", [
-            Q(quantile(0.95, http, [semconv.M_HTTP_ROUTE], INSTANCE), "{{http_route}} p95",
-              exemplar=True),
-        ], unit="s", description="Python model servers instrumented with otelkit.instrument(app)."),
-    ]  # fmt: skip
+        timeseries(
+            "HTTP requests/s",
+            [
+                Q(
+                    sum_by(_HTTP_BY, rate(f"{_HTTP}_count", INSTANCE)),
+                    "{{http_request_method}} {{http_route}} {{http_response_status_code}}",
+                ),
+            ],
+            unit="reqps",
+        ),
+        timeseries(
+            "HTTP p95 by route",
+            [
+                Q(
+                    quantile(0.95, http, [semconv.M_HTTP_ROUTE], INSTANCE),
+                    "{{http_route}} p95",
+                    exemplar=True,
+                ),
+            ],
+            unit="s",
+            description="Python model servers instrumented with otelkit.instrument(app).",
+        ),
+    ]
 
 
 def _grpc_servers() -> list[Any]:
     rpc_quantiles = [
-        Q(quantile(q, f"{_RPC}_bucket", _RPC_BY, INSTANCE), f"{{{{rpc_method}}}} p{p}",
-          exemplar=True)
+        Q(
+            quantile(q, f"{_RPC}_bucket", _RPC_BY, INSTANCE),
+            f"{{{{rpc_method}}}} p{p}",
+            exemplar=True,
+        )
         for q, p in ((0.5, 50), (0.95, 95), (0.99, 99))
-    ]  # fmt: skip
+    ]
     return [
-        timeseries("gRPC requests/s", [
-            Q(sum_by([*_RPC_BY, semconv.M_RPC_STATUS], rate(f"{_RPC}_count", INSTANCE)),
-              "{{rpc_method}} {{rpc_response_status_code}}"),
-        ], unit="reqps", width=8, description="RPCs Python gRPC servers answered, by method "
-          "and status (otelkit.server.grpc's interceptor)."),
-        timeseries("gRPC latency percentiles", rpc_quantiles, unit="s", width=8,
-                   description="p50/p95/p99 of each method as the server saw it; exemplars "
-                   "(dots) open their trace."),
-        timeseries("gRPC server errors/s", [
-            Q(sum_by([*_RPC_BY, semconv.M_RPC_STATUS],
-                     rate(f"{_RPC}_count", INSTANCE, _RPC_FAILED)),
-              "{{rpc_method}} {{rpc_response_status_code}}"),
-        ], unit="reqps", width=8, description="RPCs that ended with a code meaning the server "
-          "failed (INTERNAL, UNKNOWN, UNAVAILABLE, ...); a bad request (INVALID_ARGUMENT, "
-          "NOT_FOUND) is the caller's error and shows under requests/s only."),
-    ]  # fmt: skip
+        timeseries(
+            "gRPC requests/s",
+            [
+                Q(
+                    sum_by([*_RPC_BY, semconv.M_RPC_STATUS], rate(f"{_RPC}_count", INSTANCE)),
+                    "{{rpc_method}} {{rpc_response_status_code}}",
+                ),
+            ],
+            unit="reqps",
+            width=8,
+            description="RPCs Python gRPC servers answered, by method "
+            "and status (otelkit.server.grpc's interceptor).",
+        ),
+        timeseries(
+            "gRPC latency percentiles",
+            rpc_quantiles,
+            unit="s",
+            width=8,
+            description="p50/p95/p99 of each method as the server saw it; exemplars "
+            "(dots) open their trace.",
+        ),
+        timeseries(
+            "gRPC server errors/s",
+            [
+                Q(
+                    sum_by(
+                        [*_RPC_BY, semconv.M_RPC_STATUS],
+                        rate(f"{_RPC}_count", INSTANCE, _RPC_FAILED),
+                    ),
+                    "{{rpc_method}} {{rpc_response_status_code}}",
+                ),
+            ],
+            unit="reqps",
+            width=8,
+            description="RPCs that ended with a code meaning the server "
+            "failed (INTERNAL, UNKNOWN, UNAVAILABLE, ...); a bad request (INVALID_ARGUMENT, "
+            "NOT_FOUND) is the caller's error and shows under requests/s only.",
+        ),
+    ]
 
 
 def build(options: DashboardOptions) -> Any:
     """The *Inference service* dashboard as a grafanalib ``Dashboard``."""
     return dashboard(
-        options, "inference", "Inference service",
+        options,
+        "inference",
+        "Inference service",
         "Per model: request rates, success and failure, client percentiles against Triton's "
         "server time, queue and compute time, batch size, pending requests and saturation.",
         semconv.TRITON_REQUEST_SUCCESS,
@@ -182,4 +279,4 @@ def build(options: DashboardOptions) -> Any:
             ("Python gRPC servers (KServe v2 gRPC)", _grpc_servers()),
             ("Ray Serve", ray_serve.inference_panels()),
         ],
-    )  # fmt: skip
+    )

@@ -33,22 +33,40 @@ def inference_panels() -> list[Any]:
     queued = sum_by(_DEPLOYMENT, selector(semconv.RAY_SERVE_QUEUED, INSTANCE))
     replicas = sum_by(_DEPLOYMENT, selector(semconv.RAY_SERVE_REPLICAS_HEALTHY, INSTANCE))
     return [
-        timeseries("Ray Serve requests/s", [
-            Q(_per_deployment(semconv.RAY_SERVE_REQUESTS), f"{_LEGEND} requests"),
-            Q(_per_deployment(semconv.RAY_SERVE_ERRORS), f"{_LEGEND} errors"),
-        ], unit="reqps", width=8, description="Requests each deployment's replicas finished, "
-          "and those that raised (Ray Serve's counters)."),
-        timeseries("Ray Serve processing latency", [
-            Q(quantile(0.95, f"{processing}_bucket", _DEPLOYMENT, INSTANCE), f"{_LEGEND} p95"),
-            Q(mean_ms, f"{_LEGEND} mean"),
-        ], unit="ms", width=8, description="Time in the replica, queueing excluded (Ray "
-          "Serve's histogram): read beside the queued requests."),
-        timeseries("Ray Serve queued requests and replicas", [
-            Q(queued, f"{_LEGEND} queued"),
-            Q(replicas, f"{_LEGEND} healthy replicas"),
-        ], width=8, steps=True, description="Requests waiting in callers' routers for a replica "
-          "(the saturation signal), and the replicas serving."),
-    ]  # fmt: skip
+        timeseries(
+            "Ray Serve requests/s",
+            [
+                Q(_per_deployment(semconv.RAY_SERVE_REQUESTS), f"{_LEGEND} requests"),
+                Q(_per_deployment(semconv.RAY_SERVE_ERRORS), f"{_LEGEND} errors"),
+            ],
+            unit="reqps",
+            width=8,
+            description="Requests each deployment's replicas finished, "
+            "and those that raised (Ray Serve's counters).",
+        ),
+        timeseries(
+            "Ray Serve processing latency",
+            [
+                Q(quantile(0.95, f"{processing}_bucket", _DEPLOYMENT, INSTANCE), f"{_LEGEND} p95"),
+                Q(mean_ms, f"{_LEGEND} mean"),
+            ],
+            unit="ms",
+            width=8,
+            description="Time in the replica, queueing excluded (Ray "
+            "Serve's histogram): read beside the queued requests.",
+        ),
+        timeseries(
+            "Ray Serve queued requests and replicas",
+            [
+                Q(queued, f"{_LEGEND} queued"),
+                Q(replicas, f"{_LEGEND} healthy replicas"),
+            ],
+            width=8,
+            steps=True,
+            description="Requests waiting in callers' routers for a replica "
+            "(the saturation signal), and the replicas serving.",
+        ),
+    ]
 
 
 def stage_panels() -> list[Any]:
@@ -57,13 +75,31 @@ def stage_panels() -> list[Any]:
         _CALL_BY, rate(f"{_CALL}_count", INSTANCE)
     )
     return [
-        timeseries("Ray Serve handle calls p95", [
-            Q(quantile(0.95, f"{_CALL}_bucket", _CALL_BY, INSTANCE), _CALL_LEGEND, exemplar=True),
-        ], unit="s", width=8, description="Each deployment method called through a "
-          "DeploymentHandle; exemplars (dots) open their trace."),
+        timeseries(
+            "Ray Serve handle calls p95",
+            [
+                Q(
+                    quantile(0.95, f"{_CALL}_bucket", _CALL_BY, INSTANCE),
+                    _CALL_LEGEND,
+                    exemplar=True,
+                ),
+            ],
+            unit="s",
+            width=8,
+            description="Each deployment method called through a "
+            "DeploymentHandle; exemplars (dots) open their trace.",
+        ),
         timeseries("Ray Serve handle call mean", [Q(mean, _CALL_LEGEND)], unit="s", width=8),
-        timeseries("Ray Serve handle calls/s", [
-            Q(sum_by([*_CALL_BY, semconv.M_ERROR_TYPE], rate(f"{_CALL}_count", INSTANCE)),
-              f"{_CALL_LEGEND} {{{{error_type}}}}"),
-        ], unit="ops", width=8, description="error_type is empty for calls that succeeded."),
-    ]  # fmt: skip
+        timeseries(
+            "Ray Serve handle calls/s",
+            [
+                Q(
+                    sum_by([*_CALL_BY, semconv.M_ERROR_TYPE], rate(f"{_CALL}_count", INSTANCE)),
+                    f"{_CALL_LEGEND} {{{{error_type}}}}",
+                ),
+            ],
+            unit="ops",
+            width=8,
+            description="error_type is empty for calls that succeeded.",
+        ),
+    ]

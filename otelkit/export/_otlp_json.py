@@ -26,8 +26,14 @@ if TYPE_CHECKING:
         ExportTraceServiceRequest,
     )
 
-__all__ = ["dumps", "normalize_json", "request_to_json", "span_count", "spans_to_bytes",
-           "spans_to_json"]  # fmt: skip
+__all__ = [
+    "dumps",
+    "normalize_json",
+    "request_to_json",
+    "span_count",
+    "spans_to_bytes",
+    "spans_to_json",
+]
 
 JsonDict = dict[str, Any]
 

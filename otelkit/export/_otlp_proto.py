@@ -113,9 +113,11 @@ def _scope(scope: Any) -> bytes:
 def _span(span: ReadableSpan) -> bytes:
     context: Any = span.get_span_context()
     parts = [
-        b"\x0a\x10", context.trace_id.to_bytes(16, "big"),
-        b"\x12\x08", context.span_id.to_bytes(8, "big"),
-    ]  # fmt: skip
+        b"\x0a\x10",
+        context.trace_id.to_bytes(16, "big"),
+        b"\x12\x08",
+        context.span_id.to_bytes(8, "big"),
+    ]
     trace_state = context.trace_state
     if trace_state:
         parts.append(_text(b"\x1a", format_tracestate(trace_state)))
@@ -170,10 +172,12 @@ def _event(event: Event) -> bytes:
 def _link(link: Link) -> bytes:
     context = link.context  # encode_spans leaves a link's trace state out
     parts = [
-        b"\x0a\x10", context.trace_id.to_bytes(16, "big"),
-        b"\x12\x08", context.span_id.to_bytes(8, "big"),
+        b"\x0a\x10",
+        context.trace_id.to_bytes(16, "big"),
+        b"\x12\x08",
+        context.span_id.to_bytes(8, "big"),
         _attributes(b"\x22", link.attributes),
-    ]  # fmt: skip
+    ]
     if link.dropped_attributes:
         parts += (b"\x28", _varint(link.dropped_attributes))
     parts.append(_LINK_REMOTE if context.is_remote else _LINK_LOCAL)

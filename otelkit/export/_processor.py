@@ -66,8 +66,11 @@ class LossCounter:
             detail = ", ".join(f"{reason}: {n}" for reason, n in sorted(unlogged.items()))
             logger.warning(
                 "otelkit: lost %d %s (%s); totals are in the %s metric",
-                sum(unlogged.values()), self.what, detail, self.metric_name,
-            )  # fmt: skip
+                sum(unlogged.values()),
+                self.what,
+                detail,
+                self.metric_name,
+            )
 
 
 #: Seconds of a shutdown's bound kept for the exporter's own shutdown (at most a quarter of it).
@@ -191,8 +194,11 @@ class BatchExportProcessor(SpanProcessor):
     def counts(self) -> dict[str, int]:
         """Exported, queued and in export, read together (the dropped are in ``loss``)."""
         with self._counts:
-            return {"exported": self.exported, "queued": len(self._queue),
-                    "in_export": self.in_export}  # fmt: skip
+            return {
+                "exported": self.exported,
+                "queued": len(self._queue),
+                "in_export": self.in_export,
+            }
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         if self._worker is None or not self._worker.is_alive():

@@ -152,8 +152,10 @@ class _Bridge:
             logger.warning(
                 "otelkit: metric %s from %r has the name of another and is left out of the "
                 "Prometheus exposition (FastAPI >= 0.165 records http.server.request.duration "
-                "itself: otelkit.instrument(app) turns that off)", name, scope,
-            )  # fmt: skip
+                "itself: otelkit.instrument(app) turns that off)",
+                name,
+                scope,
+            )
 
 
 class PrometheusEndpoint:

@@ -19,8 +19,15 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import Link
 
-__all__ = ["INT64_MAX", "INT64_MIN", "attribute_items", "contents", "grouped", "int64",
-           "proto_string"]  # fmt: skip
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "attribute_items",
+    "contents",
+    "grouped",
+    "int64",
+    "proto_string",
+]
 
 T = TypeVar("T")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what protobuf's int64 holds

@@ -33,8 +33,10 @@ def in_halves(spans: Sequence[ReadableSpan], send: Send, backend: str) -> int:
         logger.warning(
             "otelkit: %s refused a span of %d bytes as too large; dropped (logged once; "
             "such spans are counted in otelkit_telemetry_spans_dropped_total, "
-            "reason export_failed)", backend, refused,
-        )  # fmt: skip
+            "reason export_failed)",
+            backend,
+            refused,
+        )
     return 0
 
 

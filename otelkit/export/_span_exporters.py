@@ -162,8 +162,9 @@ class HttpSpanExporter(SpanExporter):
             if self._closed:
                 # shut down while this export hung: the processor has counted and logged its
                 # spans as dropped; a report now would come after that final count
-                logger.debug("otelkit: OTLP/HTTP export to %s ended after shutdown: %s",
-                             self.url, reason)  # fmt: skip
+                logger.debug(
+                    "otelkit: OTLP/HTTP export to %s ended after shutdown: %s", self.url, reason
+                )
                 return status
             if not retry or time.monotonic() + delay > deadline:
                 logger.warning("otelkit: OTLP/HTTP export to %s failed: %s", self.url, reason)

@@ -121,8 +121,9 @@ def _worker() -> queue.SimpleQueue[_Item]:
         with _lock:
             if _queue is None:
                 _queue = queue.SimpleQueue()
-                threading.Thread(target=_drain, args=(_queue,), name="otelkit-gpu-timer",
-                                 daemon=True).start()  # fmt: skip
+                threading.Thread(
+                    target=_drain, args=(_queue,), name="otelkit-gpu-timer", daemon=True
+                ).start()
     return _queue
 
 

@@ -40,9 +40,12 @@ class GpuExporter:
     """A sampler and the endpoint that serves it; ``close()`` stops both."""
 
     def __init__(
-        self, backend: GpuBackend | None = None, host: str = "0.0.0.0", port: int = DEFAULT_PORT,
+        self,
+        backend: GpuBackend | None = None,
+        host: str = "0.0.0.0",
+        port: int = DEFAULT_PORT,
         interval_s: float = 1.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         # host, Slurm and Kubernetes attributes as every otelkit process has them (target_info)
         resource = make_resource(resolve({"service_name": "otelkit-gpu-exporter"}))
         self.sampler = GpuSampler(backend, interval_s, torch_cuda=False).start()
@@ -96,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
     sampler = exporter.sampler
     logger.info(
         "serving %d GPU device(s)%s at %s",
-        len(sampler.devices), f" replayed from {args.replay}" if args.replay else "", exporter.url,
-    )  # fmt: skip
+        len(sampler.devices),
+        f" replayed from {args.replay}" if args.replay else "",
+        exporter.url,
+    )
     with stop_on_signals() as stop:
         try:
             stop.wait()

@@ -86,10 +86,15 @@ def _process_memory(sampler: GpuSampler, sample: Sample) -> Iterator[Observation
         for process in reading.processes:
             if process.used_bytes is None:
                 continue
-            yield Observation(process.used_bytes, {
-                **reading.device.labels, semconv.M_PID: str(process.pid),
-                semconv.M_PROCESS_NAME: process.name, semconv.M_OWNER: process.owner,
-            })  # fmt: skip
+            yield Observation(
+                process.used_bytes,
+                {
+                    **reading.device.labels,
+                    semconv.M_PID: str(process.pid),
+                    semconv.M_PROCESS_NAME: process.name,
+                    semconv.M_OWNER: process.owner,
+                },
+            )
 
 
 def _torch(attribute: str) -> Read:

@@ -122,8 +122,9 @@ class NvmlBackend(GpuBackend):
         devices: list[Device] = []
         for index in range(nv.nvmlDeviceGetCount()):
             handle = nv.nvmlDeviceGetHandleByIndex(index)
-            gpu = Device(_text(nv.nvmlDeviceGetUUID(handle)), index,
-                         _text(nv.nvmlDeviceGetName(handle)))  # fmt: skip
+            gpu = Device(
+                _text(nv.nvmlDeviceGetUUID(handle)), index, _text(nv.nvmlDeviceGetName(handle))
+            )
             devices.append(gpu)
             self._handles[gpu.uuid] = handle
             self._devices[gpu.uuid] = gpu
@@ -145,9 +146,12 @@ class NvmlBackend(GpuBackend):
             except nv.NVMLError_NotFound:
                 continue
             device = Device(
-                _text(nv.nvmlDeviceGetUUID(mig)), gpu.index, _text(nv.nvmlDeviceGetName(mig)),
-                nv.nvmlDeviceGetGpuInstanceId(mig), gpu.uuid,
-            )  # fmt: skip
+                _text(nv.nvmlDeviceGetUUID(mig)),
+                gpu.index,
+                _text(nv.nvmlDeviceGetName(mig)),
+                nv.nvmlDeviceGetGpuInstanceId(mig),
+                gpu.uuid,
+            )
             self._handles[device.uuid] = mig
             self._devices[device.uuid] = device
             self._gpm_support(nv, device, handle)

@@ -61,9 +61,12 @@ def _raise_code(code: str, what: str) -> None:
 
 def _device(entry: dict[str, Any]) -> Device:
     return Device(
-        str(entry["uuid"]), int(entry["index"]), str(entry["name"]),
-        entry.get("mig_instance"), entry.get("parent_uuid"),
-    )  # fmt: skip
+        str(entry["uuid"]),
+        int(entry["index"]),
+        str(entry["name"]),
+        entry.get("mig_instance"),
+        entry.get("parent_uuid"),
+    )
 
 
 class ReplayBackend(GpuBackend):

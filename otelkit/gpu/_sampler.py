@@ -84,8 +84,10 @@ class GpuSampler:
         slow_interval_s: float = 10.0,
     ) -> None:
         if not interval_s > 0 or not slow_interval_s >= 0:
-            raise ValueError(f"interval_s must be positive, not {interval_s!r}, and "
-                             f"slow_interval_s not negative, not {slow_interval_s!r}")  # fmt: skip
+            raise ValueError(
+                f"interval_s must be positive, not {interval_s!r}, and "
+                f"slow_interval_s not negative, not {slow_interval_s!r}"
+            )
         if backend is None:
             from otelkit.gpu._nvml import NvmlBackend
 
@@ -146,8 +148,10 @@ class GpuSampler:
         names = sorted({d.name for d in self.devices if d.mig_instance is None})
         logger.info(
             "otelkit: sampling %d GPU device(s) (%s) every %g s",
-            len(self.devices), ", ".join(names), self.interval_s,
-        )  # fmt: skip
+            len(self.devices),
+            ", ".join(names),
+            self.interval_s,
+        )
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -249,12 +253,18 @@ class GpuSampler:
     def _failed(self, device: Device, name: str, error: Exception, skip: set[str]) -> None:
         if isinstance(error, FieldNotSupported):
             skip.add(name)
-            logger.debug("otelkit: %s (%s) has no %s; not asked again", device.uuid,
-                         device.name, name)  # fmt: skip
+            logger.debug(
+                "otelkit: %s (%s) has no %s; not asked again", device.uuid, device.name, name
+            )
         elif isinstance(error, GpuReadError):
             if not self.read_errors[name]:
-                logger.warning("otelkit: reading %s of %s failed: %s (counted in %s)", name,
-                               device.uuid, error, semconv.GPU_READ_ERRORS.name)  # fmt: skip
+                logger.warning(
+                    "otelkit: reading %s of %s failed: %s (counted in %s)",
+                    name,
+                    device.uuid,
+                    error,
+                    semconv.GPU_READ_ERRORS.name,
+                )
             self.read_errors[name] += 1
 
     def _lose(self, device: Device, error: Exception) -> None:
@@ -263,8 +273,11 @@ class GpuSampler:
             self.lost[each.uuid] = each
         logger.error(
             "otelkit: GPU %s %s (%s) is lost (%s); its series stop, the other GPUs go on",
-            device.index, device.uuid, device.name, error,
-        )  # fmt: skip
+            device.index,
+            device.uuid,
+            device.name,
+            error,
+        )
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()

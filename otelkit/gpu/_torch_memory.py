@@ -46,6 +46,9 @@ def read(cuda: Any) -> tuple[TorchMemory, ...]:
 
 def _device(cuda: Any, index: int) -> TorchMemory:
     return TorchMemory(
-        index, _uuid(cuda, index), int(cuda.memory_allocated(index)),
-        int(cuda.memory_reserved(index)), int(cuda.max_memory_allocated(index)),
-    )  # fmt: skip
+        index,
+        _uuid(cuda, index),
+        int(cuda.memory_allocated(index)),
+        int(cuda.memory_reserved(index)),
+        int(cuda.max_memory_allocated(index)),
+    )

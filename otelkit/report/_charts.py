@@ -69,22 +69,43 @@ def breakdown_chart(
         facet, bar = facets.get(group, ("", group))
         for component in sorted(components, key=component_order):
             ms = components[component]
-            rows.append({"group": group, "facet": facet, "bar": bar, "component": component,
-                         "ms": round(ms, 4),
-                         "share": round(100 * max(0.0, ms) / total, 1),
-                         "order": component_order(component)[0]})  # fmt: skip
+            rows.append(
+                {
+                    "group": group,
+                    "facet": facet,
+                    "bar": bar,
+                    "component": component,
+                    "ms": round(ms, 4),
+                    "share": round(100 * max(0.0, ms) / total, 1),
+                    "order": component_order(component)[0],
+                }
+            )
     spec: dict[str, Any] = {
         "$schema": SCHEMA,
         "data": {"values": rows},
         "mark": {"type": "bar"},
         "height": {"step": 16},
         "encoding": {
-            "y": {"field": "bar", "type": "nominal", "title": "group", "sort": None,
-                  "axis": {"labelLimit": 0}},
-            "x": {"field": "ms", "type": "quantitative", "stack": "zero",
-                  "title": "mean time per request (ms)"},
-            "color": {"field": "component", "type": "nominal", "title": "component",
-                      "scale": {"scheme": "tableau20"}, "sort": sorted(names, key=component_order)},
+            "y": {
+                "field": "bar",
+                "type": "nominal",
+                "title": "group",
+                "sort": None,
+                "axis": {"labelLimit": 0},
+            },
+            "x": {
+                "field": "ms",
+                "type": "quantitative",
+                "stack": "zero",
+                "title": "mean time per request (ms)",
+            },
+            "color": {
+                "field": "component",
+                "type": "nominal",
+                "title": "component",
+                "scale": {"scheme": "tableau20"},
+                "sort": sorted(names, key=component_order),
+            },
             "order": {"field": "order", "type": "quantitative"},
             "tooltip": [
                 {"field": "group", "type": "nominal"},
@@ -93,7 +114,7 @@ def breakdown_chart(
                 {"field": "share", "type": "quantitative", "title": "share (%)"},
             ],
         },
-    }  # fmt: skip
+    }
     panels = list(dict.fromkeys(row["facet"] for row in rows))
     if panels != [""]:
         spec["encoding"]["row"] = {
@@ -136,9 +157,13 @@ def line_chart(
         "x": {"field": x[0], "type": "quantitative", "title": x[1]},
         "y": {"field": y[0], "type": "quantitative", "title": y[1]},
         "color": {"field": series, "type": "nominal", "title": series},
-        "tooltip": [{"field": k, "type": "nominal" if isinstance(v, str) else "quantitative"}
-                    for k, v in rows[0].items()] if rows else [],
-    }  # fmt: skip
+        "tooltip": [
+            {"field": k, "type": "nominal" if isinstance(v, str) else "quantitative"}
+            for k, v in rows[0].items()
+        ]
+        if rows
+        else [],
+    }
     if dash is not None:
         encoding["strokeDash"] = {"field": dash, "type": "nominal", "title": dash}
     if highlight is not None:
@@ -146,21 +171,43 @@ def line_chart(
         encoding["strokeWidth"] = {"condition": {"test": test, "value": 3.5}, "value": 1.2}
         encoding["opacity"] = {"condition": {"test": test, "value": 1.0}, "value": 0.45}
     layers: list[dict[str, Any]] = [
-        {"data": {"values": list(rows)}, "mark": {"type": "line", "point": True},
-         "encoding": encoding},
-    ]  # fmt: skip
+        {
+            "data": {"values": list(rows)},
+            "mark": {"type": "line", "point": True},
+            "encoding": encoding,
+        },
+    ]
     if marks:
         at = {"x": encoding["x"], "y": encoding["y"]}
-        layers.append({"data": {"values": list(marks)}, "encoding": at, "mark": {
-            "type": "point", "shape": "circle", "size": 220, "filled": False, "color": "#d62728",
-            "strokeWidth": 2}})  # fmt: skip
-        layers.append({"data": {"values": list(marks)}, "encoding": {**at, "text": {
-            "field": "label", "type": "nominal"}}, "mark": {"type": "text", "dy": -14,
-            "color": "#d62728", "fontWeight": "bold"}})  # fmt: skip
+        layers.append(
+            {
+                "data": {"values": list(marks)},
+                "encoding": at,
+                "mark": {
+                    "type": "point",
+                    "shape": "circle",
+                    "size": 220,
+                    "filled": False,
+                    "color": "#d62728",
+                    "strokeWidth": 2,
+                },
+            }
+        )
+        layers.append(
+            {
+                "data": {"values": list(marks)},
+                "encoding": {**at, "text": {"field": "label", "type": "nominal"}},
+                "mark": {"type": "text", "dy": -14, "color": "#d62728", "fontWeight": "bold"},
+            }
+        )
     if rule_y is not None:
-        layers.append({"data": {"values": [{"y": rule_y}]}, "encoding": {"y": {"field": "y",
-            "type": "quantitative"}}, "mark": {"type": "rule", "strokeDash": [4, 4],
-            "color": "#888"}})  # fmt: skip
+        layers.append(
+            {
+                "data": {"values": [{"y": rule_y}]},
+                "encoding": {"y": {"field": "y", "type": "quantitative"}},
+                "mark": {"type": "rule", "strokeDash": [4, 4], "color": "#888"},
+            }
+        )
     return Chart(name, title, {"$schema": SCHEMA, "layer": layers}, note)
 
 
@@ -170,9 +217,11 @@ def sized(spec: Mapping[str, Any], width: int, height: int, font: int = 11) -> d
     >>> sized({"mark": "bar"}, 240, 150)["width"]
     240
     """
-    config = {"axis": {"labelFontSize": font - 1, "titleFontSize": font},
-              "legend": {"labelFontSize": font - 1, "titleFontSize": font, "labelLimit": 260},
-              "font": "sans-serif"}  # fmt: skip
+    config = {
+        "axis": {"labelFontSize": font - 1, "titleFontSize": font},
+        "legend": {"labelFontSize": font - 1, "titleFontSize": font, "labelLimit": 260},
+        "font": "sans-serif",
+    }
     # a chart that sizes itself by its bars (a step per bar) keeps that height
     keep = isinstance(spec.get("height"), Mapping)
     return {**spec, "width": width, "height": spec["height"] if keep else height, "config": config}

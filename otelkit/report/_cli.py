@@ -42,9 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="spans of traces carried beyond each group's median, p99 and "
         "slowest (the trace-id box opens those; the page grows ~0.3 kB a span)",
     )
-    parser.add_argument("--grace-s", type=float, default=10.0,
-                        help="a trace is complete once the files' clock is this far past its "
-                        "last span (raise it for exporters that flush less often)")  # fmt: skip
+    parser.add_argument(
+        "--grace-s",
+        type=float,
+        default=10.0,
+        help="a trace is complete once the files' clock is this far past its "
+        "last span (raise it for exporters that flush less often)",
+    )
     parser.add_argument("--title", default="otelkit report")
 
 
@@ -54,8 +58,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     started = time.monotonic()
     try:
-        report = Report.build(args.paths, args.study, group_by=args.group_by, root_name=args.root,
-                              max_spans=args.max_spans, grace_s=args.grace_s)  # fmt: skip
+        report = Report.build(
+            args.paths,
+            args.study,
+            group_by=args.group_by,
+            root_name=args.root,
+            max_spans=args.max_spans,
+            grace_s=args.grace_s,
+        )
     except FileNotFoundError as error:
         print(f"otelkit report: {error}", file=sys.stderr)
         return 2
@@ -76,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
     report.title = args.title
     out = report.write_html(args.out)
     size = out.stat().st_size / 1e6
-    print(f"report: {out.resolve()} ({size:.1f} MB, {report.facts.traces} traces, "
-          f"{report.facts.spans} spans, {time.monotonic() - started:.1f} s)")  # fmt: skip
+    print(
+        f"report: {out.resolve()} ({size:.1f} MB, {report.facts.traces} traces, "
+        f"{report.facts.spans} spans, {time.monotonic() - started:.1f} s)"
+    )
     if args.figures:
         figures = report.write_figures(args.figures)
         print(f"figures: {len(figures)} files in {args.figures}")

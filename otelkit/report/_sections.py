@@ -34,8 +34,10 @@ def chart_blocks(charts: Iterable[tuple[str, Chart]]) -> str:
     blocks = []
     for element_id, chart in charts:
         note = f'<p class="note">{_e(chart.note)}</p>' if chart.note else ""
-        blocks.append(f'<div class="chart" data-chart="{_e(chart.name)}"><h3>{_e(chart.title)}'
-                      f'</h3><div id="{element_id}" class="vega"></div>{note}</div>')  # fmt: skip
+        blocks.append(
+            f'<div class="chart" data-chart="{_e(chart.name)}"><h3>{_e(chart.title)}'
+            f'</h3><div id="{element_id}" class="vega"></div>{note}</div>'
+        )
     return f'<div class="charts">{"".join(blocks)}</div>'
 
 
@@ -49,27 +51,40 @@ def breakdown_section(
     """The stacked bars, then the checks per group: traces, left out, nesting problems."""
     rows = []
     for label, group in groups:
-        problems = (f'<span class="problem">{len(group.problems)} nesting problems: '
-                    f"{_e('; '.join(group.problems[:3]))}</span>" if group.problems
-                    else '<span class="ok">nesting consistent</span>')  # fmt: skip
-        left_out = (f'<span class="problem">{group.incomplete} left out (server spans missing)'
-                    "</span>" if group.incomplete else "none left out")  # fmt: skip
+        problems = (
+            f'<span class="problem">{len(group.problems)} nesting problems: '
+            f"{_e('; '.join(group.problems[:3]))}</span>"
+            if group.problems
+            else '<span class="ok">nesting consistent</span>'
+        )
+        left_out = (
+            f'<span class="problem">{group.incomplete} left out (server spans missing)</span>'
+            if group.incomplete
+            else "none left out"
+        )
         worst = group.bottleneck()
         limit = f"{_e(worst[0])} ({_ms(worst[1])} ms)" if worst else "-"
-        rows.append(f"<tr><td>{_e(label)}</td><td class='num'>{group.traces}</td>"
-                    f"<td class='num'>{_ms(group.mean(TOTAL))}</td>"
-                    f"<td class='num'>{_ms(group.median_total())}</td><td>{limit}</td>"
-                    f"<td>{left_out}; {problems}</td></tr>")  # fmt: skip
+        rows.append(
+            f"<tr><td>{_e(label)}</td><td class='num'>{group.traces}</td>"
+            f"<td class='num'>{_ms(group.mean(TOTAL))}</td>"
+            f"<td class='num'>{_ms(group.median_total())}</td><td>{limit}</td>"
+            f"<td>{left_out}; {problems}</td></tr>"
+        )
     stream = []
     if late_spans:
-        stream.append(f"{late_spans} spans arrived after their trace was closed (files out of "
-                      "time order?): left out")  # fmt: skip
+        stream.append(
+            f"{late_spans} spans arrived after their trace was closed (files out of "
+            "time order?): left out"
+        )
     if closed_early:
         stream.append(f"{closed_early} traces closed early to bound memory")
     notes = "".join(f'<p class="problem">{_e(s)}</p>' for s in stream)
-    table = ("<table id='checks'><tr><th>group</th><th>traces</th><th>mean ms</th>"
-             "<th>median ms</th><th>slowest server stage</th><th>checks</th></tr>"
-             + "".join(rows) + "</table>")  # fmt: skip
+    table = (
+        "<table id='checks'><tr><th>group</th><th>traces</th><th>mean ms</th>"
+        "<th>median ms</th><th>slowest server stage</th><th>checks</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
     if not groups:
         return '<h2 id="breakdown">Breakdown</h2><p>No complete traces with a root span.</p>'
     return f'<h2 id="breakdown">Breakdown</h2>{charts}<h3>Checks</h3>{table}{notes}'
@@ -99,8 +114,9 @@ def study_section(
 ) -> str:
     """A study's plots, its verdicts in words and its points, each linked to the waterfall of
     one of its traces (``points``: label and trace id, None where no trace was read)."""
-    facts = ", ".join(f"{k}: {_e(str(header[k]))}" for k in ("model", "server", "unit", "otelkit")
-                      if k in header)  # fmt: skip
+    facts = ", ".join(
+        f"{k}: {_e(str(header[k]))}" for k in ("model", "server", "unit", "otelkit") if k in header
+    )
     words = "".join(f'<li class="verdict">{_e(v)}</li>' for v in verdicts)
     rows = "".join(
         f"<tr><td>{_e(label)}</td><td>{_point_link(trace)}</td></tr>" for label, trace in points
@@ -108,8 +124,10 @@ def study_section(
     table = ""
     if rows:
         table = f'<table class="points"><tr><th>point</th><th>a trace of it</th></tr>{rows}</table>'
-    return (f'<h2 id="study-{_e(title)}">Study: {_e(title)}</h2><p class="facts-line">{facts}</p>'
-            f"<ul>{words}</ul>{table}{charts}")  # fmt: skip
+    return (
+        f'<h2 id="study-{_e(title)}">Study: {_e(title)}</h2><p class="facts-line">{facts}</p>'
+        f"<ul>{words}</ul>{table}{charts}"
+    )
 
 
 def _point_link(trace: str | None) -> str:
@@ -175,12 +193,23 @@ def facts_section(
 ) -> str:
     """Versions, hosts, each service's resource attributes, when, how many spans and traces."""
     scopes = ", ".join(f"{k} ({n} spans)" for k, n in sorted(facts.scopes.items()))
-    lines = [("traces", str(facts.traces)), ("spans", str(facts.spans)),
-             ("first span", _when(facts.first_ns)), ("last span end", _when(facts.last_ns or None)),
-             ("hosts", ", ".join(sorted(facts.hosts)) or "-"),
-             ("instrumentation scopes", scopes)]  # fmt: skip
-    lines.insert(2, ("versions", "; ".join(_versions(name, resource) for name, resource
-                                            in sorted(facts.services.items()))))  # fmt: skip
+    lines = [
+        ("traces", str(facts.traces)),
+        ("spans", str(facts.spans)),
+        ("first span", _when(facts.first_ns)),
+        ("last span end", _when(facts.last_ns or None)),
+        ("hosts", ", ".join(sorted(facts.hosts)) or "-"),
+        ("instrumentation scopes", scopes),
+    ]
+    lines.insert(
+        2,
+        (
+            "versions",
+            "; ".join(
+                _versions(name, resource) for name, resource in sorted(facts.services.items())
+            ),
+        ),
+    )
     if late_spans:
         lines.append(("late spans (left out)", str(late_spans)))
     for name, header in studies:
@@ -191,6 +220,8 @@ def facts_section(
     for service, resource in sorted(facts.services.items()):
         attrs = "<br>".join(f"{_e(k)} = {_e(str(v))}" for k, v in sorted(resource.items()))
         services.append(f"<tr><th>{_e(service)}</th><td>{attrs}</td></tr>")
-    return (f'<h2 id="facts">The run</h2><table id="facts-table">{table}</table>'
-            "<h3>Services and their resources</h3>"
-            f'<table id="services">{"".join(services)}</table>')  # fmt: skip
+    return (
+        f'<h2 id="facts">The run</h2><table id="facts-table">{table}</table>'
+        "<h3>Services and their resources</h3>"
+        f'<table id="services">{"".join(services)}</table>'
+    )

@@ -83,8 +83,14 @@ def _throughput_and_latency(
             at = p.params[axis]
             rows.append({axis: at, f"{unit}s/s": round(p.throughput, 3), "series": _series(curve)})
             for q, name in ((0.5, "p50"), (0.99, "p99")):
-                latency.append({axis: at, "ms": round(p.latency_ms(q), 3),
-                                "series": _series(curve), "percentile": name})  # fmt: skip
+                latency.append(
+                    {
+                        axis: at,
+                        "ms": round(p.latency_ms(q), 3),
+                        "series": _series(curve),
+                        "percentile": name,
+                    }
+                )
     if not rows:
         return []
     knees = [
@@ -93,13 +99,24 @@ def _throughput_and_latency(
         if row.axis == axis
     ]
     return [
-        line_chart(f"{prefix}-throughput-{axis}", f"Throughput against {axis}", rows,
-                   (axis, axis_title(axis)), (f"{unit}s/s", f"throughput ({unit}s/s)"),
-                   marks=knees, note="Rings mark each curve's knee: beyond it, more load pays "
-                   "less than the tolerance."),
-        line_chart(f"{prefix}-latency-{axis}", f"Latency p50 and p99 against {axis}", latency,
-                   (axis, axis_title(axis)), ("ms", "latency (ms)"), dash="percentile"),
-    ]  # fmt: skip
+        line_chart(
+            f"{prefix}-throughput-{axis}",
+            f"Throughput against {axis}",
+            rows,
+            (axis, axis_title(axis)),
+            (f"{unit}s/s", f"throughput ({unit}s/s)"),
+            marks=knees,
+            note="Rings mark each curve's knee: beyond it, more load pays less than the tolerance.",
+        ),
+        line_chart(
+            f"{prefix}-latency-{axis}",
+            f"Latency p50 and p99 against {axis}",
+            latency,
+            (axis, axis_title(axis)),
+            ("ms", "latency (ms)"),
+            dash="percentile",
+        ),
+    ]
 
 
 def _derived(results: StudyResults, prefix: str) -> list[Chart]:
@@ -115,11 +132,15 @@ def _derived(results: StudyResults, prefix: str) -> list[Chart]:
             continue
         rows = [{"at": r.at, "value": round(r.value, 4), "series": _series(r.curve)} for r in found]
         x_axis = found[0].axis
-        x_title = axis_title(x_axis) if x_axis != "concurrency=instances" else (
-            "client threads = model instances")  # fmt: skip
+        x_title = (
+            axis_title(x_axis)
+            if x_axis != "concurrency=instances"
+            else ("client threads = model instances")
+        )
         name = f"{prefix}-{figure.replace('_', '-')}"
-        charts.append(line_chart(name, title, rows, ("at", x_title), ("value", y_title),
-                                 rule_y=ideal))  # fmt: skip
+        charts.append(
+            line_chart(name, title, rows, ("at", x_title), ("value", y_title), rule_y=ideal)
+        )
     return charts
 
 
@@ -231,18 +252,32 @@ def _attribution(results: StudyResults, ok: list[Point], prefix: str) -> list[Ch
         for p in members:
             for component, stat in p.traces.components.items() if p.traces else ():
                 if component != TOTAL:
-                    rows.append({verdict.axis: p.params[verdict.axis], "component": component,
-                                 "ms": round(stat.mean_ms, 4)})  # fmt: skip
+                    rows.append(
+                        {
+                            verdict.axis: p.params[verdict.axis],
+                            "component": component,
+                            "ms": round(stat.mean_ms, 4),
+                        }
+                    )
         if not rows:
             continue
-        culprit = next((str(r["component"]) for r in rows
-                        if _matches(str(r["component"]), verdict.limit)), None)  # fmt: skip
+        culprit = next(
+            (str(r["component"]) for r in rows if _matches(str(r["component"]), verdict.limit)),
+            None,
+        )
         title = f"What caps throughput ({_series(verdict.curve)}): {verdict.kind}"
-        charts.append(line_chart(
-            f"{prefix}-attribution-{n}", title, rows,
-            (verdict.axis, axis_title(verdict.axis)), ("ms", "time per request (ms)"),
-            series="component", highlight=culprit, note=f"{verdict.kind}: {verdict.sentence}",
-        ))  # fmt: skip
+        charts.append(
+            line_chart(
+                f"{prefix}-attribution-{n}",
+                title,
+                rows,
+                (verdict.axis, axis_title(verdict.axis)),
+                ("ms", "time per request (ms)"),
+                series="component",
+                highlight=culprit,
+                note=f"{verdict.kind}: {verdict.sentence}",
+            )
+        )
     return charts
 
 
@@ -252,28 +287,59 @@ def _saturation_and_gpus(ok: list[Point], axis: str, prefix: str) -> list[Chart]
         for p in members:
             at = p.params[axis]
             for model, figures in p.triton.items():
-                saturation.append({axis: at, "ms": round(figures.saturation_ms, 4),
-                                   "series": f"{model} {curve}".strip()})  # fmt: skip
+                saturation.append(
+                    {
+                        axis: at,
+                        "ms": round(figures.saturation_ms, 4),
+                        "series": f"{model} {curve}".strip(),
+                    }
+                )
             instances = float(p.params.get("instances", 1)) or 1.0
             for gpu, gauges in p.gpus.items():
                 series = f"GPU {gpu[-8:]} {curve}".strip()
                 if "utilization" in gauges:
-                    utilisation.append({axis: at, "pct": 100 * gauges["utilization"],
-                                        "series": series})  # fmt: skip
+                    utilisation.append(
+                        {axis: at, "pct": 100 * gauges["utilization"], "series": series}
+                    )
                 if "memory_used_bytes" in gauges:
-                    memory.append({axis: at, "GiB": gauges["memory_used_bytes"] / 2**30 / instances,
-                                   "series": series})  # fmt: skip
+                    memory.append(
+                        {
+                            axis: at,
+                            "GiB": gauges["memory_used_bytes"] / 2**30 / instances,
+                            "series": series,
+                        }
+                    )
     charts = []
     x = (axis, axis_title(axis))
     if saturation:
-        charts.append(line_chart(f"{prefix}-saturation", "Saturation against load", saturation,
-                                 x, ("ms", "queue time per execution (ms)"),
-                                 note="Triton's queue time per execution, as SuperSONIC scales "
-                                 "on it."))  # fmt: skip
+        charts.append(
+            line_chart(
+                f"{prefix}-saturation",
+                "Saturation against load",
+                saturation,
+                x,
+                ("ms", "queue time per execution (ms)"),
+                note="Triton's queue time per execution, as SuperSONIC scales on it.",
+            )
+        )
     if utilisation:
-        charts.append(line_chart(f"{prefix}-gpu-utilisation", "GPU utilisation", utilisation,
-                                 x, ("pct", "GPU utilisation (%)")))  # fmt: skip
+        charts.append(
+            line_chart(
+                f"{prefix}-gpu-utilisation",
+                "GPU utilisation",
+                utilisation,
+                x,
+                ("pct", "GPU utilisation (%)"),
+            )
+        )
     if memory:
-        charts.append(line_chart(f"{prefix}-gpu-memory", "GPU memory per model instance", memory,
-                                 x, ("GiB", "GPU memory per instance (GiB)")))  # fmt: skip
+        charts.append(
+            line_chart(
+                f"{prefix}-gpu-memory",
+                "GPU memory per model instance",
+                memory,
+                x,
+                ("GiB", "GPU memory per instance (GiB)"),
+            )
+        )
     return charts

@@ -149,8 +149,10 @@ def strong_scaling(points: Iterable[Point]) -> list[Row]:
     points = [p for p in points if p.status == "ok" and "concurrency" in p.params]
     diagonal = [p for p in points if p.params.get("instances") == p.params["concurrency"]]
     if len({p.params["concurrency"] for p in diagonal}) > 1:
-        others = [{k: v for k, v in p.params.items() if k not in ("instances", "concurrency")}
-                  for p in diagonal]  # fmt: skip
+        others = [
+            {k: v for k, v in p.params.items() if k not in ("instances", "concurrency")}
+            for p in diagonal
+        ]
         grouped: dict[str, list[Point]] = {}
         for point, rest in zip(diagonal, others, strict=True):
             grouped.setdefault(point_label(rest) if rest else "", []).append(point)
@@ -158,8 +160,16 @@ def strong_scaling(points: Iterable[Point]) -> list[Row]:
         for curve, members in grouped.items():
             values = [(p.params["concurrency"], p.throughput) for p in members]
             for row in scaling(values):
-                rows.append(Row("strong_scaling", curve, "concurrency=instances", row.at,
-                                row.value, row.detail))  # fmt: skip
+                rows.append(
+                    Row(
+                        "strong_scaling",
+                        curve,
+                        "concurrency=instances",
+                        row.at,
+                        row.value,
+                        row.detail,
+                    )
+                )
         return rows
     if any("instances" in p.params for p in points):
         return []  # instances swept but never together with as many threads
@@ -176,8 +186,16 @@ def throughput_by_batch(points: Iterable[Point]) -> list[Row]:
             latency_s = point.histogram.mean_s
             value = point.params["batch_size"] / latency_s if latency_s else 0.0
             detail = {"latency_ms": latency_s * 1e3, "measured_items_per_s": point.items_per_s}
-            rows.append(Row("throughput_n_over_l", curve, "batch_size",
-                            point.params["batch_size"], value, detail))  # fmt: skip
+            rows.append(
+                Row(
+                    "throughput_n_over_l",
+                    curve,
+                    "batch_size",
+                    point.params["batch_size"],
+                    value,
+                    detail,
+                )
+            )
     return rows
 
 
@@ -221,7 +239,11 @@ def knees(points: Iterable[Point], tolerance: float = 0.1) -> list[Row]:
         for curve, members in curves(points, axis).items():
             found = knee([(p.params[axis], p.throughput) for p in members], tolerance)
             if found is not None:
-                detail = {"throughput": found.throughput, "highest": found.highest,
-                          "plateau": float(found.plateau), "tolerance": tolerance}  # fmt: skip
+                detail = {
+                    "throughput": found.throughput,
+                    "highest": found.highest,
+                    "plateau": float(found.plateau),
+                    "tolerance": tolerance,
+                }
                 rows.append(Row("knee", curve, axis, found.at, found.throughput, detail))
     return rows

@@ -528,8 +528,9 @@ def collect_run(records: list[RequestLog], window: WindowClock) -> LoadRun:
     # Requests whose ticket said so are measured (their latencies, the trace phase); the
     # completions of every request are counted between the two scrapes of the server's counters.
     start, opened, ends_at = window.start, window.opened_at, window.closed_at
-    run = LoadRun(window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu_s,
-                  opened_epoch=window.opened_epoch)  # fmt: skip
+    run = LoadRun(
+        window_s=max(ends_at - opened, 1e-9), cpu_s=window.cpu_s, opened_epoch=window.opened_epoch
+    )
     if window.host0 is not None and window.host1 is not None:
         run.host = (window.host0, window.host1)
     for record in records:

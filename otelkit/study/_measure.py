@@ -185,8 +185,9 @@ def measure_point(
     if traced and point.sampled:
         flush(timeout_s=5.0)
         assert traces_dir is not None
-        point.traces = collect(traces_dir, run_id, index, sampled=point.sampled,
-                               timeout_s=traces_timeout_s)  # fmt: skip
+        point.traces = collect(
+            traces_dir, run_id, index, sampled=point.sampled, timeout_s=traces_timeout_s
+        )
     _judge(point, run)
     point.check_errors(load.max_error_share)
     return point
@@ -201,8 +202,11 @@ def _root_attributes(
     """The attributes of a request's root span in the warm-up, and in the measured window:
     the point's parameters too, so that a trace reader (``otelkit report --group-by
     otelkit.study.param.concurrency``) groups a study's traces by them."""
-    warmup: Attributes = {semconv.STUDY_RUN: run_id, semconv.STUDY_POINT: index,
-                          semconv.STUDY_PHASE: semconv.STUDY_PHASE_WARMUP}  # fmt: skip
+    warmup: Attributes = {
+        semconv.STUDY_RUN: run_id,
+        semconv.STUDY_POINT: index,
+        semconv.STUDY_PHASE: semconv.STUDY_PHASE_WARMUP,
+    }
     for name, value in params.items():
         if isinstance(value, str | int | float | bool):
             warmup[f"{semconv.STUDY_PARAM}.{name}"] = value

@@ -80,8 +80,15 @@ def part_arguments(
     if slot_s <= 0:
         raise StudyError(f"the slot is the seconds from one point to the next, not {slot_s}")
     start = start_at if isinstance(start_at, str) else repr(float(start_at))
-    return [*run_args, "--start-at", start, "--slot", f"{slot_s:g}",
-            "--out", part_path(directory, index, parts)]  # fmt: skip
+    return [
+        *run_args,
+        "--start-at",
+        start,
+        "--slot",
+        f"{slot_s:g}",
+        "--out",
+        part_path(directory, index, parts),
+    ]
 
 
 def schedule_start(now: float, lead_s: float) -> float:

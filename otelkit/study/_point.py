@@ -272,10 +272,17 @@ class Point:
         histogram.add_many(run.latencies_s)
         failed.add_many(run.failed_latencies_s)
         point = cls(
-            index, dict(params), requests=run.completed, seconds=run.window_s,
-            batch_size=batch_size, histogram=histogram, errors=dict(run.errors),
-            error_samples=dict(run.error_samples), cpu_s=run.cpu_s, started_at=run.opened_epoch,
-        )  # fmt: skip
+            index,
+            dict(params),
+            requests=run.completed,
+            seconds=run.window_s,
+            batch_size=batch_size,
+            histogram=histogram,
+            errors=dict(run.errors),
+            error_samples=dict(run.error_samples),
+            cpu_s=run.cpu_s,
+            started_at=run.opened_epoch,
+        )
         point.windows = _windows(run, windows)
         point.failed_histogram = failed
         return point
@@ -375,9 +382,12 @@ def _windows(run: LoadRun, count: int) -> list[Window]:
         histogram = LatencyHistogram()
         histogram.add_many(latencies)
         windows.append(
-            Window(len(latencies) / width if width else 0.0, histogram.quantile(0.5) * 1e3,
-                   histogram.quantile(0.99) * 1e3)
-        )  # fmt: skip
+            Window(
+                len(latencies) / width if width else 0.0,
+                histogram.quantile(0.5) * 1e3,
+                histogram.quantile(0.99) * 1e3,
+            )
+        )
     return windows
 
 
@@ -413,12 +423,19 @@ def merge_parts(
         for kind, message in part.error_samples.items():
             samples.setdefault(kind, message)
     merged = Point(
-        first.index, dict(first.params), requests=sum(p.requests for p in parts),
-        seconds=max(p.seconds for p in parts), batch_size=first.batch_size, histogram=histogram,
-        errors=errors, error_samples=samples,
-        cpu_s=sum(p.cpu_s for p in parts), sampled=sum(p.sampled for p in parts),
-        parts=sum(p.parts for p in parts), started_at=min(starts, default=0.0),
-    )  # fmt: skip
+        first.index,
+        dict(first.params),
+        requests=sum(p.requests for p in parts),
+        seconds=max(p.seconds for p in parts),
+        batch_size=first.batch_size,
+        histogram=histogram,
+        errors=errors,
+        error_samples=samples,
+        cpu_s=sum(p.cpu_s for p in parts),
+        sampled=sum(p.sampled for p in parts),
+        parts=sum(p.parts for p in parts),
+        started_at=min(starts, default=0.0),
+    )
     merged.failed_histogram = failed_histogram
     merged.part_throughputs = [p.throughput for p in parts]
     failed = [p for p in parts if p.status == "failed"]
@@ -431,9 +448,12 @@ def merge_parts(
             total = sum(r.throughput for r in rows)
             weights = [r.throughput / total if total else 1 / len(rows) for r in rows]
             merged.windows.append(
-                Window(total, sum(w * r.p50_ms for w, r in zip(weights, rows, strict=True)),
-                       sum(w * r.p99_ms for w, r in zip(weights, rows, strict=True)))
-            )  # fmt: skip
+                Window(
+                    total,
+                    sum(w * r.p50_ms for w, r in zip(weights, rows, strict=True)),
+                    sum(w * r.p99_ms for w, r in zip(weights, rows, strict=True)),
+                )
+            )
     return merged
 
 

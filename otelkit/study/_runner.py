@@ -170,8 +170,9 @@ class Study:
             raise StudyError("give server (a Triton to launch, a Remote or 'host:port')")
         self.workload: Workload
         if model is not None:
-            self.workload = ModelCalls(model, protocol=protocol, inputs=inputs,
-                                       batch_size=batch_size, timeout_s=timeout_s)  # fmt: skip
+            self.workload = ModelCalls(
+                model, protocol=protocol, inputs=inputs, batch_size=batch_size, timeout_s=timeout_s
+            )
             for each in [self.server, *self.servers.values()]:
                 if each is not None:
                     each.with_models([model])
@@ -260,9 +261,15 @@ class Study:
         return results
 
     def _point(
-        self, index: int, params: dict[str, Any], run_id: str, traces_url: str | None,
-        traces_dir: Path | None, progress: Progress, receiver: Receiver | None,
-    ) -> tuple[Point, bool]:  # fmt: skip
+        self,
+        index: int,
+        params: dict[str, Any],
+        run_id: str,
+        traces_url: str | None,
+        traces_dir: Path | None,
+        progress: Progress,
+        receiver: Receiver | None,
+    ) -> tuple[Point, bool]:
         """The point measured, and whether the server failed during it; the embedded
         ``receiver``'s threads are left out of the client's CPU."""
         label = point_label(params)
@@ -275,12 +282,19 @@ class Study:
             progress.note("preparing the server")
             endpoint = server.prepare(params, traces_url)
             point = measure_point(
-                index, params, workload=self.workload, endpoint=endpoint, load=self.load,
-                run_id=run_id, traces_dir=traces_dir, ready_s=server.ready_s,
-                progress=progress.tick, before_load=lambda: self._wait_for_slot(index),
+                index,
+                params,
+                workload=self.workload,
+                endpoint=endpoint,
+                load=self.load,
+                run_id=run_id,
+                traces_dir=traces_dir,
+                ready_s=server.ready_s,
+                progress=progress.tick,
+                before_load=lambda: self._wait_for_slot(index),
                 gpu_metrics_url=self.gpu_metrics_url,
                 other_cpu_s=receiver.cpu_s if receiver is not None else None,
-            )  # fmt: skip
+            )
         except StudyError as error:  # every request failed, say: perhaps the server did
             point = Point(index, dict(params), status="failed", error=error.reason)
         dead = server.failure()
@@ -342,10 +356,13 @@ def _start_tracing(tracing: Tracing, files: Path) -> tuple[Receiver | None, str,
             raise StudyError("Tracing(endpoint=...) needs directory=: where its traces are read")
         traces_url, traces_dir = tracing.endpoint, Path(tracing.directory)
     configure(
-        service_name=tracing.service_name, traces_endpoint=traces_url,
-        sampler="parentbased_ratelimiting", sampler_arg=tracing.per_second,
-        bsp_schedule_delay_ms=200.0, metrics_exporter="none",
-    )  # fmt: skip
+        service_name=tracing.service_name,
+        traces_endpoint=traces_url,
+        sampler="parentbased_ratelimiting",
+        sampler_arg=tracing.per_second,
+        bsp_schedule_delay_ms=200.0,
+        metrics_exporter="none",
+    )
     return receiver, traces_url, traces_dir
 
 

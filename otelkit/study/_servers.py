@@ -263,9 +263,14 @@ class Triton(RepositoryServer):
         # Triton traces every request that carries a context (the sampled share) and, with this
         # rate, none of the others.
         self._server = TritonServer(
-            repository, trace_url=traces_url, trace_rate=1_000_000, env=env,
-            extra_args=self._extra_args, startup_timeout=self._startup_timeout, log_path=log,
-        )  # fmt: skip
+            repository,
+            trace_url=traces_url,
+            trace_rate=1_000_000,
+            env=env,
+            extra_args=self._extra_args,
+            startup_timeout=self._startup_timeout,
+            log_path=log,
+        )
         try:
             self._server.start()
         except TritonStartError as error:

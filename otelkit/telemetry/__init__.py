@@ -75,9 +75,10 @@ def configure(**options: Any) -> Telemetry:
         LATER.start()
     logger.info(
         "otelkit: service %s, traces to %s%s",
-        settings.service_name, _state.traces_destination,
+        settings.service_name,
+        _state.traces_destination,
         f", metrics at {_state.prometheus_url}" if _state.prometheus else "",
-    )  # fmt: skip
+    )
     return _state
 
 
@@ -141,9 +142,10 @@ def _log_final_counts(state: Telemetry) -> None:
     log = logger.warning if dropped and sum(dropped.values()) else logger.info
     log(
         "otelkit: shut down; spans exported %d, dropped %d (%s)",
-        stats["exported"], sum(dropped.values()),
+        stats["exported"],
+        sum(dropped.values()),
         ", ".join(f"{reason}: {n}" for reason, n in sorted(dropped.items()) if n) or "none",
-    )  # fmt: skip
+    )
 
 
 # -- process-wide hooks -----------------------------------------------------------------------

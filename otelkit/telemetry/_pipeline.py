@@ -273,6 +273,8 @@ def build(settings: Settings) -> Telemetry:
             _log.error(  # stop the program: metrics are still recorded and pushed if configured
                 "otelkit: no Prometheus endpoint on %s:%d (%s); this process's metrics are not"
                 " served (give each process its own OTELKIT_PROMETHEUS_PORT)",
-                settings.prometheus_host, port, error.strerror or error,
-            )  # fmt: skip
+                settings.prometheus_host,
+                port,
+                error.strerror or error,
+            )
     return state

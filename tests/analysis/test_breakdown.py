@@ -42,9 +42,16 @@ def span(
         (parent, None) if isinstance(parent, str) else (parent.trace_id, parent.span_id)
     )
     return Span(
-        trace_id, next(_ids), parent_id, name, kind,
-        int(start_ms * MS), int(end_ms * MS), dict(attributes), events=tuple(events),  # type: ignore[arg-type]
-    )  # fmt: skip
+        trace_id,
+        next(_ids),
+        parent_id,
+        name,
+        kind,
+        int(start_ms * MS),
+        int(end_ms * MS),
+        dict(attributes),
+        events=tuple(events),  # type: ignore[arg-type]
+    )
 
 
 def stage(parent: Span, name: str, start_ms: float, end_ms: float) -> Span:
@@ -57,9 +64,13 @@ def one_event(option: int = 1, trace_id: str = TRACE) -> list[Span]:
     root = span(trace_id, "reconstruct event", 0, 20, option=option)
     local = stage(root, "build_graph", 1, 3)
     call = span(
-        root, "infer", 4, 14, SpanKind.CLIENT,
+        root,
+        "infer",
+        4,
+        14,
+        SpanKind.CLIENT,
         **{semconv.MODEL_NAME: "gnn", semconv.SERIALIZE_S: 0.0005, semconv.DESERIALIZE_S: 0.00025},
-    )  # fmt: skip
+    )
     server = span(call, "InferRequest", 6, 12, SpanKind.SERVER)
     model = span(server, "gnn", 6, 12, events=(SpanEvent("QUEUE_START", 6 * MS),))
     compute = span(model, "compute", 7, 11, events=(SpanEvent("COMPUTE_START", 7 * MS),))
@@ -105,9 +116,14 @@ def test_a_server_span_starting_before_its_client_span_is_reported() -> None:
     spans = one_event()
     call, server = spans[2], spans[3]
     spans[3] = Span(
-        server.trace_id, server.span_id, call.span_id, server.name, server.kind,
-        call.start_ns - MS, server.end_ns,
-    )  # fmt: skip
+        server.trace_id,
+        server.span_id,
+        call.span_id,
+        server.name,
+        server.kind,
+        call.start_ns - MS,
+        server.end_ns,
+    )
     trace = build_traces(spans)[TRACE]
     _, problems = trace_components(trace, trace.roots[0])
     assert problems == [f"gnn: server span starts before its client span ({TRACE})"]
@@ -117,9 +133,15 @@ def test_stages_overflowing_their_server_span_are_reported() -> None:
     spans = one_event()
     outer = spans[6]
     spans[6] = Span(
-        outer.trace_id, outer.span_id, outer.parent_span_id, outer.name, outer.kind,
-        outer.start_ns, outer.start_ns + 9 * MS, outer.attributes,
-    )  # fmt: skip
+        outer.trace_id,
+        outer.span_id,
+        outer.parent_span_id,
+        outer.name,
+        outer.kind,
+        outer.start_ns,
+        outer.start_ns + 9 * MS,
+        outer.attributes,
+    )
     trace = build_traces(spans)[TRACE]
     _, problems = trace_components(trace, trace.roots[0])
     assert problems == [f"gnn: stages + queue exceed the server span ({TRACE})"]

@@ -129,16 +129,23 @@ def test_unmodified_script_gives_the_same_trace_as_instrument(
     otelkit's: its interceptor on tritonclient's channel adds no span and no context; and with
     its aiohttp instrumentation, whose hooks are on the asyncio HTTP client's session."""
     disabled = {} if contrib_grpc else {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": CONTRIB_GRPC}
-    channel = run(instrumented(Path(sys.executable), Path("-c"), CHANNEL_MODULE), tmp_path,
-                  OTEL_TRACES_EXPORTER="none", **disabled)  # fmt: skip
+    channel = run(
+        instrumented(Path(sys.executable), Path("-c"), CHANNEL_MODULE),
+        tmp_path,
+        OTEL_TRACES_EXPORTER="none",
+        **disabled,
+    )
     intercepted = "opentelemetry.instrumentation.grpc.grpcext._interceptor"
     assert channel.stdout.strip() == (intercepted if contrib_grpc else "grpc._channel")
     protocol = client.removesuffix(".aio")
     script = tmp_path / "client.py"
     script.write_text(AIO_SCRIPT if client == "http.aio" else CLIENT_SCRIPT)
     if client == "http.aio":  # OpenTelemetry's trace config is on every session
-        hooks = run(instrumented(Path(sys.executable), Path("-c"), SESSION_HOOKS), tmp_path,
-                    OTEL_TRACES_EXPORTER="none")  # fmt: skip
+        hooks = run(
+            instrumented(Path(sys.executable), Path("-c"), SESSION_HOOKS),
+            tmp_path,
+            OTEL_TRACES_EXPORTER="none",
+        )
         assert hooks.stdout.strip() == "[True]"
     url = triton.http_url if protocol == "http" else triton.grpc_url
     service = f"auto-{protocol}-{uuid.uuid4().hex[:8]}"
@@ -158,8 +165,10 @@ def test_unmodified_script_gives_the_same_trace_as_instrument(
 
     ours = [s for s in load_spans(receiver.out_dir) if s.resource.get("service.name") == service]
     assert [(s.kind.name, s.parent_span_id) for s in ours] == [("CLIENT", None)] * CALLS
-    tree = [(depth - 1, name, service if owner == "client-tests" else owner)
-            for depth, name, owner in expected_tree(protocol)[1:]]  # fmt: skip
+    tree = [
+        (depth - 1, name, service if owner == "client-tests" else owner)
+        for depth, name, owner in expected_tree(protocol)[1:]
+    ]
     traces = traces_of(receiver.out_dir, {s.trace_id for s in ours}, len(tree), timeout=10)
     assert len(traces) == CALLS
     shapes = [shape(spans, trace_id) for trace_id, spans in traces.items()]
@@ -178,8 +187,10 @@ def test_instrumentor_wraps_and_restores_every_client_class() -> None:
     instrumentor = TritonClientInstrumentor()
     instrumentor.instrument()
     try:
-        assert [cls.__dict__["infer"] is not original for cls, original in
-                zip(classes, originals, strict=True)] == [True, True]  # fmt: skip
+        assert [
+            cls.__dict__["infer"] is not original
+            for cls, original in zip(classes, originals, strict=True)
+        ] == [True, True]
     finally:
         instrumentor.uninstrument()
     assert [cls.__dict__["infer"] for cls in classes] == originals

@@ -151,8 +151,9 @@ def test_a_client_that_sends_no_context_keeps_its_spans_and_metrics(
         # Triton's spans of the first call have come by the time those of the second have
         joined, spans = joined_trace(
             lambda: traced(lambda: client.infer("identity_fp32", inputs(protocol)))[0],
-            receiver.out_dir, count=5,
-        )  # fmt: skip
+            receiver.out_dir,
+            count=5,
+        )
     assert caller_headers == {"x-experiment": "cms"}
     assert shape(spans, joined) == expected_tree(protocol)
     quiet = wait_for_trace(receiver.out_dir, quiet_trace, count=2)
@@ -214,10 +215,16 @@ def closed_port() -> int:
 FAILURES = [  # protocol, model, client options, call options, exception, error.type
     ("http", "no_such_model", {}, {}, InferenceServerException, "404"),
     ("grpc", "no_such_model", {}, {}, InferenceServerException, "NOT_FOUND"),
-    ("grpc", "sleep_fp32", {}, {"client_timeout": 0.1}, InferenceServerException,
-     "DEADLINE_EXCEEDED"),
+    (
+        "grpc",
+        "sleep_fp32",
+        {},
+        {"client_timeout": 0.1},
+        InferenceServerException,
+        "DEADLINE_EXCEEDED",
+    ),
     ("http", "sleep_fp32", {"network_timeout": 0.1}, {}, TimeoutError, "TimeoutError"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -287,9 +294,11 @@ def test_server_down_gives_an_error_span_and_the_original_exception_type(
 
 def test_results_unchanged_when_the_collector_is_dead(triton: TritonServer) -> None:
     telemetry = otelkit.configure(
-        service_name="dead-collector", endpoint=f"http://127.0.0.1:{closed_port()}",
-        export_timeout_ms=100, bsp_schedule_delay_ms=10,
-    )  # fmt: skip
+        service_name="dead-collector",
+        endpoint=f"http://127.0.0.1:{closed_port()}",
+        export_timeout_ms=100,
+        bsp_schedule_delay_ms=10,
+    )
     try:
         with otelkit.instrument(client_for("grpc", triton)) as client:
             for _ in range(5):
@@ -304,9 +313,12 @@ def test_results_unchanged_when_the_collector_is_dead(triton: TritonServer) -> N
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_failure_inside_otelkit_never_reaches_the_call(
-    protocol: str, triton: TritonServer, telemetry: otelkit.Telemetry,
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    protocol: str,
+    triton: TritonServer,
+    telemetry: otelkit.Telemetry,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """otelkit's own code failing where a call starts, where its headers are made and where
     its telemetry ends (on the worker): every call returns its result, each failure is
     counted on the health metric and each place is logged once."""
@@ -366,8 +378,11 @@ def test_class_instrumentation_traces_every_new_client(
     triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
 ) -> None:
     assert sorted(otelkit.instrument()) == [
-        "tritonclient.grpc", "tritonclient.grpc.aio", "tritonclient.http", "tritonclient.http.aio",
-    ]  # fmt: skip
+        "tritonclient.grpc",
+        "tritonclient.grpc.aio",
+        "tritonclient.http",
+        "tritonclient.http.aio",
+    ]
     with client_for("http", triton) as client:
         trace_id, _, _ = traced(lambda: client.infer("identity_fp32", inputs("http")))
     assert shape(wait_for_trace(receiver.out_dir, trace_id, count=5), trace_id) == expected_tree(

@@ -159,8 +159,11 @@ def test_asyncio_calls_and_streams_through_opentelemetrys_interceptor(
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
             for request_id in IDS:
-                yield {"model_name": "identity_fp32", "inputs": stream_inputs(aio_grpcclient),
-                       "request_id": request_id}  # fmt: skip
+                yield {
+                    "model_name": "identity_fp32",
+                    "inputs": stream_inputs(aio_grpcclient),
+                    "request_id": request_id,
+                }
 
         with tracer.start_as_current_span("job") as job:
             async for _, error in client.stream_infer(requests()):
@@ -216,9 +219,11 @@ def shape_root(spans: list[Any]) -> Any:
 
 
 def test_asyncio_http_calls_through_opentelemetrys_aiohttp_instrumentation(
-    triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry,
+    triton: TritonServer,
+    receiver: Receiver,
+    telemetry: otelkit.Telemetry,
     aiohttp_instrumented: None,
-) -> None:  # fmt: skip
+) -> None:
     """The trace is the one without OpenTelemetry's aiohttp instrumentation, the context that
     left the client is otelkit's span's, and the client's other requests stay traced by it."""
     tracer = trace.get_tracer("tests")
@@ -250,9 +255,11 @@ def test_asyncio_http_calls_through_opentelemetrys_aiohttp_instrumentation(
 
 
 def test_an_asyncio_http_call_not_sampled_sends_no_context_through_opentelemetrys_aiohttp(
-    triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry,
+    triton: TritonServer,
+    receiver: Receiver,
+    telemetry: otelkit.Telemetry,
     aiohttp_instrumented: None,
-) -> None:  # fmt: skip
+) -> None:
     otelkit.configure(
         service_name="client-tests", traces_endpoint=receiver.traces_url, sampler="always_off"
     )

@@ -139,10 +139,14 @@ def test_a_sampled_draw_is_the_trace_id_the_sdk_would_have_drawn(sampler: Any) -
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("always_off", {NOT_SAMPLED}), ("parentbased_always_off", {NOT_SAMPLED}),
-     ("traceidratio", {NOT_SAMPLED}), ("always_on", {READY_IDS}),
-     ("parentbased_always_on", {READY_IDS})],
-)  # fmt: skip
+    [
+        ("always_off", {NOT_SAMPLED}),
+        ("parentbased_always_off", {NOT_SAMPLED}),
+        ("traceidratio", {NOT_SAMPLED}),
+        ("always_on", {READY_IDS}),
+        ("parentbased_always_on", {READY_IDS}),
+    ],
+)
 def test_roots_are_drawn_ahead_only_for_samplers_that_decide_by_trace_id(
     name: str, expected: set[RootDecision], sampler: Any
 ) -> None:
@@ -252,9 +256,11 @@ def test_ratio_sampled_calls_export_the_sampled_ones_and_count_them_all(
     """Half the calls sampled: each sampled one exports its span, under the ratio's bound;
     every call, sampled or not, is in the duration histogram, and none stays in flight."""
     state = otelkit.configure(
-        service_name="ratio", traces_dir=str(tmp_path), sampler="parentbased_traceidratio",
+        service_name="ratio",
+        traces_dir=str(tmp_path),
+        sampler="parentbased_traceidratio",
         sampler_arg=0.5,
-    )  # fmt: skip
+    )
     calls = 48
     try:
         before = duration_counts()

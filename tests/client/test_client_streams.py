@@ -111,8 +111,9 @@ def test_a_stream_opened_with_its_callback_by_name_is_traced(
         def run_stream() -> str:
             with trace.get_tracer("tests").start_as_current_span("job") as job:
                 client.start_stream(callback=lambda result, error: answers.put((result, error)))
-                client.async_stream_infer("identity_fp32", stream_inputs(grpcclient),
-                                          request_id="by-name")  # fmt: skip
+                client.async_stream_infer(
+                    "identity_fp32", stream_inputs(grpcclient), request_id="by-name"
+                )
                 result, error = answers.get(timeout=10)
                 client.stop_stream()
             assert error is None and np.array_equal(result.as_numpy("OUTPUT0"), DATA)

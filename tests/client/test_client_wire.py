@@ -128,9 +128,11 @@ def test_a_grpc_client_counts_every_call_styles_tensor_bytes(
     results: queue.Queue[Any] = queue.Queue()
     client.infer("identity_fp32", tensor(grpcclient), request_id="wire-sync")
     client.async_infer(
-        "identity_fp32", tensor(grpcclient), lambda result, error: results.put((result, error)),
+        "identity_fp32",
+        tensor(grpcclient),
+        lambda result, error: results.put((result, error)),
         request_id="wire-callback",
-    )  # fmt: skip
+    )
     result, error = results.get(timeout=10)
     assert error is None and np.array_equal(result.as_numpy("OUTPUT0"), DATA)
 
@@ -345,8 +347,10 @@ def test_a_sampled_grpc_call_reads_its_facts_from_its_own_request_off_the_caller
     assert [call.request for call in calls] == [None, None, None]  # let go once read
     by_id = {span.attributes[semconv.REQUEST_ID]: span.attributes for span in spans}
     assert {key: attributes[semconv.BATCH_SIZE] for key, attributes in by_id.items()} == {
-        "batch-2": 2, "batch-5": 5, "big": 1,
-    }  # fmt: skip
+        "batch-2": 2,
+        "batch-5": 5,
+        "big": 1,
+    }
     for attributes in by_id.values():
         assert attributes[semconv.INPUT_COUNT] == 1 and attributes[semconv.OUTPUT_COUNT] == 1
         assert attributes[semconv.CALL_STYLE] == ("infer" if style == "sync" else "asyncio_infer")

@@ -122,10 +122,13 @@ def test_traced_load_under_the_rate_limit(
     service = f"load-{protocol}"
     traced_triton.start()  # again, if the other protocol's test saw it crash
     telemetry = otelkit.configure(
-        service_name=service, endpoint=sink.traces_url.removesuffix("/v1/traces"),
-        sampler="parentbased_ratelimiting", sampler_arg=RATE, bsp_schedule_delay_ms=200,
+        service_name=service,
+        endpoint=sink.traces_url.removesuffix("/v1/traces"),
+        sampler="parentbased_ratelimiting",
+        sampler_arg=RATE,
+        bsp_schedule_delay_ms=200,
         metrics_exporter="none",
-    )  # fmt: skip
+    )
     try:
         answered, errors, seconds = drive(protocol, traced_triton)
         otelkit.flush()
@@ -152,9 +155,7 @@ def test_traced_load_under_the_rate_limit(
     spans = settled(sink.out_dir, sampled)
     ours = [s for s in spans if s.kind.name == "CLIENT" and s.resource["service.name"] == service]
     assert len(ours) == sampled
-    triton_parents = {
-        (s.trace_id, s.parent_span_id) for s in spans if s.name == "InferRequest"
-    }  # fmt: skip
+    triton_parents = {(s.trace_id, s.parent_span_id) for s in spans if s.name == "InferRequest"}
     unjoined = [s for s in ours if (s.trace_id, s.span_id) not in triton_parents]
     if protocol == "http":
         assert unjoined == []  # HTTP carries every context

@@ -15,27 +15,54 @@ from otelkit._config import OPTIONS, resolve
 CASES: dict[str, tuple[Any, str, Any, str | None, Any]] = {
     "service_name": ("arg-svc", "kit-svc", "kit-svc", "otel-svc", "otel-svc"),
     "resource_attributes": (
-        {"a": "1"}, "b=2,c=x%20y", {"b": "2", "c": "x y"}, "d=4", {"d": "4"},
+        {"a": "1"},
+        "b=2,c=x%20y",
+        {"b": "2", "c": "x y"},
+        "d=4",
+        {"d": "4"},
     ),
     "traces_exporter": ("none", "jsonl", "jsonl", "otlp", "otlp"),
     "endpoint": ("http://a:4318", "http://b:4318", "http://b:4318", "https://c", "https://c"),
-    "traces_endpoint": ("http://a/v1/traces", "http://b/t", "http://b/t", "http://c/t", "http://c/t"),
-    "metrics_endpoint": ("http://a/v1/metrics", "http://b/m", "http://b/m", "http://c/m", "http://c/m"),
+    "traces_endpoint": (
+        "http://a/v1/traces",
+        "http://b/t",
+        "http://b/t",
+        "http://c/t",
+        "http://c/t",
+    ),
+    "metrics_endpoint": (
+        "http://a/v1/metrics",
+        "http://b/m",
+        "http://b/m",
+        "http://c/m",
+        "http://c/m",
+    ),
     "protocol": ("grpc", "http/json", "http/json", "grpc", "grpc"),
     "headers": (
-        {"x": "1"}, "authorization=Bearer%20t", {"authorization": "Bearer t"}, "k=v", {"k": "v"},
+        {"x": "1"},
+        "authorization=Bearer%20t",
+        {"authorization": "Bearer t"},
+        "k=v",
+        {"k": "v"},
     ),
     "export_timeout_ms": (500, "700", 700.0, "900", 900.0),
     "traces_dir": ("/tmp/a", "/tmp/b", "/tmp/b", None, None),
     "metrics_exporter": (
-        ["prometheus"], "otlp,prometheus", frozenset({"otlp", "prometheus"}), "none", frozenset(),
+        ["prometheus"],
+        "otlp,prometheus",
+        frozenset({"otlp", "prometheus"}),
+        "none",
+        frozenset(),
     ),
     "prometheus_port": (9000, "9001", 9001, "9002", 9002),
     "prometheus_host": ("127.0.0.1", "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"),
     "metric_export_interval_ms": (1000, "2000", 2000.0, "3000", 3000.0),
     "sampler": (
-        "always_off", "traceidratio", "traceidratio",
-        "parentbased_traceidratio", "parentbased_traceidratio",
+        "always_off",
+        "traceidratio",
+        "traceidratio",
+        "parentbased_traceidratio",
+        "parentbased_traceidratio",
     ),
     "sampler_arg": (0.25, "0.5", 0.5, "0.75", 0.75),
     "bsp_max_queue_size": (4096, "8192", 8192, "16384", 16384),
@@ -49,7 +76,7 @@ CASES: dict[str, tuple[Any, str, Any, str | None, Any]] = {
     "gpu_span_attributes": (True, "yes", True, None, None),
     "exit_timeout_s": (2, "3.5", 3.5, None, None),
     "install_signal_handler": (False, "false", False, None, None),
-}  # fmt: skip
+}
 
 DEFAULTS = {
     "resource_attributes": {},
@@ -140,12 +167,14 @@ BAD: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
     ({"prometheus_port": 70000}, {}, "prometheus_port", "OTEL_EXPORTER_PROMETHEUS_PORT"),
     ({}, {"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, "bsp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE"),
     (
-        {"bsp_max_queue_size": 10, "bsp_max_export_batch_size": 20}, {},
-        "bsp_max_export_batch_size", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        {"bsp_max_queue_size": 10, "bsp_max_export_batch_size": 20},
+        {},
+        "bsp_max_export_batch_size",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
     ),
     ({}, {"OTEL_METRICS_EXPORTER": "statsd"}, "metrics_exporter", "OTEL_METRICS_EXPORTER"),
     ({}, {"OTELKIT_INSTALL_SIGNAL_HANDLER": "maybe"}, "install_signal_handler", ""),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("arguments", "environ", "option", "env_var"), BAD)

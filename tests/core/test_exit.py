@@ -84,8 +84,10 @@ def run_until_sigterm(script: str, port: int, protocol: str) -> tuple[float, str
     """Start ``script``, SIGTERM it once it is ready; seconds until it was gone, its stderr."""
     process = subprocess.Popen(
         [sys.executable, "-c", script, f"http://127.0.0.1:{port}", protocol],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
     time.sleep(0.3)  # the first batch is in export, the rest queued or dropped
@@ -132,8 +134,10 @@ def test_every_span_is_accounted_for_at_a_scrape_during_an_outage(black_hole: in
     )
     process = subprocess.Popen(
         [sys.executable, "-c", script, f"http://127.0.0.1:{black_hole}", "http/protobuf"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert process.stdout is not None
         assert process.stdout.readline().strip() == "ready"
@@ -184,8 +188,10 @@ def test_shutdown_bounds_the_exporters_too(black_hole: int, tmp_path: Path) -> N
     for protocol in ("http/protobuf", "grpc"):
         done = subprocess.run(
             [sys.executable, "-c", script, f"http://127.0.0.1:{black_hole}", protocol],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         took = float(done.stdout.split("took ")[1])
         assert took <= 1.5 + 0.5, (protocol, took)

@@ -152,8 +152,11 @@ def test_no_increment_is_lost_under_256_threads() -> None:
     batch, sent = points[BATCH.name], points[BYTES.name]
     assert isinstance(batch, HistogramDataPoint) and isinstance(sent, NumberDataPoint)
     assert (batch.count, batch.bucket_counts, batch.sum, sent.value) == (
-        256_000, [0, 256_000, 0, 0], 512e3, 768_000,
-    )  # fmt: skip
+        256_000,
+        [0, 256_000, 0, 0],
+        512e3,
+        768_000,
+    )
 
 
 def test_reading_calls_in_flight_counts_no_call() -> None:
@@ -264,9 +267,11 @@ def test_otlp_push_delivers_hot_histograms_with_exemplars(
 ) -> None:
     url, received = otlp_server
     otelkit.configure(
-        service_name="hot-push", traces_dir=str(tmp_path), metrics_endpoint=url,
+        service_name="hot-push",
+        traces_dir=str(tmp_path),
+        metrics_endpoint=url,
         metrics_exporter="otlp",
-    )  # fmt: skip
+    )
     series = HOT.histogram(DURATION, LABELS).series(("gnn", "a:8001"))
     with trace.get_tracer("tests").start_as_current_span("call") as span:
         context = span.get_span_context()
@@ -351,9 +356,11 @@ def test_forked_child_takes_a_call_series_lock_held_at_the_fork() -> None:
     assert parent_end.poll(20), "the child hung: it inherited a lock held at the fork"
     child.join(10)
     assert parent_end.recv() == [
-        (CALLS.duration.name, [1]), (CALLS.in_flight.name, [0]),
-        (CALLS.response_bytes.name, [2]), (CALLS.request_bytes.name, [1]),
-    ]  # sorted by name  # fmt: skip
+        (CALLS.duration.name, [1]),
+        (CALLS.in_flight.name, [0]),
+        (CALLS.response_bytes.name, [2]),
+        (CALLS.request_bytes.name, [1]),
+    ]  # sorted by name
     assert child.exitcode == 0
 
 

@@ -23,9 +23,12 @@ THREADS = 256
 
 def test_the_rate_holds_within_10_percent_over_10_s_under_256_threads(tmp_path: Path) -> None:
     telemetry = otelkit.configure(
-        service_name="rate-limited", traces_dir=str(tmp_path), sampler="ratelimiting",
-        sampler_arg=RATE, bsp_schedule_delay_ms=200,
-    )  # fmt: skip
+        service_name="rate-limited",
+        traces_dir=str(tmp_path),
+        sampler="ratelimiting",
+        sampler_arg=RATE,
+        bsp_schedule_delay_ms=200,
+    )
     tracer = trace.get_tracer("rate-test")
     started = threading.Barrier(THREADS + 1)
     stop = threading.Event()
@@ -71,8 +74,11 @@ def test_the_parent_based_form_follows_the_parent_and_limits_roots() -> None:
     assert not any(sampler.should_sample(unsampled, 1, "c").decision.is_sampled() for _ in range(5))
     ticking = RateLimitingSampler(1.0, clock=clock)
     assert [ticking.should_sample(None, 1, "r").decision.is_sampled() for _ in range(4)] == [
-        True, True, True, True,
-    ]  # fmt: skip
+        True,
+        True,
+        True,
+        True,
+    ]
 
 
 def test_a_burst_after_idle_is_capped_at_one_second_of_credit() -> None:
@@ -96,11 +102,14 @@ def test_it_is_configured_by_name_and_environment(
         otelkit.shutdown()
 
 
-@pytest.mark.parametrize(("sampler", "arg", "expected"), [
-    ("ratelimiting", 0.0, "traces per second, above 0, for ratelimiting"),
-    ("parentbased_ratelimiting", 0.0, "traces per second, above 0"),
-    ("traceidratio", 2.0, "a ratio from 0 to 1 for traceidratio"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("sampler", "arg", "expected"),
+    [
+        ("ratelimiting", 0.0, "traces per second, above 0, for ratelimiting"),
+        ("parentbased_ratelimiting", 0.0, "traces per second, above 0"),
+        ("traceidratio", 2.0, "a ratio from 0 to 1 for traceidratio"),
+    ],
+)
 def test_a_sampler_argument_that_makes_no_sense_is_refused(
     sampler: str, arg: float, expected: str
 ) -> None:

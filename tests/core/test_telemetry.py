@@ -249,9 +249,10 @@ def test_resource_detects_slurm_and_kubernetes(tmp_path: Path) -> None:
 
 def test_resource_attributes_argument_and_service_name(tmp_path: Path) -> None:
     telemetry = otelkit.configure(
-        service_name="svc", resource_attributes={"deployment.environment": "test"},
+        service_name="svc",
+        resource_attributes={"deployment.environment": "test"},
         traces_dir=str(tmp_path),
-    )  # fmt: skip
+    )
     attributes = telemetry.tracer_provider.resource.attributes
     assert attributes["service.name"] == "svc"
     assert attributes["deployment.environment"] == "test"
@@ -263,8 +264,10 @@ def run_script(code: str, tmp_path: Path, **popen: object) -> subprocess.Popen[s
     script.write_text(textwrap.dedent(code))
     return subprocess.Popen(
         [sys.executable, str(script), str(tmp_path / "traces")],
-        stdout=subprocess.PIPE, text=True, **popen,  # type: ignore[call-overload]
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+        **popen,  # type: ignore[call-overload]
+    )
 
 
 def test_sigterm_after_n_spans_leaves_exactly_n_in_the_sink(tmp_path: Path) -> None:

@@ -43,9 +43,11 @@ REGENERATE = "run `otelkit dashboards --out dashboards` and commit the result"
 # Prometheus's own series and OpenTelemetry's resource series, beside otelkit's and Triton's
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "target_info"}
 TRACED_HISTOGRAMS = (
-    semconv.CLIENT_DURATION, semconv.STAGE_DURATION, semconv.STAGE_GPU_DURATION,
+    semconv.CLIENT_DURATION,
+    semconv.STAGE_DURATION,
+    semconv.STAGE_GPU_DURATION,
     semconv.HTTP_SERVER_DURATION,
-)  # fmt: skip
+)
 
 
 def emitted_names() -> set[str]:
@@ -65,9 +67,22 @@ _MATCHERS_OR_RANGE = re.compile(r"\{[^}]*\}|\[[^\]]*\]")
 _LABEL_LIST = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 _IDENTIFIER = re.compile(r"(?<![\w.])([a-zA-Z_:][\w:]*)(\s*\()?")
 _KEYWORDS = {
-    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
-    "offset", "bool", "inf", "nan", "Inf", "NaN",
-}  # fmt: skip
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "inf",
+    "nan",
+    "Inf",
+    "NaN",
+}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -121,9 +136,16 @@ def test_dashboard_structure(name: str, rendered: dict[str, Any]) -> None:
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert list(variables) == ["datasource", "model", "instance"]
     assert variables["datasource"] | {"current": None} == {
-        "current": None, "hide": 0, "label": "Prometheus", "name": "datasource", "options": [],
-        "query": "prometheus", "refresh": 1, "regex": "", "type": "datasource",
-    }  # fmt: skip
+        "current": None,
+        "hide": 0,
+        "label": "Prometheus",
+        "name": "datasource",
+        "options": [],
+        "query": "prometheus",
+        "refresh": 1,
+        "regex": "",
+        "type": "datasource",
+    }
     assert variables["datasource"]["current"]["value"] == "prometheus"
     for multi in ("model", "instance"):
         variable = variables[multi]
@@ -148,9 +170,11 @@ def test_dashboard_structure(name: str, rendered: dict[str, Any]) -> None:
 
 def _overlaps(a: dict[str, int], b: dict[str, int]) -> bool:
     return (
-        a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"]
-        and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
-    )  # fmt: skip
+        a["x"] < b["x"] + b["w"]
+        and b["x"] < a["x"] + a["w"]
+        and a["y"] < b["y"] + b["h"]
+        and b["y"] < a["y"] + a["h"]
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -175,8 +199,10 @@ def test_latency_panels_fetch_exemplars(rendered: dict[str, Any]) -> None:
                     assert target["exemplar"] is True, f"{name}: {panel['title']}"
                     latency[name].append(panel["title"])
     assert {name for name, titles in latency.items() if titles} == {
-        "inference", "stages", "clients",
-    }  # fmt: skip
+        "inference",
+        "stages",
+        "clients",
+    }
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -232,14 +258,16 @@ def test_no_metric_name_literal_in_the_sources(module: Path) -> None:
         id(node.body[0].value)
         for node in ast.walk(tree)
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
-        and node.body and isinstance(node.body[0], ast.Expr)
-    }  # fmt: skip
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
     literals = [
         node.value
         for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
         and id(node) not in docstrings
-    ]  # fmt: skip
+    ]
     words = {word for text in literals for word in re.findall(r"[\w:]+", text)}
     assert not words & EMITTED, f"{module.name} spells metric names: {sorted(words & EMITTED)}"
 
@@ -326,8 +354,17 @@ def test_substitute_names_an_unknown_variable() -> None:
 
 
 def test_command_writes_the_options_it_is_given(tmp_path: Path) -> None:
-    argv = ["dashboards", "--out", str(tmp_path), "--prometheus-uid", "p2", "--jaeger-uid", "j2",
-            "--title-prefix", "X"]  # fmt: skip
+    argv = [
+        "dashboards",
+        "--out",
+        str(tmp_path),
+        "--prometheus-uid",
+        "p2",
+        "--jaeger-uid",
+        "j2",
+        "--title-prefix",
+        "X",
+    ]
     assert main(argv) == 0
     options = DashboardOptions(prometheus_uid="p2", jaeger_uid="j2", title_prefix="X")
     expected = render(options)

@@ -74,9 +74,12 @@ NO_DATA_HERE: dict[tuple[str, str, str], str] = {
 # processes and GPM, clocks held down (idle); a GPU lost mid-run (the "GPUs lost" panel)
 GPU_REPLAYS = ("h100x1.json", "h100x8.json", "a100x2-lost.json")
 LATENCY_HISTOGRAMS = (
-    semconv.CLIENT_DURATION, semconv.STAGE_DURATION, semconv.HTTP_SERVER_DURATION,
-    semconv.RAY_SERVE_CALL_DURATION, semconv.RPC_SERVER_DURATION,
-)  # fmt: skip
+    semconv.CLIENT_DURATION,
+    semconv.STAGE_DURATION,
+    semconv.HTTP_SERVER_DURATION,
+    semconv.RAY_SERVE_CALL_DURATION,
+    semconv.RPC_SERVER_DURATION,
+)
 SAMPLED = 0.25  # share of events traced: exemplars come only from sampled spans
 PANELS_TIMEOUT_S = 60.0
 
@@ -187,24 +190,29 @@ def ray_serve_under_load(receiver: Receiver) -> Iterator[list[str]]:
 
     def env(name: str) -> dict[str, str]:
         return LocalRay.replica_env(
-            receiver.traces_url, OTELKIT_PROMETHEUS_PORT=str(ports[name]),
+            receiver.traces_url,
+            OTELKIT_PROMETHEUS_PORT=str(ports[name]),
             OTELKIT_PROMETHEUS_HOST="127.0.0.1",
-        )  # fmt: skip
+        )
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     child, batched = (instrument_deployment(d, env(d.name)).bind() for d in (Child, Batched))
-    serve.run(instrument_deployment(Ingress, env("Ingress")).bind(child, batched),
-              name="dashboards", route_prefix="/ray")  # fmt: skip
+    serve.run(
+        instrument_deployment(Ingress, env("Ingress")).bind(child, batched),
+        name="dashboards",
+        route_prefix="/ray",
+    )
     stop = threading.Event()
 
     def load() -> None:
         for number in itertools.count():
             action, body = [("double", [1.0]), ("batch", [1.0, 2.0]), ("fail", [0.0])][number % 3]
             request = urllib.request.Request(
-                f"http://127.0.0.1:{port}/ray/{action}", json.dumps({"x": body}).encode(),
+                f"http://127.0.0.1:{port}/ray/{action}",
+                json.dumps({"x": body}).encode(),
                 method="POST",
-            )  # fmt: skip
+            )
             with contextlib.suppress(urllib.error.HTTPError):
                 urllib.request.urlopen(request, timeout=30).close()
             if stop.wait(0.05):
@@ -242,8 +250,9 @@ def grpc_server_under_load() -> Iterator[None]:
         ModelSpec("grpc_fail", (x,), (y,), fail),
     ]
     port = free_port()
-    server = grpc_server(KServeServicer(models), port, interceptors=[server_interceptor()],
-                         workers=2)  # fmt: skip
+    server = grpc_server(
+        KServeServicer(models), port, interceptors=[server_interceptor()], workers=2
+    )
     client = otelkit.instrument(grpcclient.InferenceServerClient(f"127.0.0.1:{port}"))
     data = grpcclient.InferInput("x", [2], "FP32")
     data.set_data_from_numpy(np.ones(2, dtype=np.float32))
@@ -319,13 +328,15 @@ def test_every_panel_shows_the_running_reference_deployment(
     started = time.time()
     try:
         with (
-            twin_process(receiver.traces_url, tmp_path / "twin.log",
-                         metrics_port=twin_metrics_port) as twin_url,
+            twin_process(
+                receiver.traces_url, tmp_path / "twin.log", metrics_port=twin_metrics_port
+            ) as twin_url,
             ray_serve_under_load(receiver) as ray_replicas,
             grpc_server_under_load(),
-            PrometheusServer(require_binary("prometheus"), jobs | {"ray-serve": ray_replicas},
-                             tmp_path) as prometheus,
-        ):  # fmt: skip
+            PrometheusServer(
+                require_binary("prometheus"), jobs | {"ray-serve": ray_replicas}, tmp_path
+            ) as prometheus,
+        ):
             remotes = [Remote(triton.http_url, "http"), Remote(twin_url, "http")]
             with Load(remotes, events) as load:
                 prometheus.wait_for_targets(timeout=30, down_jobs=frozenset({"down"}))
@@ -349,8 +360,12 @@ def test_every_panel_shows_the_running_reference_deployment(
     assert missing == [], "queries without data:\n" + "\n".join(
         f"{dashboard} / {title}: {expr}" for dashboard, title, expr in missing
     )
-    excused = {(d, t, piece) for d, t, expr in empty for (dd, tt, piece) in NO_DATA_HERE
-               if (d, t) == (dd, tt) and piece in expr}  # fmt: skip
+    excused = {
+        (d, t, piece)
+        for d, t, expr in empty
+        for (dd, tt, piece) in NO_DATA_HERE
+        if (d, t) == (dd, tt) and piece in expr
+    }
     assert excused == set(NO_DATA_HERE), f"stale exceptions: {set(NO_DATA_HERE) - excused}"
     assert len(queries) > 80  # every panel's queries were evaluated
 

@@ -160,8 +160,10 @@ def model_offsets(repository: Path) -> list[int]:
     program = shell_function(SBATCH, "model_offsets") + 'model_offsets "$1"'
     result = subprocess.run(
         ["bash", "-c", program, "bash", str(repository)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [int(line) for line in result.stdout.split()]
 
 
@@ -172,8 +174,13 @@ def test_compose_services_have_pinned_images_one_network_and_known_dependencies(
     raw = load_yaml(COMPOSE)
     services = compose_services()
     assert set(services) == {
-        "triton", COLLECTOR, "jaeger", "prometheus", "grafana", "gpu-exporter",
-    }  # fmt: skip
+        "triton",
+        COLLECTOR,
+        "jaeger",
+        "prometheus",
+        "grafana",
+        "gpu-exporter",
+    }
     assert list(raw["networks"]) == ["telemetry"]
     for name, service in raw["services"].items():
         image = service.get("image")
@@ -224,11 +231,17 @@ def test_triton_and_its_models_send_otlp_to_the_collector() -> None:
     trace_url = urlsplit(env["TRITON_TRACE_URL"])
     models = urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
     assert (trace_url.scheme, trace_url.hostname, trace_url.port, trace_url.path) == (
-        "http", COLLECTOR, OTLP_HTTP_PORT, "/v1/traces",
-    )  # fmt: skip
+        "http",
+        COLLECTOR,
+        OTLP_HTTP_PORT,
+        "/v1/traces",
+    )
     assert (models.scheme, models.hostname, models.port, models.path) == (
-        "http", COLLECTOR, OTLP_HTTP_PORT, "",
-    )  # fmt: skip
+        "http",
+        COLLECTOR,
+        OTLP_HTTP_PORT,
+        "",
+    )
     http = collector_config()["receivers"]["otlp"]["protocols"]["http"]
     assert address(http["endpoint"])[1] == OTLP_HTTP_PORT
     assert OTLP_HTTP_PORT in container_ports(services[COLLECTOR])
@@ -335,8 +348,9 @@ def test_grafana_datasources_point_at_services_and_exemplars_at_jaeger() -> None
         host, port = address(datasource["url"])
         assert host in services and port in container_ports(services[host]), uid
     assert {uid: d["type"] for uid, d in datasources.items()} == {
-        "prometheus": "prometheus", "jaeger": "jaeger",
-    }  # fmt: skip
+        "prometheus": "prometheus",
+        "jaeger": "jaeger",
+    }
     destinations = datasources["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
     assert destinations == [{"name": "trace_id", "datasourceUid": "jaeger"}]
 
@@ -403,15 +417,20 @@ def test_entrypoint_runs_tritonserver_with_tracing_from_the_compose_environment(
             "--allow-metrics=true",
             "--allow-gpu-metrics=true",
             "--exit-timeout-secs=30",
-            "--trace-config", "mode=opentelemetry",
-            "--trace-config", "rate=1",
-            "--trace-config", "level=TIMESTAMPS",
-            "--trace-config", f"opentelemetry,url=http://{COLLECTOR}:4318/v1/traces",
-            "--trace-config", "opentelemetry,resource=service.name=triton",
+            "--trace-config",
+            "mode=opentelemetry",
+            "--trace-config",
+            "rate=1",
+            "--trace-config",
+            "level=TIMESTAMPS",
+            "--trace-config",
+            f"opentelemetry,url=http://{COLLECTOR}:4318/v1/traces",
+            "--trace-config",
+            "opentelemetry,resource=service.name=triton",
             "--log-verbose=1",
         ],
         "PYTHONPATH": f"{fake_repo}/examples:/opt/pydeps/otelkit:/opt/pydeps/torch",
-    }  # fmt: skip
+    }
 
 
 def test_entrypoint_refuses_to_start_without_a_collector(fake_repo: Path) -> None:
@@ -478,8 +497,8 @@ def slurm_job(tmp_path: Path, fake_repo: Path) -> Iterator[dict[str, Any]]:
         f'python3 -c \'import json, os, sys; json.dump({{"argv": sys.argv[1:], "pid": os.getppid(),'
         f' "env": {{k: v for k, v in os.environ.items() if k.startswith("APPTAINERENV_")}}}},'
         f' open("{record}.tmp", "w"))\' "$@"\nmv "{record}.tmp" "{record}"\n'
-        'exec sleep 600\n',
-    )  # fmt: skip
+        "exec sleep 600\n",
+    )
     _executable(bin_dir / "curl", f'test -f "{record}"\n')  # ready once "Triton" runs
     submit = tmp_path / "submit"
     submit.mkdir()
@@ -499,9 +518,13 @@ def slurm_job(tmp_path: Path, fake_repo: Path) -> Iterator[dict[str, Any]]:
         "TRITON_READY_POLL": "0.05",
     }
     job = subprocess.Popen(
-        ["bash", str(SBATCH)], env=env, cwd=submit, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        ["bash", str(SBATCH)],
+        env=env,
+        cwd=submit,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         yield {"job": job, "tmp": tmp_path, "submit": submit, "record": record, "sif": sif}
     finally:
@@ -558,12 +581,17 @@ def test_sbatch_runs_triton_in_apptainer_publishes_its_ports_and_stops_on_scance
     ]
     apptainer = json.loads(slurm_job["record"].read_text())
     assert apptainer["argv"] == [
-        "exec", "--nv", "--cleanenv",
-        "--bind", f"{fake_repo}:/workspace/otelkit:ro",
-        "--bind", f"{slurm_job['tmp']}/.cache/otelkit/triton-pydeps:/opt/pydeps",
+        "exec",
+        "--nv",
+        "--cleanenv",
+        "--bind",
+        f"{fake_repo}:/workspace/otelkit:ro",
+        "--bind",
+        f"{slurm_job['tmp']}/.cache/otelkit/triton-pydeps:/opt/pydeps",
         str(slurm_job["sif"]),
-        "bash", "/workspace/otelkit/examples/gnn_tracking/deploy/triton-entrypoint.sh",
-    ]  # fmt: skip
+        "bash",
+        "/workspace/otelkit/examples/gnn_tracking/deploy/triton-entrypoint.sh",
+    ]
     assert apptainer["env"] == {
         "APPTAINERENV_TRITON_HTTP_PORT": str(base),
         "APPTAINERENV_TRITON_GRPC_PORT": str(base + 1),
@@ -701,8 +729,11 @@ def test_entrypoint_starts_a_real_tritonserver_that_exports_its_spans(
     with open(log, "wb") as out:
         server = subprocess.Popen(
             ["bash", str(ENTRYPOINT), "--trace-config", "opentelemetry,bsp_schedule_delay=200"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait_ready(http_port, server, log)
         data = np.arange(4, dtype=np.float32).reshape(1, 4)

@@ -228,14 +228,21 @@ def rule_tests() -> list[dict[str, Any]]:
     [
         (
             'histogram_quantile(0.95, sum by (le, model) (rate(a_bucket{job="x",le!="1"}[5m])))',
-            {"a_bucket"}, {"le", "model"},
+            {"a_bucket"},
+            {"le", "model"},
         ),
-        ("sum(rate(b[5m] offset 1h)) by (stage) / clamp_min(c:d:rate5m, 1e-9) / 1e6 > bool 0",
-         {"b", "c:d:rate5m"}, {"stage"}),
-        ('x or on(model) y * 0 unless z{m=~"rate(q)"} and max_over_time(w[10m:1m])',
-         {"x", "y", "z", "w"}, {"model"}),
+        (
+            "sum(rate(b[5m] offset 1h)) by (stage) / clamp_min(c:d:rate5m, 1e-9) / 1e6 > bool 0",
+            {"b", "c:d:rate5m"},
+            {"stage"},
+        ),
+        (
+            'x or on(model) y * 0 unless z{m=~"rate(q)"} and max_over_time(w[10m:1m])',
+            {"x", "y", "z", "w"},
+            {"model"},
+        ),
     ],
-)  # fmt: skip
+)
 def test_promql_names_finds_metrics_and_grouping_labels(
     expr: str, names: set[str], labels: set[str]
 ) -> None:
@@ -404,25 +411,42 @@ def test_collector_pipelines() -> None:
     first, last = "memory_limiter", "batch"
     assert pipelines == {
         AGENT: {
-            "traces": {"receivers": ["otlp"], "processors": [first, "resourcedetection", last],
-                       "exporters": ["otlp/gateway"]},
-            "metrics": {"receivers": ["otlp", "prometheus"],
-                        "processors": [first, "resourcedetection", last],
-                        "exporters": ["otlp/gateway"]},
+            "traces": {
+                "receivers": ["otlp"],
+                "processors": [first, "resourcedetection", last],
+                "exporters": ["otlp/gateway"],
+            },
+            "metrics": {
+                "receivers": ["otlp", "prometheus"],
+                "processors": [first, "resourcedetection", last],
+                "exporters": ["otlp/gateway"],
+            },
         },
         LB: {
-            "traces": {"receivers": ["otlp"], "processors": [first, last],
-                       "exporters": ["loadbalancing"]},
-            "metrics": {"receivers": ["otlp"], "processors": [first, "resource/drop-process", last],
-                        "exporters": ["prometheus"]},
+            "traces": {
+                "receivers": ["otlp"],
+                "processors": [first, last],
+                "exporters": ["loadbalancing"],
+            },
+            "metrics": {
+                "receivers": ["otlp"],
+                "processors": [first, "resource/drop-process", last],
+                "exporters": ["prometheus"],
+            },
         },
         SAMPLER: {
-            "traces": {"receivers": ["otlp"], "processors": [first, "tail_sampling", last],
-                       "exporters": ["otlp/jaeger", "file/traces"]},
-            "metrics": {"receivers": ["otlp"], "processors": [first, "resource/drop-process", last],
-                        "exporters": ["prometheus"]},
+            "traces": {
+                "receivers": ["otlp"],
+                "processors": [first, "tail_sampling", last],
+                "exporters": ["otlp/jaeger", "file/traces"],
+            },
+            "metrics": {
+                "receivers": ["otlp"],
+                "processors": [first, "resource/drop-process", last],
+                "exporters": ["prometheus"],
+            },
         },
-    }  # fmt: skip
+    }
 
 
 def test_sampler_writes_rotated_otlp_json_that_otelkit_reads(tmp_path: Path) -> None:
@@ -441,8 +465,14 @@ def test_sampler_writes_rotated_otlp_json_that_otelkit_reads(tmp_path: Path) -> 
     )
     assert (changed["path"], changed["rotation"]["max_megabytes"]) == ("/data/t.jsonl", 64)
     # as the exporter names a rotated file (lumberjack: <name>-<UTC time>.<ext>) and the current
-    span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "infer", "kind": 3,
-            "startTimeUnixNano": "1", "endTimeUnixNano": "2"}  # fmt: skip
+    span = {
+        "traceId": "ab" * 16,
+        "spanId": "cd" * 8,
+        "name": "infer",
+        "kind": 3,
+        "startTimeUnixNano": "1",
+        "endTimeUnixNano": "2",
+    }
     for name, span_id in (
         ("traces-2026-11-26T05-00-00.000.jsonl", "01" * 8),
         ("traces.jsonl", "02" * 8),
@@ -500,10 +530,13 @@ def test_tail_sampling_keeps_errors_slow_traces_and_a_share_of_the_rest() -> Non
         "policies": [
             {"name": "errors", "type": "status_code", "status_code": {"status_codes": ["ERROR"]}},
             {"name": "slow", "type": "latency", "latency": {"threshold_ms": 500}},
-            {"name": "baseline", "type": "probabilistic",
-             "probabilistic": {"sampling_percentage": 10}},
+            {
+                "name": "baseline",
+                "type": "probabilistic",
+                "probabilistic": {"sampling_percentage": 10},
+            },
         ],
-    }  # fmt: skip
+    }
     # Compose passes the same knobs through, with the same defaults.
     compose_env = compose_services()[SAMPLER]["environment"]
     for name, default in ENV_REFERENCE.findall(json.dumps(raw)):
@@ -567,8 +600,9 @@ def test_prometheus_scrapes_services_on_ports_they_listen_on() -> None:
     services = compose_services()
     for job_name, job in scrape_jobs().items():
         addresses = [t for static in job.get("static_configs", []) for t in static["targets"]]
-        addresses += [f"{n}:{dns['port']}" for dns in job.get("dns_sd_configs", [])
-                      for n in dns["names"]]  # fmt: skip
+        addresses += [
+            f"{n}:{dns['port']}" for dns in job.get("dns_sd_configs", []) for n in dns["names"]
+        ]
         for target in addresses:
             host, port = address(target)
             service = "prometheus" if host == "localhost" else host
@@ -621,16 +655,18 @@ def datasources() -> dict[str, dict[str, Any]]:
 def grafana_env(value: str) -> str:
     """Grafana's ``$NAME``/``${NAME}`` from the grafana service's environment; ``$$`` is ``$``."""
     env = compose_services()["grafana"]["environment"]
-    return re.sub(r"\$\$|\$\{(\w+)\}|\$(\w+)", lambda m: env[m[1] or m[2]] if m[0] != "$$"
-                  else "$", value)  # fmt: skip
+    return re.sub(
+        r"\$\$|\$\{(\w+)\}|\$(\w+)", lambda m: env[m[1] or m[2]] if m[0] != "$$" else "$", value
+    )
 
 
 def test_grafana_datasources_point_at_the_services() -> None:
     services = compose_services()
     found = datasources()
     assert {uid: d["type"] for uid, d in found.items()} == {
-        "prometheus": "prometheus", "jaeger": "jaeger",
-    }  # fmt: skip
+        "prometheus": "prometheus",
+        "jaeger": "jaeger",
+    }
     for uid, datasource in found.items():
         host, port = address(grafana_env(datasource["url"]))
         assert host in services and port in container_ports(services[host]), uid
@@ -810,9 +846,14 @@ def test_a_real_prometheus_runs_this_config(tmp_path: Path, forwarded_metrics: s
         (tmp_path / "prometheus" / "targets" / f"{job}-nodes.json").write_text(json.dumps(nodes))
     port = free_port()
     log = tmp_path / "prometheus.log"
-    command = [binary, f"--config.file={tmp_path / 'prometheus' / 'prometheus.yml'}",
-               f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-               "--enable-feature=exemplar-storage", "--log.level=error"]  # fmt: skip
+    command = [
+        binary,
+        f"--config.file={tmp_path / 'prometheus' / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--enable-feature=exemplar-storage",
+        "--log.level=error",
+    ]
     with log.open("wb") as out, subprocess.Popen(command, stdout=out, stderr=out) as process:
         try:
             _check_running_prometheus(port, log)
@@ -832,20 +873,32 @@ def _check_running_prometheus(port: int, log: Path) -> None:
 
     def direct_targets() -> set[tuple[str, str]]:
         targets = _api(port, "targets", state="active")["activeTargets"]
-        return {(t["labels"]["job"], t["labels"]["instance"]) for t in targets
-                if t["labels"]["job"] in NODE_JOBS}  # fmt: skip
+        return {
+            (t["labels"]["job"], t["labels"]["instance"])
+            for t in targets
+            if t["labels"]["job"] in NODE_JOBS
+        }
 
     _until(direct_targets, lambda found: found == expected, log)
     query = 'nv_inference_request_success{model="resnet"}'
     [series] = _until(lambda: _api(port, "query", query=query)["result"], log=log)
     assert series["metric"] == {
-        "__name__": "nv_inference_request_success", "host_name": "gpu01",
-        "instance": "localhost:8002", "job": "triton", "model": "resnet", "version": "1",
-    }  # fmt: skip
+        "__name__": "nv_inference_request_success",
+        "host_name": "gpu01",
+        "instance": "localhost:8002",
+        "job": "triton",
+        "model": "resnet",
+        "version": "1",
+    }
     assert _api(port, "query", query="nv_inference_request_success_total")["result"] == []
     assert _api(port, "query", query="otelkit_client_errors_total")["result"]
     now = time.time()
-    exemplars = _api(port, "query_exemplars", query="otelkit_client_duration_seconds_bucket",
-                     start=str(now - 60), end=str(now + 60))  # fmt: skip
+    exemplars = _api(
+        port,
+        "query_exemplars",
+        query="otelkit_client_duration_seconds_bucket",
+        start=str(now - 60),
+        end=str(now + 60),
+    )
     stored = {e["labels"]["trace_id"] for s in exemplars for e in s["exemplars"]}
     assert stored == {"4bf92f3577b34da6a3ce929d0e0e4736"}

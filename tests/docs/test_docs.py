@@ -101,11 +101,14 @@ def code_blocks(page: Path, text: str | None = None) -> list[Block]:
         marker = _MARKER.match(lines[index - 1]) if index else None
         blocks.append(
             Block(
-                page, index + 1, opening["info"].lower(),
+                page,
+                index + 1,
+                opening["info"].lower(),
                 textwrap.dedent("\n".join(lines[index + 1 : end])) + "\n",
-                marker["kind"] if marker else None, marker["value"].strip() if marker else "",
+                marker["kind"] if marker else None,
+                marker["value"].strip() if marker else "",
             )
-        )  # fmt: skip
+        )
         index = end + 1
     return blocks
 
@@ -118,8 +121,14 @@ def _closes(line: str, fence: str) -> bool:
 def marker_problems(block: Block) -> list[str]:
     """What is wrong with how ``block`` says whether and how it runs."""
     if block.language not in RUNNABLE:
-        return [f"{block.where}: a {block.marker!r} comment on a {block.language or 'plain'} "
-                "block, which is never run"] if block.marker else []  # fmt: skip
+        return (
+            [
+                f"{block.where}: a {block.marker!r} comment on a {block.language or 'plain'} "
+                "block, which is never run"
+            ]
+            if block.marker
+            else []
+        )
     if block.marker == "not run" and not block.value:
         return [f"{block.where}: `<!-- not run: REASON -->` needs its reason"]
     if block.marker == "run with":
@@ -153,9 +162,14 @@ def run_blocks(
             command, stdin = ["bash", "-e", "-o", "pipefail", "-c", code], None
         try:
             done = subprocess.run(
-                command, input=stdin, cwd=directory, env=block_environment(), capture_output=True,
-                text=True, timeout=TIMEOUT_S,
-            )  # fmt: skip
+                command,
+                input=stdin,
+                cwd=directory,
+                env=block_environment(),
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired as expired:
             failures.append(f"{block.where}: still running after {TIMEOUT_S} s: {expired.output}")
             continue
@@ -245,9 +259,18 @@ def _all_blocks() -> Iterator[Block]:
 
 
 def test_the_pages_exist() -> None:
-    expected = {"README.md", "configuration.md", "client.md", "server.md", "gpu.md",
-                "deployment.md", "analysis.md", "propagation.md", "known-issues.md",
-                "performance.md"}  # fmt: skip
+    expected = {
+        "README.md",
+        "configuration.md",
+        "client.md",
+        "server.md",
+        "gpu.md",
+        "deployment.md",
+        "analysis.md",
+        "propagation.md",
+        "known-issues.md",
+        "performance.md",
+    }
     assert expected <= {p.name for p in DOCS.glob("*.md")}
     assert (ROOT / "CHANGELOG.md").is_file()
 
@@ -366,9 +389,13 @@ def test_the_checks_catch_broken_pages(tmp_path: Path) -> None:
     (tmp_path / "other.md").write_text("## A heading\n")
     blocks = code_blocks(page)
     assert [(b.language, b.marker, b.runs) for b in blocks] == [
-        ("python", None, True), ("bash", "not run", False), ("sh", "not run", False),
-        ("yaml", None, False), ("bash", "run with", True), ("python", None, True),
-    ]  # fmt: skip
+        ("python", None, True),
+        ("bash", "not run", False),
+        ("sh", "not run", False),
+        ("yaml", None, False),
+        ("bash", "run with", True),
+        ("python", None, True),
+    ]
     assert [p for b in blocks for p in marker_problems(b)] == [
         "page.md:16: `<!-- not run: REASON -->` needs its reason"
     ]

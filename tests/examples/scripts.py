@@ -96,8 +96,11 @@ def serving(
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, str(script), *args],
-            stdout=out, stderr=subprocess.STDOUT, env=dict(env), cwd=log.parent,
-        )  # fmt: skip
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            cwd=log.parent,
+        )
     try:
         _wait_ready(proc, ready_url, log)
         yield proc

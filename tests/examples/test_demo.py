@@ -19,8 +19,14 @@ pytestmark = pytest.mark.triton
 
 
 def run(threads: int, events: int, errors: int) -> RunReport:
-    return RunReport(option=4, threads=threads, events=events, errors=errors, seconds=1.0,
-                     latencies_s=(0.01,) * events)  # fmt: skip
+    return RunReport(
+        option=4,
+        threads=threads,
+        events=events,
+        errors=errors,
+        seconds=1.0,
+        latencies_s=(0.01,) * events,
+    )
 
 
 def test_make_demo_runs_end_to_end_and_passes_its_checks(tmp_path: Path) -> None:
@@ -28,11 +34,20 @@ def test_make_demo_runs_end_to_end_and_passes_its_checks(tmp_path: Path) -> None
     stamp.touch()
     out = tmp_path / "demo"
     done = subprocess.run(
-        ["make", "--no-print-directory", "demo", f"STAMP={stamp}", f"PY={sys.executable}",
-         f"DEMO_ARGS=--seconds 0.5 --threads 1 --no-twin --no-ray --study-seconds 0.6 "
-         f"--out {out}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            "make",
+            "--no-print-directory",
+            "demo",
+            f"STAMP={stamp}",
+            f"PY={sys.executable}",
+            f"DEMO_ARGS=--seconds 0.5 --threads 1 --no-twin --no-ray --study-seconds 0.6 "
+            f"--out {out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "all checks passed (5 runs" in done.stdout
     assert "options 0 and 4 give identical track labels" in done.stdout
@@ -53,8 +68,11 @@ def test_make_demo_runs_end_to_end_and_passes_its_checks(tmp_path: Path) -> None
 
 
 def test_each_failed_check_is_named() -> None:
-    reports = [("0 all in the client", run(1, 40, 0)), ("3 each stage", run(8, 0, 0)),
-               ("4 one model", run(8, 30, 2))]  # fmt: skip
+    reports = [
+        ("0 all in the client", run(1, 40, 0)),
+        ("3 each stage", run(8, 0, 0)),
+        ("4 one model", run(8, 30, 2)),
+    ]
     failed = failed_checks(
         "1 of 4 events labelled differently",
         reports,

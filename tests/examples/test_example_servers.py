@@ -45,11 +45,13 @@ def fastapi_url(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) ->
     """fastapi_stages.py on a free port, tracing to the session's receiver."""
     port = free_port()
     with serving(
-        SERVERS / "fastapi_stages.py", "--port", str(port),
+        SERVERS / "fastapi_stages.py",
+        "--port",
+        str(port),
         ready_url=f"http://127.0.0.1:{port}/openapi.json",
         log=tmp_path_factory.mktemp("fastapi-example") / "server.log",
         env=environment(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url),
-    ):  # fmt: skip
+    ):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -80,10 +82,13 @@ def grpc_url(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> It
     """grpc_stages.py on a free port, tracing to the session's receiver."""
     port = free_port()
     with serving(
-        SERVERS / "grpc_stages.py", "--port", str(port), ready_url=f"grpc://127.0.0.1:{port}",
+        SERVERS / "grpc_stages.py",
+        "--port",
+        str(port),
+        ready_url=f"grpc://127.0.0.1:{port}",
         log=tmp_path_factory.mktemp("grpc-example") / "server.log",
         env=environment(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url),
-    ):  # fmt: skip
+    ):
         yield f"127.0.0.1:{port}"
 
 
@@ -97,10 +102,15 @@ def test_grpc_stages_nest_under_the_server_span_in_the_clients_trace(
     spans = wait_for_trace(receiver.out_dir, trace_id, count=5)
     server = "hit-features-grpc"
     call = node(
-        f"{semconv.RPC_METHOD_GRPC_INFER} {MODEL}", CLIENT_SERVICE,
-        node(semconv.RPC_METHOD_GRPC_INFER, server, node("cylindrical", server),
-             node("scale", server)),
-    )  # fmt: skip
+        f"{semconv.RPC_METHOD_GRPC_INFER} {MODEL}",
+        CLIENT_SERVICE,
+        node(
+            semconv.RPC_METHOD_GRPC_INFER,
+            server,
+            node("cylindrical", server),
+            node("scale", server),
+        ),
+    )
     assert tree(build_traces(spans)[trace_id]) == node("reconstruct event", CLIENT_SERVICE, call)
 
 
@@ -110,10 +120,14 @@ def pytriton_url(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -
     http, grpc, metrics = (free_port() for _ in range(3))
     ports = ("--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics))
     with serving(
-        SERVERS / "pytriton_stages.py", *ports, "--traces-url", receiver.traces_url,
+        SERVERS / "pytriton_stages.py",
+        *ports,
+        "--traces-url",
+        receiver.traces_url,
         ready_url=f"http://127.0.0.1:{http}/v2/models/{MODEL}/ready",
-        log=tmp_path_factory.mktemp("pytriton-example") / "server.log", env=environment(),
-    ):  # fmt: skip
+        log=tmp_path_factory.mktemp("pytriton-example") / "server.log",
+        env=environment(),
+    ):
         yield f"127.0.0.1:{http}"
 
 
@@ -121,18 +135,35 @@ def pytriton_url(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -
 def test_pytriton_stages_nest_under_proxy_inference_callable_in_the_clients_trace(
     pytriton_url: str, receiver: Receiver, tmp_path: Path
 ) -> None:
-    done = run_script(CLIENTS / "infer_sync.py", "--protocol", "http", "--url", pytriton_url,
-                      cwd=tmp_path, env=environment(
-                          OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url))  # fmt: skip
+    done = run_script(
+        CLIENTS / "infer_sync.py",
+        "--protocol",
+        "http",
+        "--url",
+        pytriton_url,
+        cwd=tmp_path,
+        env=environment(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url),
+    )
     trace_id, _ = printed_trace(done.stdout)
     assert done.stdout.startswith(f"{FEATURES}\n")
     spans = wait_for_trace(receiver.out_dir, trace_id, count=10)
     server = "hit-features-pytriton"  # this example's process: the proxy and the stages
-    proxy = node("proxy_inference_callable", server,
-                 node("pytriton-batch-decorator-span", server),
-                 node("cylindrical", server), node("scale", server))  # fmt: skip
-    model = node(MODEL, "pytriton", node("compute", "pytriton"),
-                 node("python_backend_execute", "pytriton", proxy))  # fmt: skip
-    call = node(f"{semconv.RPC_METHOD_HTTP_INFER} {MODEL}", CLIENT_SERVICE,
-                node("InferRequest", "pytriton", model))  # fmt: skip
+    proxy = node(
+        "proxy_inference_callable",
+        server,
+        node("pytriton-batch-decorator-span", server),
+        node("cylindrical", server),
+        node("scale", server),
+    )
+    model = node(
+        MODEL,
+        "pytriton",
+        node("compute", "pytriton"),
+        node("python_backend_execute", "pytriton", proxy),
+    )
+    call = node(
+        f"{semconv.RPC_METHOD_HTTP_INFER} {MODEL}",
+        CLIENT_SERVICE,
+        node("InferRequest", "pytriton", model),
+    )
     assert tree(build_traces(spans)[trace_id]) == node("reconstruct event", CLIENT_SERVICE, call)

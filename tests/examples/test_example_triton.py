@@ -56,10 +56,14 @@ def triton_example(
     http, grpc, metrics = (free_port() for _ in range(3))
     ports = ("--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics))
     with serving(
-        SERVERS / "triton_backend" / "serve.py", *ports, "--traces-url", receiver.traces_url,
+        SERVERS / "triton_backend" / "serve.py",
+        *ports,
+        "--traces-url",
+        receiver.traces_url,
         ready_url=f"http://127.0.0.1:{http}/v2/models/{MODEL}/ready",
-        log=tmp_path_factory.mktemp("triton-example") / "serve.log", env=environment(),
-    ):  # fmt: skip
+        log=tmp_path_factory.mktemp("triton-example") / "serve.log",
+        env=environment(),
+    ):
         yield Served(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}")
 
 
@@ -79,8 +83,9 @@ def test_sync_client_traces_from_its_job_span_to_the_models_stages(
     printed: list[str] = []
 
     def call() -> str:  # a whole run again if Triton 2.51 lost the gRPC context (joined_trace)
-        done = run_script(CLIENTS / "infer_sync.py", "--protocol", protocol, "--url", url,
-                          cwd=tmp_path, env=env)  # fmt: skip
+        done = run_script(
+            CLIENTS / "infer_sync.py", "--protocol", protocol, "--url", url, cwd=tmp_path, env=env
+        )
         printed.append(done.stdout)
         return printed_trace(done.stdout)[0]
 
@@ -97,8 +102,15 @@ def test_sync_client_traces_from_its_job_span_to_the_models_stages(
 def test_sync_client_without_an_endpoint_writes_its_spans_to_files(
     triton_example: Served, receiver: Receiver, tmp_path: Path
 ) -> None:
-    done = run_script(CLIENTS / "infer_sync.py", "--protocol", "http", "--url",
-                      triton_example.http_url, cwd=tmp_path, env=environment())  # fmt: skip
+    done = run_script(
+        CLIENTS / "infer_sync.py",
+        "--protocol",
+        "http",
+        "--url",
+        triton_example.http_url,
+        cwd=tmp_path,
+        env=environment(),
+    )
     trace_id, destination = printed_trace(done.stdout)
     (written,) = (tmp_path / "otelkit-traces").glob("*.jsonl")
     assert destination == f"OTLP-JSON lines in {written}"
@@ -120,8 +132,15 @@ def test_asyncio_client_concurrent_calls_share_the_jobs_trace(
     printed: list[str] = []
 
     def call() -> str:
-        done = run_script(CLIENTS / "infer_asyncio.py", "--url", triton_example.grpc_url,
-                          "--events", "3", cwd=tmp_path, env=env)  # fmt: skip
+        done = run_script(
+            CLIENTS / "infer_asyncio.py",
+            "--url",
+            triton_example.grpc_url,
+            "--events",
+            "3",
+            cwd=tmp_path,
+            env=env,
+        )
         printed.append(done.stdout)
         return printed_trace(done.stdout)[0]
 
@@ -147,10 +166,12 @@ def test_unmodified_script_is_traced_by_opentelemetry_instrument(
     script, url = CLIENTS / "plain_client.py", ("--url", triton_example.http_url)
     plain = run_script(script, *url, cwd=tmp_path, env=environment())
     service = f"plain-client-{uuid.uuid4().hex[:8]}"
-    env = environment(OTEL_SERVICE_NAME=service,
-                      OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url)  # fmt: skip
-    traced = run_script(script, *url, cwd=tmp_path, env=env,
-                        prefix=[str(BIN / "opentelemetry-instrument")])  # fmt: skip
+    env = environment(
+        OTEL_SERVICE_NAME=service, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url
+    )
+    traced = run_script(
+        script, *url, cwd=tmp_path, env=env, prefix=[str(BIN / "opentelemetry-instrument")]
+    )
     assert (traced.stdout, traced.stderr) == (plain.stdout, plain.stderr) == (f"{FEATURES}\n", "")
     (call,) = [s for s in load_spans(receiver.out_dir) if s.resource.get("service.name") == service]
     assert (call.kind.name, call.parent_span_id) == ("CLIENT", None)

@@ -40,9 +40,10 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """otelkit in this process (the client and the twin) exports to a receiver of its own."""
     with Receiver(tmp_path_factory.mktemp("grpc-twin-receiver")) as receiver:
         otelkit.configure(
-            service_name="grpc-twin-tests", traces_endpoint=receiver.traces_url,
+            service_name="grpc-twin-tests",
+            traces_endpoint=receiver.traces_url,
             bsp_schedule_delay_ms=50,
-        )  # fmt: skip
+        )
         yield receiver.out_dir
         otelkit.shutdown()
 
@@ -57,9 +58,12 @@ def twin_url(models: Models, traces: Path) -> Iterator[str]:
 
 @pytest.mark.triton
 def test_the_grpc_twin_and_triton_give_the_same_labels_for_the_same_event(
-    twin_url: str, tracking_triton: TrackingServer, models: Models, events: list[torch.Tensor],
+    twin_url: str,
+    tracking_triton: TrackingServer,
+    models: Models,
+    events: list[torch.Tensor],
     traces: Path,
-) -> None:  # fmt: skip
+) -> None:
     twin = Remote(twin_url, "grpc")
     triton = Remote(tracking_triton.server.grpc_url, "grpc")
     for features in events:

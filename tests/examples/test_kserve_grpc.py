@@ -48,9 +48,11 @@ def stub(url: str) -> Iterator[pb2_grpc.GRPCInferenceServiceStub]:
 
 
 def infer(
-    client: grpcclient.InferenceServerClient, model: str, outputs: list[str] | None = None,
+    client: grpcclient.InferenceServerClient,
+    model: str,
+    outputs: list[str] | None = None,
     **arrays: Any,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     tensors = []
     for name, array in arrays.items():
         tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
@@ -70,14 +72,18 @@ def test_health_metadata_and_configuration(client: grpcclient.InferenceServerCli
     assert (server["name"], server["version"]) == ("toys", "7")
     metadata = client.get_model_metadata("versioned", as_json=True)
     assert metadata == {
-        "name": "versioned", "versions": ["1", "2"], "platform": "python",
+        "name": "versioned",
+        "versions": ["1", "2"],
+        "platform": "python",
         "inputs": [{"name": "x", "datatype": "FP32", "shape": ["-1", "3"]}],
         "outputs": [{"name": "y", "datatype": "FP32", "shape": ["-1", "3"]}],
-    }  # fmt: skip
+    }
     config = client.get_model_config("upper", as_json=True)["config"]
     assert (config["name"], config["input"][0]["data_type"], config["output"][0]["dims"]) == (
-        "upper", "TYPE_STRING", ["-1"]
-    )  # fmt: skip
+        "upper",
+        "TYPE_STRING",
+        ["-1"],
+    )
     with pytest.raises(InferenceServerException, match="NOT_FOUND"):
         client.get_model_metadata("nope")
 

@@ -44,13 +44,15 @@ def ray_url(ray_local: LocalRay, ray_receiver: Receiver, ray_grpc_url: str) -> I
     from gnn_tracking.serving.ray_app import ray_serve_app
 
     otelkit.configure(
-        service_name="gnn-tracking-ray-tests", traces_endpoint=ray_receiver.traces_url,
+        service_name="gnn-tracking-ray-tests",
+        traces_endpoint=ray_receiver.traces_url,
         bsp_schedule_delay_ms=50,
-    )  # fmt: skip
+    )
     with ray_serve_app(
-        ray_receiver.traces_url, env_vars={"OTEL_BSP_SCHEDULE_DELAY": "50"},
+        ray_receiver.traces_url,
+        env_vars={"OTEL_BSP_SCHEDULE_DELAY": "50"},
         grpc_port=int(ray_grpc_url.rsplit(":", 1)[1]),
-    ) as url:  # fmt: skip
+    ) as url:
         yield url
     otelkit.shutdown()
 

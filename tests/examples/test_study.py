@@ -22,14 +22,25 @@ def test_make_study_writes_each_sweep_and_prints_its_verdicts(tmp_path: Path) ->
     stamp.touch()
     out = tmp_path / "study"
     done = subprocess.run(
-        ["make", "--no-print-directory", "study", f"STAMP={stamp}", f"PY={sys.executable}",
-         f"STUDY_ARGS=--quick --out {out}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            "make",
+            "--no-print-directory",
+            "study",
+            f"STAMP={stamp}",
+            f"PY={sys.executable}",
+            f"STUDY_ARGS=--quick --out {out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "=== verdicts ===" in done.stdout
-    results = {name: read_results(out / f"{name}.jsonl")
-               for name in ("options", "batch", "servers", "scaling")}  # fmt: skip
+    results = {
+        name: read_results(out / f"{name}.jsonl")
+        for name in ("options", "batch", "servers", "scaling")
+    }
     for name, result in results.items():
         assert result.status == "complete", name
         assert all(p.status == "ok" and p.failed == 0 and p.requests > 0 for p in result.points)

@@ -139,8 +139,9 @@ def test_the_pipeline_on_the_gpu_serves_threads_over_grpc(
     remote = Remote(server.grpc_url, "grpc", instrument=False)
     events = event_pool(16, 100, seed=7)
     for threads in (1, 4):
-        report = drive(OPTIONS[option], events, threads=threads, models=cpu_models, remote=remote,
-                       seconds=5.0)  # fmt: skip
+        report = drive(
+            OPTIONS[option], events, threads=threads, models=cpu_models, remote=remote, seconds=5.0
+        )
         if report.errors and empty_outputs(report.first_error):
             raise EmptyGpuOutputs(str(report.first_error))
         assert report.errors == 0, report.first_error
@@ -149,9 +150,10 @@ def test_the_pipeline_on_the_gpu_serves_threads_over_grpc(
     with urllib.request.urlopen(server.metrics_url, timeout=10) as answer:
         metrics = answer.read().decode().splitlines()
     executed = [
-        line for line in metrics
+        line
+        for line in metrics
         if line.startswith("nv_inference_exec_count{") and 'model="gnn"' in line
-    ]  # fmt: skip
+    ]
     assert executed and float(executed[0].rsplit(" ", 1)[1]) > 0, executed
     # Triton's own GPU metrics come from DCGM, which a container may not let it start
     gpu = [line for line in metrics if line.startswith(("nv_gpu_memory_used", "nv_gpu_util"))]

@@ -305,8 +305,19 @@ def _keys(edges: torch.Tensor, n: int) -> torch.Tensor:
 def test_training_runs_end_to_end_into_a_directory(tmp_path: Path) -> None:
     path = [str(EXAMPLES), *filter(None, [os.environ.get("PYTHONPATH")])]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    command = [sys.executable, "-m", "gnn_tracking.physics.train", "--events", "4",
-               "--n-particles", "10", "--steps", "0.02", "--out", str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "gnn_tracking.physics.train",
+        "--events",
+        "4",
+        "--n-particles",
+        "10",
+        "--steps",
+        "0.02",
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "track efficiency" in done.stderr
@@ -351,6 +362,7 @@ def test_every_stage_is_one_span_under_the_caller(models: Models, traces: Path) 
     spans = load_spans(traces)
     walks = sorted([(d, s.name) for d, s in t.walk()] for t in build_traces(spans).values())
     stages = ["embed", "build_graph", "filter", "gnn", "label"]
-    assert walks == sorted([[(0, "event"), *((1, name) for name in stages)],
-                            *([(0, name)] for name in stages)])  # fmt: skip
+    assert walks == sorted(
+        [[(0, "event"), *((1, name) for name in stages)], *([(0, name)] for name in stages)]
+    )
     assert all(s.attributes[semconv.STAGE_NAME] == s.name for s in spans if s.name in stages)

@@ -288,8 +288,10 @@ def test_otlp_http_sends_the_environments_headers_under_configures() -> None:
         "http://collector:4318/v1/traces", {"authorization": "Bearer own"}, 5.0, "json", environ
     )
     assert exporter._headers == {
-        "Content-Type": "application/json", "tenant": "physics", "authorization": "Bearer own",
-    }  # fmt: skip
+        "Content-Type": "application/json",
+        "tenant": "physics",
+        "authorization": "Bearer own",
+    }
 
 
 def test_otlp_grpc_sends_what_the_sdk_would(grpc_sink: tuple[GrpcTraceSink, int]) -> None:
@@ -328,9 +330,10 @@ def test_http_exports_are_not_traced_by_opentelemetrys_requests_instrumentation(
 
     with Receiver(tmp_path) as receiver:
         otelkit.configure(
-            service_name="http-client", endpoint=receiver.endpoint,
+            service_name="http-client",
+            endpoint=receiver.endpoint,
             metrics_endpoint=f"{receiver.endpoint}/v1/metrics",  # refused (404), still sent
-        )  # fmt: skip
+        )
         make_trace()
         for _ in range(3):
             otelkit.flush()
@@ -344,8 +347,9 @@ def test_grpc_exports_are_not_traced_by_opentelemetrys_grpc_instrumentation(
     grpc_sink: tuple[GrpcTraceSink, int], contrib_instrumentations: None
 ) -> None:
     sink, port = grpc_sink
-    otelkit.configure(service_name="grpc-client", protocol="grpc",
-                      endpoint=f"http://127.0.0.1:{port}")  # fmt: skip
+    otelkit.configure(
+        service_name="grpc-client", protocol="grpc", endpoint=f"http://127.0.0.1:{port}"
+    )
     make_trace()
     for _ in range(3):
         otelkit.flush()

@@ -45,8 +45,10 @@ SCRIPT = textwrap.dedent(
 def run(endpoint: str, protocol: str) -> list[str]:
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, endpoint, protocol],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     pids, exit_codes = done.stdout.split()
     assert exit_codes == "[0,0]", done.stderr

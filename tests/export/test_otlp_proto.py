@@ -54,9 +54,12 @@ def sdk_spans(limits: SpanLimits | None = None) -> list[ReadableSpan]:
     tracer = provider.get_tracer("otelkit.client", "1.2.3", schema_url="https://schema/1")
     other = provider.get_tracer("otelkit.server")
     remote = SpanContext(
-        0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True,
-        TraceFlags(1), TraceState([("vendor", "v1"), ("other", "x")]),
-    )  # fmt: skip
+        0x4BF92F3577B34DA6A3CE929D0E0E4736,
+        0x00F067AA0BA902B7,
+        True,
+        TraceFlags(1),
+        TraceState([("vendor", "v1"), ("other", "x")]),
+    )
     parent = trace.set_span_in_context(trace.NonRecordingSpan(remote))
     with tracer.start_as_current_span("root", kind=SpanKind.CLIENT, attributes=ATTRIBUTES):
         with other.start_as_current_span("child", kind=SpanKind.SERVER) as child:
@@ -101,9 +104,12 @@ def test_sdk_spans_encode_as_the_sdk_encodes_them() -> None:
 
 def test_dropped_attributes_events_and_links_are_counted_alike() -> None:
     limits = SpanLimits(
-        max_span_attributes=3, max_events=1, max_links=1, max_event_attributes=1,
+        max_span_attributes=3,
+        max_events=1,
+        max_links=1,
+        max_event_attributes=1,
         max_link_attributes=0,
-    )  # fmt: skip
+    )
     same_request(sdk_spans(limits))
     wide = SpanLimits(max_events=2, max_links=2, max_event_attributes=1, max_link_attributes=0)
     spans = sdk_spans(wide)

@@ -43,9 +43,11 @@ class GpuStandIn:
                 return 2.5  # milliseconds, as torch reports them
 
         self.cuda = types.SimpleNamespace(
-            Event=Event, is_available=lambda: True, is_initialized=lambda: True,
+            Event=Event,
+            is_available=lambda: True,
+            is_initialized=lambda: True,
             memory_allocated=lambda: 0,
-        )  # fmt: skip
+        )
 
 
 @pytest.fixture

@@ -319,8 +319,17 @@ def test_without_nvml_the_sampler_logs_once_and_reports_no_gpu(
 
 def run_exporter(*arguments: str) -> tuple[subprocess.Popen[str], str]:
     port = free_port()
-    command = [sys.executable, "-m", "otelkit.cli", "gpu-exporter", "--host", "127.0.0.1",
-               "--port", str(port), *arguments]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "otelkit.cli",
+        "gpu-exporter",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *arguments,
+    ]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     deadline = time.monotonic() + 30
@@ -379,26 +388,47 @@ def test_the_exporter_names_a_taken_port_and_a_bad_recording(tmp_path: Path) -> 
     port = url.split(":")[2].split("/")[0]
     try:
         taken = subprocess.run(
-            [sys.executable, "-m", "otelkit.cli", "gpu-exporter", "--host", "127.0.0.1",
-             "--port", port], capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "otelkit.cli",
+                "gpu-exporter",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                port,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         stop(process)
     assert taken.returncode == 1 and f"cannot serve on 127.0.0.1:{port}" in taken.stderr
     (tmp_path / "bad.json").write_text("[]")
     bad = subprocess.run(
-        [sys.executable, "-m", "otelkit.cli", "gpu-exporter", "--replay",
-         str(tmp_path / "bad.json")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "otelkit.cli",
+            "gpu-exporter",
+            "--replay",
+            str(tmp_path / "bad.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "cannot replay" in bad.stderr
 
 
 def test_gpu_record_without_a_gpu_says_so(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "otelkit.cli", "gpu", "record", "--out", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and "nothing to record: NVML did not start" in done.stderr
     assert not (tmp_path / "r.json").exists()
 
@@ -410,10 +440,15 @@ def test_gpu_record_without_a_gpu_says_so(tmp_path: Path) -> None:
 def configured(tmp_path: Path) -> Iterator[Any]:
     def configure(**options: Any) -> otelkit.telemetry.Telemetry:
         return otelkit.configure(
-            service_name="gpu-tests", traces_exporter="jsonl", traces_dir=str(tmp_path),
-            metrics_exporter="prometheus", prometheus_port=0, prometheus_host="127.0.0.1",
-            bsp_schedule_delay_ms=50, **options,
-        )  # fmt: skip
+            service_name="gpu-tests",
+            traces_exporter="jsonl",
+            traces_dir=str(tmp_path),
+            metrics_exporter="prometheus",
+            prometheus_port=0,
+            prometheus_host="127.0.0.1",
+            bsp_schedule_delay_ms=50,
+            **options,
+        )
 
     yield configure
     otelkit.shutdown()
@@ -508,8 +543,11 @@ def test_torch_memory_per_device_is_published_with_the_nvml_uuid_form() -> None:
         found = samples(scrape(exporter.url))
     finally:
         exporter.close()
-    for spec, column in ((semconv.GPU_TORCH_ALLOCATED, 0), (semconv.GPU_TORCH_RESERVED, 1),
-                         (semconv.GPU_TORCH_PEAK, 2)):  # fmt: skip
+    for spec, column in (
+        (semconv.GPU_TORCH_ALLOCATED, 0),
+        (semconv.GPU_TORCH_RESERVED, 1),
+        (semconv.GPU_TORCH_PEAK, 2),
+    ):
         values = {dict(k)["gpu_uuid"]: v for k, v in found[semconv.prometheus_name(spec)].items()}
         assert values == {
             f"GPU-6e19195c-0000-0000-0000-00000000000{i}": float(reading[column])
@@ -550,11 +588,17 @@ def test_owners_name_triton_model_instances_and_otelkit_services(tmp_path: Path)
     )
     assert server_owner == "triton"
     service = subprocess.run(
-        [sys.executable, "-c", "import os, sys; from otelkit.gpu import _owners as owners; "
-         "print(owners.owner(os.getpid()))"],
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from otelkit.gpu import _owners as owners; "
+            "print(owners.owner(os.getpid()))",
+        ],
         env={**os.environ, "OTEL_SERVICE_NAME": "tracking-server"},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert service.stdout.strip() == "tracking-server"
     assert owners.owner(2**22 + 12345, str(tmp_path)) == ""  # gone or unreadable: unknown
 

@@ -245,12 +245,19 @@ def test_sourced_step_runs_one_exporter_per_node_publishes_targets_and_stops_wit
     calls = srun_calls(slurm["log"])
     assert list(calls.values()) == [
         [
-            "--overlap", "--job-name=otelkit-gpu-exporter", "--nodes=3", "--ntasks=3",
-            "--ntasks-per-node=1", "--cpus-per-task=1",
-            "otelkit", "gpu-exporter", "--port", port,
+            "--overlap",
+            "--job-name=otelkit-gpu-exporter",
+            "--nodes=3",
+            "--ntasks=3",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=1",
+            "otelkit",
+            "gpu-exporter",
+            "--port",
+            port,
             *extra.get("OTELKIT_GPU_EXPORTER_ARGS", "").split(),
         ]
-    ]  # fmt: skip
+    ]
     assert (slurm["log"] / "scontrol").read_text() == f"show hostnames {NODELIST}\n"
 
     header, *lines = result.stdout.splitlines()
@@ -276,9 +283,12 @@ def test_sourced_step_runs_one_exporter_per_node_publishes_targets_and_stops_wit
 @pytest.fixture
 def foreground_step(slurm: dict[str, Any]) -> Iterator[subprocess.Popen[str]]:
     step = subprocess.Popen(
-        ["bash", str(STEP)], env=slurm["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        ["bash", str(STEP)],
+        env=slurm["env"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-    )  # fmt: skip
+    )
     try:
         yield step
     finally:
@@ -405,8 +415,10 @@ def test_service_is_headless_selects_the_daemonset_pods_and_asks_to_be_scraped()
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     (port,) = svc["spec"]["ports"]
     assert (port["name"], port["port"], _port(container, port["targetPort"])) == (
-        "metrics", PORT, PORT
-    )  # fmt: skip
+        "metrics",
+        PORT,
+        PORT,
+    )
     assert svc["metadata"]["annotations"] == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(PORT),

@@ -38,9 +38,15 @@ from tests.paths import GPU_FIXTURES
 
 FIXTURES = GPU_FIXTURES
 RECORDINGS = [
-    "h100x1", "a100x2", "h100x8", "a100-mig", "unsupported", "a100x2-lost",
-    "h200-idle", "h200-busy",
-]  # fmt: skip
+    "h100x1",
+    "a100x2",
+    "h100x8",
+    "a100-mig",
+    "unsupported",
+    "a100x2-lost",
+    "h200-idle",
+    "h200-busy",
+]
 Install = Callable[[Path], NvmlReplay]
 
 
@@ -203,10 +209,12 @@ def h100_mig() -> dict[str, Any]:
     for number, sample in enumerate(document["samples"]):
         for device in document["devices"]:
             base = 10.0 * (device["mig_instance"] or 1) + number
-            sample["fields"][device["uuid"]].update({
-                field: "no_data" if number == 0 else base + offset / 4
-                for offset, field in enumerate(GPM_FIELDS)
-            })  # fmt: skip
+            sample["fields"][device["uuid"]].update(
+                {
+                    field: "no_data" if number == 0 else base + offset / 4
+                    for offset, field in enumerate(GPM_FIELDS)
+                }
+            )
     return document
 
 
@@ -360,9 +368,17 @@ def test_a_process_nvml_cannot_name_is_named_from_proc_and_owned_from_proc(
     nvml = install(FIXTURES / "h100x1.json")
     nvml.fail("nvmlSystemGetProcessName", pynvml.NVML_ERROR_NO_PERMISSION)
     backend_dir = "/opt/tritonserver/backends/python"
-    stub = [f"{backend_dir}/triton_python_backend_stub", "/models/embedding/1/model.py",
-            "triton_python_backend_shm_region_1", "1048576", "1048576", "1352331", backend_dir,
-            "336", "embedding_0_0"]  # fmt: skip
+    stub = [
+        f"{backend_dir}/triton_python_backend_stub",
+        "/models/embedding/1/model.py",
+        "triton_python_backend_shm_region_1",
+        "1048576",
+        "1048576",
+        "1352331",
+        backend_dir,
+        "336",
+        "embedding_0_0",
+    ]
     argv = {
         1321841: ["/usr/bin/python3", "-m", "ingest"],
         1352331: ["/opt/tritonserver/bin/tritonserver", "--model-repository=/models"],

@@ -45,8 +45,15 @@ def _expected_rows(spans: list[dict[str, Any]]) -> list[tuple[str, int, float, f
         key = lambda s: (int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]))  # noqa: E731
         for s in sorted(children[parent], key=key):
             start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
-            rows.append((s["name"], depth, (start - origin) / 1e3, (end - start) / 1e3,
-                         len(s.get("events", []))))  # fmt: skip
+            rows.append(
+                (
+                    s["name"],
+                    depth,
+                    (start - origin) / 1e3,
+                    (end - start) / 1e3,
+                    len(s.get("events", [])),
+                )
+            )
             visit(s["spanId"], depth + 1)
 
     visit("", 0)

@@ -27,10 +27,17 @@ def _trace_spans(n: int, start_s: float, spans: int = 3) -> list[Span]:
     start = int(start_s * 1e9)
     root = Span(trace_id, "00" * 7 + "01", None, "event", SpanKind.INTERNAL, start, start + 10**7)
     children = [
-        Span(trace_id, f"{k + 2:016x}", root.span_id, f"step {k}", SpanKind.INTERNAL,
-             start + k * 10**6, start + (k + 1) * 10**6)
+        Span(
+            trace_id,
+            f"{k + 2:016x}",
+            root.span_id,
+            f"step {k}",
+            SpanKind.INTERNAL,
+            start + k * 10**6,
+            start + (k + 1) * 10**6,
+        )
         for k in range(spans - 1)
-    ]  # fmt: skip
+    ]
     return [*children, root]
 
 
@@ -55,8 +62,9 @@ def test_stream_hands_on_whole_traces_and_bounds_what_it_holds() -> None:
 def test_stream_counts_late_spans_and_closes_early_under_its_bound() -> None:
     early = _trace_spans(1, 0.0)
     later = [s for n in range(2, 40) for s in _trace_spans(n, 100.0 + n)]
-    straggler = Span(early[0].trace_id, "ff" * 8, early[-1].span_id, "late", SpanKind.INTERNAL,
-                     0, 10)  # fmt: skip
+    straggler = Span(
+        early[0].trace_id, "ff" * 8, early[-1].span_id, "late", SpanKind.INTERNAL, 0, 10
+    )
     stream = TraceStream(grace_s=1, max_open_spans=20)
     traces = list(stream.complete_traces([*early, *later, straggler]))
     assert len(traces) == 39 and stream.late_spans == 1
@@ -125,8 +133,18 @@ def test_command_writes_the_page_and_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "r.html"
-    args = ["report", str(TRACES), "--study", str(STUDY), "--out", str(out), "--root",
-            "reconstruct event", "--figures", str(tmp_path / "fig")]  # fmt: skip
+    args = [
+        "report",
+        str(TRACES),
+        "--study",
+        str(STUDY),
+        "--out",
+        str(out),
+        "--root",
+        "reconstruct event",
+        "--figures",
+        str(tmp_path / "fig"),
+    ]
     for key in GROUP_BY:
         args += ["--group-by", key]
     assert main(args) == 0
@@ -184,16 +202,30 @@ def test_study_charts_with_gpus_saturation_and_knees() -> None:
 
     points = []
     for n, (instances, throughput) in enumerate([(1, 100.0), (2, 190.0), (4, 200.0)]):
-        point = make_point({"instances": instances}, throughput, {"server gnn": 5.0 * n + 5},
-                           index=n, triton={"gnn": figures(4.0, queue_ms=n * 2.0)})  # fmt: skip
-        point.gpus = {"GPU-0123456789ab": {"utilization": 0.3 * (n + 1),
-                                           "memory_used_bytes": 2**30 * 2 * instances}}  # fmt: skip
+        point = make_point(
+            {"instances": instances},
+            throughput,
+            {"server gnn": 5.0 * n + 5},
+            index=n,
+            triton={"gnn": figures(4.0, queue_ms=n * 2.0)},
+        )
+        point.gpus = {
+            "GPU-0123456789ab": {
+                "utilization": 0.3 * (n + 1),
+                "memory_used_bytes": 2**30 * 2 * instances,
+            }
+        }
         points.append(point)
     results = StudyResults({"unit": "event"}, points)
     results.derive()
     charts = {chart.name: chart for chart in study_charts(results)}
-    assert {"study-throughput-instances", "study-efficiency", "study-saturation",
-            "study-gpu-utilisation", "study-gpu-memory"} <= set(charts)  # fmt: skip
+    assert {
+        "study-throughput-instances",
+        "study-efficiency",
+        "study-saturation",
+        "study-gpu-utilisation",
+        "study-gpu-memory",
+    } <= set(charts)
     memory = charts["study-gpu-memory"].spec["layer"][0]["data"]["values"]
     assert [row["GiB"] for row in memory] == [2.0, 2.0, 2.0]  # 2 GiB an instance throughout
     rings = charts["study-throughput-instances"].spec["layer"][1]["data"]["values"]

@@ -166,9 +166,12 @@ def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
 @pytest.fixture(scope="module")
 def telemetry(receiver: Receiver) -> Iterator[otelkit.Telemetry]:
     yield otelkit.configure(
-        service_name="fastapi-tests", traces_endpoint=receiver.traces_url,
-        bsp_schedule_delay_ms=50, metrics_exporter="prometheus", prometheus_port=0,
-    )  # fmt: skip
+        service_name="fastapi-tests",
+        traces_endpoint=receiver.traces_url,
+        bsp_schedule_delay_ms=50,
+        metrics_exporter="prometheus",
+        prometheus_port=0,
+    )
     otelkit.shutdown()
 
 
@@ -199,9 +202,11 @@ def test_traceparent_parents_the_server_span_and_stages_nest_under_it(
     path = route.replace("{model}", "gnn").replace("{tenant}", "acme")
     headers = [("traceparent", f"00-{trace_id}-{parent_id}-01")]
     response = request(port, "POST", path, headers)
-    assert response == request(plain_port, "POST", path) == (
-        200, "application/json", b'{"model":"gnn","outputs":[1.0,2.0]}'
-    )  # fmt: skip
+    assert (
+        response
+        == request(plain_port, "POST", path)
+        == (200, "application/json", b'{"model":"gnn","outputs":[1.0,2.0]}')
+    )
     wait_for_trace(receiver.out_dir, trace_id, 3)
     otelkit.flush()  # any span beyond the three would be here by now
     spans = [s for s in load_spans(receiver.out_dir) if s.trace_id == trace_id]
@@ -212,8 +217,10 @@ def test_traceparent_parents_the_server_span_and_stages_nest_under_it(
     ]
     (server,) = [s for s in spans if s.kind is SpanKind.SERVER]
     assert (server.parent_span_id, server.scope, server.status_code) == (
-        parent_id, SCOPE, StatusCode.UNSET
-    )  # fmt: skip
+        parent_id,
+        SCOPE,
+        StatusCode.UNSET,
+    )
     assert server.attributes == {
         semconv.HTTP_REQUEST_METHOD: "POST",
         semconv.HTTP_ROUTE: route,
@@ -248,8 +255,9 @@ def test_the_service_passes_on_a_parent_id_of_its_own_sampled_or_not(port: int, 
     """Trace Context Level 2: every participant replaces the parent-id, whatever it samples."""
     trace_id, parent_id = new_ids()
     headers = [
-        ("traceparent", f"00-{trace_id}-{parent_id}-{flags}"), ("tracestate", "congo=t61,rojo=1"),
-    ]  # fmt: skip
+        ("traceparent", f"00-{trace_id}-{parent_id}-{flags}"),
+        ("tracestate", "congo=t61,rojo=1"),
+    ]
     seen = [json.loads(request(port, "GET", "/downstream", headers).body) for _ in range(2)]
     ids = []
     for sent in seen:
@@ -321,21 +329,30 @@ def test_errors_keep_their_responses_and_only_5xx_fail_the_span(
         for case, path in paths.items()
     }
     assert seen == {
-        "fail": ("GET /fail/{token}", StatusCode.ERROR, 500, "/fail/{token}", "RuntimeError",
-                 ["exception"]),
+        "fail": (
+            "GET /fail/{token}",
+            StatusCode.ERROR,
+            500,
+            "/fail/{token}",
+            "RuntimeError",
+            ["exception"],
+        ),
         "missing": ("GET /missing/{token}", StatusCode.UNSET, 404, "/missing/{token}", None, []),
         "none": ("GET", StatusCode.UNSET, 404, None, None, []),  # no route: the method alone
-    }  # fmt: skip
+    }
 
 
 def duration_counts(telemetry: otelkit.Telemetry) -> dict[tuple[str, str, str], float]:
     assert telemetry.prometheus_url is not None
     found = samples(scrape(telemetry.prometheus_url), DURATION_COUNT)
     return {
-        (labels[semconv.M_HTTP_METHOD], labels.get(semconv.M_HTTP_ROUTE, ""),
-         labels[semconv.M_HTTP_STATUS]): count
+        (
+            labels[semconv.M_HTTP_METHOD],
+            labels.get(semconv.M_HTTP_ROUTE, ""),
+            labels[semconv.M_HTTP_STATUS],
+        ): count
         for labels, count in ((dict(key), value) for key, value in found.items())
-    }  # fmt: skip
+    }
 
 
 def test_duration_histogram_counts_every_request_by_route_and_status(

@@ -77,9 +77,12 @@ def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
 @pytest.fixture(scope="module")
 def telemetry(receiver: Receiver) -> Iterator[otelkit.Telemetry]:
     yield otelkit.configure(
-        service_name="grpc-tests", traces_endpoint=receiver.traces_url,
-        bsp_schedule_delay_ms=50, metrics_exporter="prometheus", prometheus_port=0,
-    )  # fmt: skip
+        service_name="grpc-tests",
+        traces_endpoint=receiver.traces_url,
+        bsp_schedule_delay_ms=50,
+        metrics_exporter="prometheus",
+        prometheus_port=0,
+    )
     otelkit.shutdown()
 
 
@@ -126,9 +129,10 @@ def server_spans(directory: Path, methods: set[str], count: int) -> list[Span]:
     deadline = time.monotonic() + 15
     while True:
         found = [
-            s for s in load_spans(directory)
+            s
+            for s in load_spans(directory)
             if s.scope == SCOPE and s.attributes.get(semconv.RPC_METHOD) in methods
-        ]  # fmt: skip
+        ]
         if len(found) >= count or time.monotonic() > deadline:
             assert len(found) >= count, f"{len(found)} of {count} server spans"
             return found
@@ -202,10 +206,12 @@ def test_a_malformed_traceparent_starts_a_fresh_trace_and_the_answer_is_the_same
     def roots() -> list[Span]:
         otelkit.flush()
         return [
-            s for s in load_spans(receiver.out_dir)
-            if s.scope == SCOPE and s.attributes[semconv.RPC_METHOD] == INFER
+            s
+            for s in load_spans(receiver.out_dir)
+            if s.scope == SCOPE
+            and s.attributes[semconv.RPC_METHOD] == INFER
             and s.parent_span_id is None
-        ]  # fmt: skip
+        ]
 
     before = {s.span_id for s in roots()}
     for case, value in cases.items():
@@ -236,9 +242,10 @@ def test_the_duration_histogram_has_an_exemplar_with_the_trace_id(
     while True:  # the server observes the call once its answer is sent
         samples = duration_samples(telemetry)
         exemplars = [
-            s.exemplar.labels["trace_id"] for s in samples
+            s.exemplar.labels["trace_id"]
+            for s in samples
             if s.name == f"{DURATION}_bucket" and s.labels.items() >= labels.items() and s.exemplar
-        ]  # fmt: skip
+        ]
         if trace_id in exemplars or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -260,16 +267,18 @@ def test_a_failing_model_is_an_error_span_and_a_status_the_client_sees(
     assert server.attributes[semconv.ERROR_TYPE] == "INTERNAL"
     assert server.attributes[semconv.RPC_RESPONSE_STATUS_CODE] == "INTERNAL"
     assert (stage.parent_span_id, stage.attributes[semconv.ERROR_TYPE]) == (
-        server.span_id, "ValueError"
-    )  # fmt: skip
+        server.span_id,
+        "ValueError",
+    )
     # the caller's errors are not the server's; the server keeps serving
     missing_id, missing = traced_call(port, "nope")
     assert missing == answer(plain_port, "nope")
     assert missing[0] == "StatusCode.NOT_FOUND"
     (server,) = [s for s in wait_for_trace(receiver.out_dir, missing_id, 3) if s.scope == SCOPE]
     assert (server.status_code, server.attributes[semconv.RPC_RESPONSE_STATUS_CODE]) == (
-        StatusCode.UNSET, "NOT_FOUND"
-    )  # fmt: skip
+        StatusCode.UNSET,
+        "NOT_FOUND",
+    )
     assert semconv.ERROR_TYPE not in server.attributes
     assert traced_call(port)[1] == [[0, 2, 4], [6, 8, 10]]
 
@@ -284,8 +293,10 @@ def test_a_handler_that_raises_is_unknown_with_its_exception_on_the_span(
     client.close()
     (server,) = wait_for_trace(receiver.out_dir, trace_id, 1)
     assert (server.name, server.parent_span_id, server.status_code) == (
-        "inference.GRPCInferenceService/ServerMetadata", parent_id, StatusCode.ERROR
-    )  # fmt: skip
+        "inference.GRPCInferenceService/ServerMetadata",
+        parent_id,
+        StatusCode.ERROR,
+    )
     assert server.attributes[semconv.ERROR_TYPE] == "RuntimeError"
     assert server.attributes[semconv.RPC_RESPONSE_STATUS_CODE] == "UNKNOWN"
     assert [event.name for event in server.events] == ["exception"]
@@ -366,17 +377,21 @@ def test_the_asyncio_server_is_traced_alike(
     (raised,) = wait_for_trace(receiver.out_dir, ids["raise"][0], 1)
     (tree,) = build_traces(infer).values()
     assert [(d, s.name, s.kind.name) for d, s in tree.walk()] == [
-        (0, INFER, "SERVER"), (1, "async_stage", "INTERNAL"), (2, "scale", "INTERNAL"),
+        (0, INFER, "SERVER"),
+        (1, "async_stage", "INTERNAL"),
+        (2, "scale", "INTERNAL"),
         (3, "multiply", "INTERNAL"),
-    ]  # fmt: skip
+    ]
     assert tree.roots[0].parent_span_id == ids["infer"][1]
     seen = {
         span.name.rsplit("/", 1)[1]: (
-            span.status_code, span.attributes[semconv.RPC_RESPONSE_STATUS_CODE],
-            span.attributes.get(semconv.ERROR_TYPE), [event.name for event in span.events],
+            span.status_code,
+            span.attributes[semconv.RPC_RESPONSE_STATUS_CODE],
+            span.attributes.get(semconv.ERROR_TYPE),
+            [event.name for event in span.events],
         )
         for span in (abort, raised)
-    }  # fmt: skip
+    }
     assert seen == {
         "ServerMetadata": (StatusCode.ERROR, "UNAVAILABLE", "UNAVAILABLE", []),
         "ModelConfig": (StatusCode.ERROR, "UNKNOWN", "KeyError", ["exception"]),
@@ -403,8 +418,12 @@ def test_a_stream_is_one_span_with_the_stages_of_each_request_under_it(
     (tree,) = build_traces(spans).values()
     assert [(d, s.name) for d, s in tree.walk()] == [
         (0, semconv.RPC_METHOD_GRPC_STREAM_INFER),
-        (1, "scale"), (2, "multiply"), (1, "scale"), (1, "scale"), (2, "multiply"),
-    ]  # fmt: skip
+        (1, "scale"),
+        (2, "multiply"),
+        (1, "scale"),
+        (1, "scale"),
+        (2, "multiply"),
+    ]
     (server,) = tree.roots
     # a failed request is an error message on the stream, which goes on: the stream is OK
     assert (server.parent_span_id, server.status_code) == (parent_id, StatusCode.UNSET)

@@ -42,9 +42,10 @@ def port(ray_local: LocalRay, receiver: Receiver) -> Iterator[int]:
     from tests.server.ray_apps import Batched, Child, Ingress, KServeIngress
 
     otelkit.configure(
-        service_name="ray-tests-client", traces_endpoint=receiver.traces_url,
+        service_name="ray-tests-client",
+        traces_endpoint=receiver.traces_url,
         bsp_schedule_delay_ms=50,
-    )  # fmt: skip
+    )
     bound = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": bound})
     env = ray_local.replica_env(receiver.traces_url, OTEL_SERVICE_NAME="ray-tests")
@@ -52,9 +53,10 @@ def port(ray_local: LocalRay, receiver: Receiver) -> Iterator[int]:
     serve.run(instrument_deployment(Ingress, env).bind(child, batched), route_prefix=PREFIX)
     kserve_child = instrument_deployment(Child, env).bind()
     serve.run(
-        instrument_deployment(KServeIngress, env).bind(kserve_child), name=KSERVE_APP,
+        instrument_deployment(KServeIngress, env).bind(kserve_child),
+        name=KSERVE_APP,
         route_prefix="/",
-    )  # fmt: skip
+    )
     yield bound
     serve.shutdown()
     otelkit.shutdown()
@@ -62,9 +64,11 @@ def port(ray_local: LocalRay, receiver: Receiver) -> Iterator[int]:
 
 def post(port: int, path: str, body: object, headers: dict[str, str]) -> tuple[int, bytes]:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{PREFIX}/{path}", json.dumps({"x": body}).encode(),
-        headers, method="POST",
-    )  # fmt: skip
+        f"http://127.0.0.1:{port}{PREFIX}/{path}",
+        json.dumps({"x": body}).encode(),
+        headers,
+        method="POST",
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, response.read()
@@ -149,8 +153,11 @@ def test_a_malformed_traceparent_starts_a_new_trace_and_the_request_is_served(
     assert server.parent_span_id is None
     spans = wait_for_trace(receiver.out_dir, server.trace_id, 4)
     assert [name for _, name, _ in tree(spans)] == [
-        f"POST {PREFIX}", semconv.RAY_SERVE_QUEUE_SPAN, "Child.run", "double"
-    ]  # fmt: skip
+        f"POST {PREFIX}",
+        semconv.RAY_SERVE_QUEUE_SPAN,
+        "Child.run",
+        "double",
+    ]
 
 
 def _with_path(directory: Path, path: str) -> list[Span]:
@@ -237,9 +244,10 @@ def test_a_replica_killed_under_load_leaves_error_spans_at_both_ends_and_nothing
         sender.start()
     time.sleep(1.0)  # the four requests are in the child's replica, sleeping
     (name,) = [
-        a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
         if f"{KSERVE_APP}#Child#" in a["name"]
-    ]  # fmt: skip
+    ]
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=False)
     for sender in senders:
         sender.join(90)

@@ -34,9 +34,11 @@ __all__ = ["telemetry"]  # the fixture, shared with test_client
 def local(tmp_path: Path) -> Iterator[Path]:
     """otelkit writing spans to JSON-lines files under ``tmp_path``, metrics on Prometheus."""
     otelkit.configure(
-        service_name="stages", traces_dir=tmp_path, metrics_exporter="prometheus",
+        service_name="stages",
+        traces_dir=tmp_path,
+        metrics_exporter="prometheus",
         prometheus_port=0,
-    )  # fmt: skip
+    )
     yield tmp_path
     otelkit.shutdown()
 
@@ -70,11 +72,13 @@ def test_decorator_and_context_manager_nest(local: Path) -> None:
     assert outer(3) == 6
     assert asyncio.run(coroutine()) == 7
     assert list(generator()) == [0, 1, 2]
-    assert tree(local) == sorted([
-        [(0, "outer"), (1, "inner")],
-        [(0, "coroutine"), (1, "awaited")],
-        [(0, "generator"), (1, "item"), (1, "item"), (1, "item")],
-    ])  # fmt: skip
+    assert tree(local) == sorted(
+        [
+            [(0, "outer"), (1, "inner")],
+            [(0, "coroutine"), (1, "awaited")],
+            [(0, "generator"), (1, "item"), (1, "item"), (1, "item")],
+        ]
+    )
     spans = {s.name: s for s in load_spans(local)}
     assert spans["outer"].kind.name == "INTERNAL"
     assert spans["outer"].attributes["detector"] == "pixel"
@@ -173,8 +177,12 @@ def test_stages_in_a_python_backend_model_hang_under_tritons_model_span(
         # job, CLIENT, InferRequest, model, compute and the three stages
         trace_id, spans = joined_trace(call, receiver.out_dir, count=8)
     walk = [(d, s.name) for d, s in build_traces(spans)[trace_id].walk()]
-    assert walk[:4] == [(0, "job"), (1, "v2/models/infer staged_fp32"), (2, "InferRequest"),
-                        (3, "staged_fp32")]  # fmt: skip
+    assert walk[:4] == [
+        (0, "job"),
+        (1, "v2/models/infer staged_fp32"),
+        (2, "InferRequest"),
+        (3, "staged_fp32"),
+    ]
     assert sorted(walk[4:]) == [(4, "compute"), (4, "gather"), (4, "pack"), (4, "scale")]
     by_id = {s.span_id: s for s in spans}
     for name, (span,) in stage_spans(spans, trace_id).items():

@@ -39,10 +39,24 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, di
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "otelkit.cli", "gpu-exporter", "--replay", str(path), "--host",
-         "127.0.0.1", "--port", str(port), "--interval", "0.2"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "otelkit.cli",
+            "gpu-exporter",
+            "--replay",
+            str(path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--interval",
+            "0.2",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         deadline = time.monotonic() + 60
@@ -65,17 +79,22 @@ def test_each_point_records_gpu_memory_and_utilisation_per_model_instance(
     url, recording = exporter
     out = tmp_path / "study.jsonl"
     results = Study(
-        model="identity_fp32", server=remote(untraced_triton), gpu_metrics_url=url,
-        load=Load(seconds=0.5, warmup_s=0.2), out=out, progress=False,
-    ).run()  # fmt: skip
+        model="identity_fp32",
+        server=remote(untraced_triton),
+        gpu_metrics_url=url,
+        load=Load(seconds=0.5, warmup_s=0.2),
+        out=out,
+        progress=False,
+    ).run()
     samples: list[Any] = recording["samples"]  # type: ignore[assignment]
     uuid = "GPU-6e19195c-c2c2-16a4-18da-f1502460eac6"
     total = samples[0]["fields"][uuid]["memory.total"]
     recorded = {  # what each stub used at some sample of the replay (it cycles through them)
-        owner: {p["used_bytes"] for s in samples for p in s["processes"][uuid]
-                if p["owner"] == owner}
+        owner: {
+            p["used_bytes"] for s in samples for p in s["processes"][uuid] if p["owner"] == owner
+        }
         for owner in OWNERS[2:]
-    }  # fmt: skip
+    }
     utilisations = {round(s["fields"][uuid]["utilization.gpu"] / 100, 6) for s in samples}
     for point in (results.points[0], read_results(out).points[0]):
         assert sorted(point.gpu_instances) == ["gnn_0_0", "gnn_0_1"]  # not the server, not python

@@ -195,7 +195,10 @@ def test_asyncio_requests_are_traced_like_threaded_ones(
     assert traces.calls_per_request == 1.0
     assert traces.components["server build_graph"].mean_ms >= 8.0
     # each root carries the point's parameters, for readers that group by them
-    roots = [s for s in load_spans(tmp_path / "traced-tasks-files" / "traces")
-             if s.name == semconv.STUDY_SPAN]  # fmt: skip
+    roots = [
+        s
+        for s in load_spans(tmp_path / "traced-tasks-files" / "traces")
+        if s.name == semconv.STUDY_SPAN
+    ]
     assert len(roots) >= 15
     assert {r.attributes[f"{semconv.STUDY_PARAM}.concurrency"] for r in roots} == {2}

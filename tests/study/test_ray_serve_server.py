@@ -42,9 +42,10 @@ def test_instances_are_replicas_and_a_new_count_scales_the_application(
             endpoint = server.prepare({"instances": instances}, None)
             assert running_replicas("study-test", "Child") == instances
             request = urllib.request.Request(
-                f"http://{endpoint.url('http')}/double", json.dumps({"x": [1.5]}).encode(),
+                f"http://{endpoint.url('http')}/double",
+                json.dumps({"x": [1.5]}).encode(),
                 method="POST",
-            )  # fmt: skip
+            )
             with urllib.request.urlopen(request, timeout=60) as response:
                 assert json.load(response) == {"y": [3.0]}
         assert server.describe() == {"kind": "ray_serve", "application": "study-test"}

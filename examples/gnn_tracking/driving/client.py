@@ -113,9 +113,12 @@ def drive(
             began = time.perf_counter()
             try:
                 reconstruct(
-                    option, events[ticket % len(events)], models, remote,
+                    option,
+                    events[ticket % len(events)],
+                    models,
+                    remote,
                     {THREADS_ATTRIBUTE: threads, **(attributes or {})},
-                )  # fmt: skip
+                )
             except Exception as error:
                 with lock:
                     errors.append(error)
@@ -129,9 +132,14 @@ def drive(
             future.result()
     first = f"{type(errors[0]).__name__}: {errors[0]}" if errors else ""
     return RunReport(
-        option.number, threads, len(latencies), len(errors), time.perf_counter() - start,
-        tuple(latencies), first[:200],
-    )  # fmt: skip
+        option.number,
+        threads,
+        len(latencies),
+        len(errors),
+        time.perf_counter() - start,
+        tuple(latencies),
+        first[:200],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -180,14 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study-seconds", type=float, default=1.5, help="measured per point")
     parser.add_argument("--study-concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument(
-        "--traces-per-s", type=float, default=20.0,
+        "--traces-per-s",
+        type=float,
+        default=20.0,
         help="at most this many events a second traced end to end (otelkit's rate-limiting "
         "sampler: tritonserver 2.51 crashes under heavy traced load)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--protocol", choices=["http", "grpc"], default="http",
+        "--protocol",
+        choices=["http", "grpc"],
+        default="http",
         help="to Triton; gRPC with trace context crashes the bundled tritonserver 2.51 (README)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     out: Path = args.out
     torch.set_num_threads(1)  # the client's event threads are its parallelism, as in the seeds
@@ -267,17 +271,35 @@ def main(argv: list[str] | None = None) -> int:
             say("starting the FastAPI twin (KServe v2 over HTTP)...")
             twin_metrics_port, twin_grpc_port = free_port(), free_port()
             with twin_process(
-                receiver.traces_url, out / "fastapi.log", metrics_port=twin_metrics_port,
+                receiver.traces_url,
+                out / "fastapi.log",
+                metrics_port=twin_metrics_port,
                 grpc_port=twin_grpc_port,
-            ) as twin_url:  # fmt: skip
+            ) as twin_url:
                 twin = Remote(twin_url, "http")
-                _runs(twin, "fastapi", "4 one model, FastAPI twin (HTTP)", events, models, args,
-                      reports, len(crashed_runs))  # fmt: skip
+                _runs(
+                    twin,
+                    "fastapi",
+                    "4 one model, FastAPI twin (HTTP)",
+                    events,
+                    models,
+                    args,
+                    reports,
+                    len(crashed_runs),
+                )
                 say("the same twin over KServe v2 gRPC (the protocol SONIC's clients speak)...")
                 twin = Remote(f"127.0.0.1:{twin_grpc_port}", "grpc", timeout_s=10)
                 label_problem = label_problem or _check_labels(events[:4], models, twin)
-                _runs(twin, "fastapi", "4 one model, the twin over gRPC", events, models, args,
-                      reports, len(crashed_runs))  # fmt: skip
+                _runs(
+                    twin,
+                    "fastapi",
+                    "4 one model, the twin over gRPC",
+                    events,
+                    models,
+                    args,
+                    reports,
+                    len(crashed_runs),
+                )
                 _snapshot(
                     f"http://127.0.0.1:{twin_metrics_port}/metrics",
                     out / "metrics" / "fastapi.prom",
@@ -359,8 +381,9 @@ def _ray_serve_runs(
     problems: list[str] = []
     with ray_serve_app(receiver.traces_url, grpc_port=grpc_port) as url:
         proxies: list[tuple[Literal["http", "grpc"], str, str]] = [
-            ("http", "HTTP", url), ("grpc", "gRPC", f"127.0.0.1:{grpc_port}")
-        ]  # fmt: skip
+            ("http", "HTTP", url),
+            ("grpc", "gRPC", f"127.0.0.1:{grpc_port}"),
+        ]
         for protocol, title, where in proxies:
             ray = Remote(where, protocol, timeout_s=30)
             problem = _check_labels(events[:4], models, ray)
@@ -404,14 +427,28 @@ def _run(
     if not option.served:
         server, protocol = "none", "-"
     attributes: dict[str, str | int] = {
-        SERVER_ATTRIBUTE: server, PROTOCOL_ATTRIBUTE: protocol, RUN_ATTRIBUTE: attempt,
-    }  # fmt: skip
-    drive(option, events, threads=threads, models=models, remote=remote, count=2,
-          attributes={SERVER_ATTRIBUTE: "warmup"})  # fmt: skip
+        SERVER_ATTRIBUTE: server,
+        PROTOCOL_ATTRIBUTE: protocol,
+        RUN_ATTRIBUTE: attempt,
+    }
+    drive(
+        option,
+        events,
+        threads=threads,
+        models=models,
+        remote=remote,
+        count=2,
+        attributes={SERVER_ATTRIBUTE: "warmup"},
+    )
     report = drive(
-        option, events, threads=threads, models=models, remote=remote, seconds=args.seconds,
+        option,
+        events,
+        threads=threads,
+        models=models,
+        remote=remote,
+        seconds=args.seconds,
         attributes=attributes,
-    )  # fmt: skip
+    )
     where = "in process" if not option.served else f"{server} {protocol}"
     say(f"{where:<13} {report.line()}")
     return report
@@ -455,16 +492,23 @@ def _report(
         )
     summary = {
         "runs": [
-            {"label": label, "option": r.option, "threads": r.threads, "events": r.events,
-             "errors": r.errors, "events_per_s": round(r.throughput, 2),
-             "p50_ms": round(r.percentile_ms(50), 3), "p99_ms": round(r.percentile_ms(99), 3)}
+            {
+                "label": label,
+                "option": r.option,
+                "threads": r.threads,
+                "events": r.events,
+                "errors": r.errors,
+                "events_per_s": round(r.throughput, 2),
+                "p50_ms": round(r.percentile_ms(50), 3),
+                "p99_ms": round(r.percentile_ms(99), 3),
+            }
             for label, r in reports
         ],
         "breakdown_ms": {
             "/".join(k): {name: round(g.mean(name) * 1e3, 4) for name in g.components}
             for k, g in groups.items()
         },
-    }  # fmt: skip
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     # the same traces as one HTML page: breakdown bars, waterfalls, facts (otelkit report)
     studies = [out / "study.jsonl"] if study is not None else []

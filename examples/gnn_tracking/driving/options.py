@@ -73,9 +73,13 @@ class Remote:
     """
 
     def __init__(
-        self, url: str, protocol: Protocol = "grpc", *, instrument: bool = True,
+        self,
+        url: str,
+        protocol: Protocol = "grpc",
+        *,
+        instrument: bool = True,
         timeout_s: float = 60.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be http or grpc, not {protocol!r}")
         self.url, self.protocol, self._instrument = url, protocol, instrument

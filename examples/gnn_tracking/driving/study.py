@@ -95,17 +95,25 @@ class Plan:
     @classmethod
     def quick(cls) -> Plan:
         """The shortened study the test suite runs: one Triton start (no instance sweep)."""
-        return cls(seconds=0.6, warmup_s=0.3, instances=(1,), concurrency=(1, 2),
-                   option_concurrency=(1,),
-                   batch_sizes=(1, 16), server_concurrency=(1, 2), ray=False)  # fmt: skip
+        return cls(
+            seconds=0.6,
+            warmup_s=0.3,
+            instances=(1,),
+            concurrency=(1, 2),
+            option_concurrency=(1,),
+            batch_sizes=(1, 16),
+            server_concurrency=(1, 2),
+            ray=False,
+        )
 
 
 class Reconstruction:
     """One event reconstructed under the point's ``option`` (default 4): the request of a
     study. Served stages go through an instrumented tritonclient to the point's server."""
 
-    def __init__(self, events: Sequence[torch.Tensor], models: Models, option: int,
-                 endpoint: Endpoint) -> None:  # fmt: skip
+    def __init__(
+        self, events: Sequence[torch.Tensor], models: Models, option: int, endpoint: Endpoint
+    ) -> None:
         self.events, self.models, self.option = events, models, OPTIONS[option]
         self.remote = Remote(endpoint.url(PROTOCOL), PROTOCOL, timeout_s=30)
 
@@ -121,12 +129,15 @@ class EmbedBatch(Reconstruction):
     """``batch_size`` events' hits embedded in one request: the embedding runs hit by hit, so
     the events of a request are a true batch of ``batch_size`` inferences."""
 
-    def __init__(self, events: Sequence[torch.Tensor], models: Models, batch_size: int,
-                 endpoint: Endpoint) -> None:  # fmt: skip
+    def __init__(
+        self, events: Sequence[torch.Tensor], models: Models, batch_size: int, endpoint: Endpoint
+    ) -> None:
         super().__init__(events, models, 4, endpoint)
         count = len(events)
-        self.batches = [torch.cat([events[(start + k) % count] for k in range(batch_size)])
-                        for start in range(0, count, max(1, count // 8))]  # fmt: skip
+        self.batches = [
+            torch.cat([events[(start + k) % count] for k in range(batch_size)])
+            for start in range(0, count, max(1, count // 8))
+        ]
 
     def __call__(self, index: int) -> None:
         self.remote.infer(STAGES["embed"], {FEATURES: self.batches[index % len(self.batches)]})
@@ -136,13 +147,21 @@ def say(message: str, started: float) -> None:
     print(f"[{time.monotonic() - started:6.1f} s] {message}", flush=True)
 
 
-def run_sweeps(plan: Plan, out: Path, events: Sequence[torch.Tensor], models: Models,
-               receiver: Receiver, started: float) -> dict[str, StudyResults]:  # fmt: skip
+def run_sweeps(
+    plan: Plan,
+    out: Path,
+    events: Sequence[torch.Tensor],
+    models: Models,
+    receiver: Receiver,
+    started: float,
+) -> dict[str, StudyResults]:
     """Every sweep of ``plan``, each into ``out/<sweep>.jsonl``; their results by name."""
     tracing = Tracing(
-        plan.traces_per_s, endpoint=receiver.traces_url, directory=str(receiver.out_dir),
+        plan.traces_per_s,
+        endpoint=receiver.traces_url,
+        directory=str(receiver.out_dir),
         service_name="gnn-tracking-study",
-    )  # fmt: skip
+    )
     load = Load(seconds=plan.seconds, warmup_s=plan.warmup_s)
 
     def reconstruction(params: Mapping[str, Any], endpoint: Endpoint) -> Reconstruction:
@@ -155,19 +174,36 @@ def run_sweeps(plan: Plan, out: Path, events: Sequence[torch.Tensor], models: Mo
         say(f"sweep {name}: {out / f'{name}.jsonl'}", started)
         # tritonserver 2.51's tracer crashes now and then even at 20 traced requests a second
         # (upstream issue 7795): a point it cuts short is measured again on a restarted Triton
-        results = Study(load=load, tracing=tracing, out=out / f"{name}.jsonl", unit=unit,
-                        tolerance=0.2, progress=True, restarts=2, **options).run()  # fmt: skip
+        results = Study(
+            load=load,
+            tracing=tracing,
+            out=out / f"{name}.jsonl",
+            unit=unit,
+            tolerance=0.2,
+            progress=True,
+            restarts=2,
+            **options,
+        ).run()
         print(results.summary() + "\n", flush=True)
         return results
 
     done: dict[str, StudyResults] = {}
     # ten stub processes loading torch take minutes on a loaded 2-core host: a long start
-    triton = KeptTriton(Triton(REPOSITORY, models=STAGE_ORDER, env=MODELS_ENV,
-                               log_dir=out / "logs", startup_timeout=600))  # fmt: skip
+    triton = KeptTriton(
+        Triton(
+            REPOSITORY,
+            models=STAGE_ORDER,
+            env=MODELS_ENV,
+            log_dir=out / "logs",
+            startup_timeout=600,
+        )
+    )
     try:
         if "options" in plan.sweeps:
-            sweep: dict[str, list[Any]] = {"option": [o.number for o in OPTIONS],
-                     "concurrency": list(plan.option_concurrency)}  # fmt: skip
+            sweep: dict[str, list[Any]] = {
+                "option": [o.number for o in OPTIONS],
+                "concurrency": list(plan.option_concurrency),
+            }
             done["options"] = study("options", request=reconstruction, server=triton, sweep=sweep)
         if "batch" in plan.sweeps:
             sweep = {"batch_size": list(plan.batch_sizes)}
@@ -178,16 +214,21 @@ def run_sweeps(plan: Plan, out: Path, events: Sequence[torch.Tensor], models: Mo
             with twin_process(receiver.traces_url, out / "logs" / "fastapi.log") as twin_url:
                 servers: dict[str, Server] = {"triton": triton, "fastapi": StudyRemote(twin_url)}
                 sweep = {"server": list(servers), "concurrency": list(plan.server_concurrency)}
-                done["servers"] = study("servers", request=reconstruction, servers=servers,
-                                        sweep=sweep)  # fmt: skip
+                done["servers"] = study(
+                    "servers", request=reconstruction, servers=servers, sweep=sweep
+                )
         if "scaling" in plan.sweeps:  # last: Triton restarts once, with 2 instances
             sweep = {"instances": list(plan.instances), "concurrency": list(plan.concurrency)}
             if len(plan.instances) == 1:  # along concurrency alone (strong scaling along it)
                 sweep.pop("instances")
             if plan.ray:  # NERSC's figure: the two servers' throughput against instances
                 scaling = {"triton": triton, "ray": RayServe(RAY_PIPELINE, num_cpus=2)}
-                done["scaling"] = study("scaling", request=reconstruction, servers=scaling,
-                                        sweep={"server": list(scaling), **sweep})  # fmt: skip
+                done["scaling"] = study(
+                    "scaling",
+                    request=reconstruction,
+                    servers=scaling,
+                    sweep={"server": list(scaling), **sweep},
+                )
             else:
                 done["scaling"] = study(
                     "scaling", request=reconstruction, server=triton, sweep=sweep
@@ -247,14 +288,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         receiver.stop()
-    say(f"{len(done)} sweeps done; their results: {', '.join(f'{out}/{n}.jsonl' for n in done)}",
-        started)  # fmt: skip
+    say(
+        f"{len(done)} sweeps done; their results: {', '.join(f'{out}/{n}.jsonl' for n in done)}",
+        started,
+    )
     print("\n=== verdicts ===")
     for name, results in done.items():
         for verdict in results.verdicts:
             print(f"{name} [{verdict.curve or 'all'}] {verdict.kind}: {verdict.sentence}")
-    page = Report.build([out / "traces"], [out / f"{name}.jsonl" for name in done],
-                        group_by=REPORT_GROUPS, root_name=semconv.STUDY_SPAN)  # fmt: skip
+    page = Report.build(
+        [out / "traces"],
+        [out / f"{name}.jsonl" for name in done],
+        group_by=REPORT_GROUPS,
+        root_name=semconv.STUDY_SPAN,
+    )
     page.title = "make study: the reference deployment"
     print(f"\nreport: {page.write_html(out / 'report.html').resolve()} (open it in a browser)")
     failed = [n for n, r in done.items() if r.status != "complete"]

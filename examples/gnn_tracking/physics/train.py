@@ -137,8 +137,10 @@ class _Schedule:
                 logger.warning(
                     "%s: out of time after %d of %d steps (--seconds); these weights are not "
                     "the reproducible ones",
-                    self.phase, step, self.steps,
-                )  # fmt: skip
+                    self.phase,
+                    step,
+                    self.steps,
+                )
                 return
             yield step, LEARNING_RATE * 0.5 * (1.0 + math.cos(math.pi * step / self.steps))
 

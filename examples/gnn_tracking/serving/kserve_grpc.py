@@ -191,10 +191,12 @@ class KServeServicer(pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[mis
         def metadata() -> pb2.ModelMetadataResponse:
             model = self.models.lookup(request.name, request.version)
             return pb2.ModelMetadataResponse(
-                name=model.name, versions=self.models.versions(model.name),
-                platform=model.platform, inputs=_tensors(model.inputs),
+                name=model.name,
+                versions=self.models.versions(model.name),
+                platform=model.platform,
+                inputs=_tensors(model.inputs),
                 outputs=_tensors(model.outputs),
-            )  # fmt: skip
+            )
 
         return _answer(context, metadata)
 
@@ -205,9 +207,11 @@ class KServeServicer(pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[mis
             model = self.models.lookup(request.name, request.version)
             tensors = [
                 [kind(name=t.name, data_type=_data_type(t.datatype), dims=t.shape) for t in specs]
-                for kind, specs in ((config_pb2.ModelInput, model.inputs),
-                                    (config_pb2.ModelOutput, model.outputs))
-            ]  # fmt: skip
+                for kind, specs in (
+                    (config_pb2.ModelInput, model.inputs),
+                    (config_pb2.ModelOutput, model.outputs),
+                )
+            ]
             config = config_pb2.ModelConfig(
                 name=model.name, backend=model.platform, input=tensors[0], output=tensors[1]
             )
@@ -260,8 +264,9 @@ def grpc_server(
     """
     server = grpc.server(
         ThreadPoolExecutor(workers, thread_name_prefix="kserve-grpc"),
-        interceptors=list(interceptors), options=_UNLIMITED,
-    )  # fmt: skip
+        interceptors=list(interceptors),
+        options=_UNLIMITED,
+    )
     pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     server.add_insecure_port(f"{host}:{port}")
     server.start()

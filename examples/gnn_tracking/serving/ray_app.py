@@ -41,7 +41,7 @@ from gnn_tracking.serving.stages import (
     STAGES,
     TRACK_LABELS,
     Stage,
-)  # fmt: skip
+)
 from gnn_tracking.serving.triton_model import TORCH_THREADS
 from otelkit.server.ray_serve import instrument_deployment
 from otelkit.tritonserver import free_port
@@ -164,9 +164,11 @@ def ray_serve_app(
     if started:  # the proxy imports ray_grpc: the examples on every worker's path
         path = {"PYTHONPATH": os.pathsep.join([str(_EXAMPLES.parent), str(_EXAMPLES)])}
         ray.init(
-            num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
             runtime_env={"env_vars": path},
-        )  # fmt: skip
+        )
     port = free_port()
     env = {
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url,

@@ -121,10 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         traces_url = receiver.traces_url
         print(f"embedded receiver: {traces_url} -> {receiver.out_path}")
     server = triton_server(
-        traces_url, gpu=args.gpu, host=args.host, http_port=args.http_port,
-        grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-        models_metrics_port=args.models_metrics_port, log_path=args.log,
-    )  # fmt: skip
+        traces_url,
+        gpu=args.gpu,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        models_metrics_port=args.models_metrics_port,
+        log_path=args.log,
+    )
     load_models()  # the weights exist (trained once if missing) before five models load them
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

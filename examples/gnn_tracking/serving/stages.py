@@ -27,8 +27,13 @@ __all__ = ["ENSEMBLE", "STAGES", "STAGE_ORDER", "Stage", "TensorSpec", "run_ense
 Tensors = Mapping[str, torch.Tensor]
 
 FEATURES, EMBEDDING, EDGE_INDEX, FILTERED_EDGES, SCORES, TRACK_LABELS = (
-    "FEATURES", "EMBEDDING", "EDGE_INDEX", "FILTERED_EDGES", "SCORES", "TRACK_LABELS",
-)  # fmt: skip
+    "FEATURES",
+    "EMBEDDING",
+    "EDGE_INDEX",
+    "FILTERED_EDGES",
+    "SCORES",
+    "TRACK_LABELS",
+)
 ENSEMBLE = "tracking"  # the one model that runs all five stages (service option 4)
 
 

@@ -66,9 +66,12 @@ def create_grpc_twin(
 
 @contextmanager
 def twin_process(
-    traces_url: str, log_path: Path, *, metrics_port: int | None = None,
+    traces_url: str,
+    log_path: Path,
+    *,
+    metrics_port: int | None = None,
     grpc_port: int | None = None,
-) -> Iterator[str]:  # fmt: skip
+) -> Iterator[str]:
     """The twin in its own process (its own GIL, as a real server); yields its ``host:port``.
 
     Its spans go to ``traces_url`` and follow the caller's sampling decision; with

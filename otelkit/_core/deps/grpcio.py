@@ -27,6 +27,7 @@ from otelkit._core.deps import degraded
 __all__ = ["channel_target", "intercepted", "multicallable_codec", "unary_unary"]
 
 _DISTRIBUTION = "grpcio"
+_WRAPPER_INTERCEPTOR = "_interceptor"  # of grpc.intercept_channel's wrapper
 _INTERCEPTOR_LISTS = (
     "_unary_unary_interceptors",
     "_unary_stream_interceptors",
@@ -60,7 +61,7 @@ def _name_of(kind: type) -> str:
 def intercepted(channel: Any) -> bool:
     """Whether calls on ``channel`` (a sync or an asyncio gRPC channel) pass interceptors;
     ``True``, with one log line, when a channel of grpcio's does not tell."""
-    if hasattr(channel, "_interceptor"):  # grpc.intercept_channel's wrapper
+    if hasattr(channel, _WRAPPER_INTERCEPTOR):
         return True
     lists = [getattr(channel, name, None) for name in _INTERCEPTOR_LISTS]  # grpc.aio's channel
     if any(lists):
@@ -70,7 +71,7 @@ def intercepted(channel: Any) -> bool:
         return False  # an asyncio channel without interceptors, or a sync one unwrapped
     degraded(
         _DISTRIBUTION,
-        f"{_name_of(kind)}._interceptor and ._unary_unary_interceptors",
+        f"{_name_of(kind)}.{_WRAPPER_INTERCEPTOR} and .{_INTERCEPTOR_LISTS[0]}",
         "runs its calls on the channel with OpenTelemetry's instrumentation suppressed",
     )
     return True

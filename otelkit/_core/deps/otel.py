@@ -280,10 +280,12 @@ def _fill_through_constructor(state: TraceState, entries: dict[str, str]) -> Non
     TraceState.__init__(state, list(entries.items()))
 
 
+def _trace_state_filler() -> Callable[[TraceState, dict[str, str]], None]:
+    return _fill_dict if _stores_entries_in_dict() else _fill_through_constructor
+
+
 #: Store entries already checked in a new ``TraceState`` (made with ``__new__``), in order.
-fill_trace_state: Callable[[TraceState, dict[str, str]], None] = (
-    _fill_dict if _stores_entries_in_dict() else _fill_through_constructor
-)
+fill_trace_state = _trace_state_filler()
 
 
 def span_contents(

@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, cast
 
 from opentelemetry import trace
-from opentelemetry.baggage import _BAGGAGE_KEY
 from opentelemetry.context import Context
 from opentelemetry.propagators import textmap
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
@@ -24,6 +23,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 from otelkit._core.baggage import format_baggage, parse_baggage
 from otelkit._core.carriers import Carrier, CarrierT, read, write
 from otelkit._core.context import current_context
+from otelkit._core.deps.otel import BAGGAGE_KEY as _BAGGAGE_KEY
+from otelkit._core.deps.otel import fill_trace_state
 
 __all__ = [
     "Carrier",
@@ -67,22 +68,23 @@ class W3CTraceState(TraceState):
     """
 
     def __init__(self, entries: Sequence[tuple[str, str]] | None = None) -> None:
-        self._dict: dict[str, str] = {}
-        if entries is None:
-            return
-        if len(entries) > _MAX_MEMBERS:
+        kept: dict[str, str] = {}
+        if entries is not None and len(entries) > _MAX_MEMBERS:
             _logger.warning("tracestate: more than %d entries, all dropped", _MAX_MEMBERS)
-            return
-        for key, value in entries:
-            if not _is_valid_entry(key, value) or key in self._dict:
-                _logger.warning("tracestate: invalid or duplicate entry %r=%r dropped", key, value)
-                continue
-            self._dict[key] = value
+        elif entries is not None:
+            for key, value in entries:
+                if not _is_valid_entry(key, value) or key in kept:
+                    _logger.warning(
+                        "tracestate: invalid or duplicate entry %r=%r dropped", key, value
+                    )
+                    continue
+                kept[key] = value
+        fill_trace_state(self, kept)
 
     @classmethod
     def _trusted(cls, entries: Iterable[tuple[str, str]]) -> W3CTraceState:
         state = cls.__new__(cls)  # entries already validated: skip the per-entry checks
-        state._dict = dict(entries)
+        fill_trace_state(state, dict(entries))
         return state
 
     @classmethod
@@ -92,26 +94,24 @@ class W3CTraceState(TraceState):
 
     def add(self, key: str, value: str) -> W3CTraceState:
         """A new state with ``key`` first; unchanged if the key exists, is invalid or full."""
-        if key in self._dict or len(self._dict) >= _MAX_MEMBERS or not _is_valid_entry(key, value):
+        if key in self or len(self) >= _MAX_MEMBERS or not _is_valid_entry(key, value):
             _logger.warning("tracestate: cannot add %r=%r", key, value)
             return self
-        return self._trusted([(key, value), *self._dict.items()])
+        return self._trusted([(key, value), *self.items()])
 
     def update(self, key: str, value: str) -> W3CTraceState:
         """A new state with ``key`` set and moved first (added if absent and there is room)."""
-        if not _is_valid_entry(key, value) or (
-            key not in self._dict and len(self._dict) >= _MAX_MEMBERS
-        ):
+        if not _is_valid_entry(key, value) or (key not in self and len(self) >= _MAX_MEMBERS):
             _logger.warning("tracestate: cannot update %r=%r", key, value)
             return self
-        rest = [(k, v) for k, v in self._dict.items() if k != key]
+        rest = [(k, v) for k, v in self.items() if k != key]
         return self._trusted([(key, value), *rest])
 
     def delete(self, key: str) -> W3CTraceState:
         """A new state without ``key`` (unchanged if absent)."""
-        if key not in self._dict:
+        if key not in self:
             return self
-        return self._trusted((k, v) for k, v in self._dict.items() if k != key)
+        return self._trusted((k, v) for k, v in self.items() if k != key)
 
 
 def _is_valid_entry(key: object, value: object) -> bool:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelkit import semconv
+from otelkit._core.deps.otel import exemplar_class
 from otelkit._core.worker import LATER, Later
 
 # The SDK's metric data types are needed only to collect (a scrape, an export), never to
@@ -118,15 +119,16 @@ class HistogramSeries:
             self._exemplars[index] = (value, trace_id, span_id, self._clock())
 
     def _point(self, attributes: dict[str, str], start_ns: int, now_ns: int) -> HistogramDataPoint:
-        from opentelemetry.sdk.metrics._internal.exemplar import Exemplar
         from opentelemetry.sdk.metrics.export import HistogramDataPoint
 
         with self._guard.lock:
             counts, total = list(self._counts), self._sum
             low, high, newest = self._min, self._max, list(self._exemplars)
+        exemplar = exemplar_class()
         exemplars = [
-            Exemplar({}, value, time_unix_nano=at, span_id=span_id, trace_id=trace_id)
+            exemplar({}, value, time_unix_nano=at, span_id=span_id, trace_id=trace_id)
             for value, trace_id, span_id, at in filter(None, newest)
+            if exemplar is not None
         ]
         return HistogramDataPoint(
             attributes,

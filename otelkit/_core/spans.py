@@ -25,20 +25,14 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import (
-    Decision,
-    ParentBased,
-    Sampler,
-    StaticSampler,
-    TraceIdRatioBased,
-)
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otelkit import semconv
 from otelkit._core.context import current_context as _current_context
 from otelkit._core.deps.otel import SPAN_KEY as _SPAN_KEY
-from otelkit._core.deps.otel import active_span_processor
+from otelkit._core.deps.otel import active_span_processor, root_sampler, static_decision
 from otelkit._core.switch import SWITCH
 from otelkit._core.worker import LATER
 from otelkit._propagation import format_traceparent
@@ -190,18 +184,10 @@ class _Pipeline(NamedTuple):
     resource: Resource
     ids: IdGenerator
     sampler: Sampler
+    root: Sampler | None  # what decides a span without a parent (None: the sampler's own way)
     root_sampled: bool | None  # the decision for a span without a parent, when it is fixed
     ready_roots: bool  # sampled root spans may take READY_ROOTS' ids
     gpu: Callable[[], dict[str, Any]] | None  # attributes of this process's GPU, when enriching
-
-
-def _fixed_root_decision(sampler: Sampler) -> bool | None:
-    """Whether a root span is sampled, if the sampler decides that without its trace id."""
-    if isinstance(sampler, ParentBased):
-        sampler = sampler._root
-    if isinstance(sampler, StaticSampler):
-        return sampler._decision is Decision.RECORD_AND_SAMPLE
-    return None
 
 
 def _root_rule(pipeline: _Pipeline | None, generation: int) -> RootRule:
@@ -214,8 +200,7 @@ def _root_rule(pipeline: _Pipeline | None, generation: int) -> RootRule:
         if not pipeline.root_sampled:
             return RootRule(generation, NOT_SAMPLED, 0)
         return RootRule(generation, READY_IDS if pipeline.ready_roots else UNDECIDED, 0)
-    sampler = pipeline.sampler
-    root = sampler._root if isinstance(sampler, ParentBased) else sampler
+    root = pipeline.root
     if type(root) is TraceIdRatioBased and pipeline.ready_roots:  # the SDK's random ids
         return RootRule(generation, None, root.bound)
     return RootRule(generation, UNDECIDED, 0)
@@ -229,22 +214,23 @@ def _is_sampled(
 
 
 def _sampled(
-    sampler: Sampler, parent: SpanContext, trace_id: int, name: str, kind: SpanKind
+    pipeline: _Pipeline, parent: SpanContext, trace_id: int, name: str, kind: SpanKind
 ) -> bool:
     """The decision the SDK's sampler would take, without its allocations for the usual ones."""
-    if isinstance(sampler, StaticSampler):  # ALWAYS_ON, ALWAYS_OFF
-        return sampler._decision is Decision.RECORD_AND_SAMPLE
-    if isinstance(sampler, ParentBased):
-        if parent.is_valid:  # ParentBased with its default delegates follows the parent
+    sampler = pipeline.sampler
+    if parent.is_valid:
+        if isinstance(sampler, ParentBased):  # with its default delegates: follows the parent
             return bool(parent.trace_flags & _SAMPLED)
-        root = sampler._root
-        if isinstance(root, StaticSampler):
-            return root._decision is Decision.RECORD_AND_SAMPLE
-        if isinstance(root, TraceIdRatioBased):
-            return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < root.bound
-        return _is_sampled(root, None, trace_id, name, kind)
-    context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent.is_valid else None
-    return _is_sampled(sampler, context, trace_id, name, kind)
+        if pipeline.root is sampler and pipeline.root_sampled is not None:  # ALWAYS_ON, _OFF
+            return pipeline.root_sampled
+        context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+        return _is_sampled(sampler, context, trace_id, name, kind)
+    if pipeline.root_sampled is not None:
+        return pipeline.root_sampled
+    root = pipeline.root
+    if type(root) is TraceIdRatioBased:
+        return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < root.bound
+    return _is_sampled(sampler if root is None else root, None, trace_id, name, kind)
 
 
 class LeanSpan:
@@ -419,12 +405,14 @@ class SpanRecorder:
             if processor is None or not isinstance(provider, TracerProvider):
                 self.pipeline = None  # not the SDK's provider, or its processor out of reach
             else:
+                root = root_sampler(provider.sampler)
                 self.pipeline = _Pipeline(
                     processor,
                     provider.resource,
                     provider.id_generator,
                     provider.sampler,
-                    _fixed_root_decision(provider.sampler),
+                    root,
+                    static_decision(root),
                     type(provider.id_generator) is RandomIdGenerator,
                     SWITCH.span_attributes,
                 )
@@ -498,7 +486,7 @@ class SpanRecorder:
         if parent is not _INVALID and parent.is_valid:
             trace_id = parent.trace_id
             flags = int(parent.trace_flags) & _RANDOM
-            if not _sampled(pipeline.sampler, parent, trace_id, name, kind):
+            if not _sampled(pipeline, parent, trace_id, name, kind):
                 return UNSAMPLED
             parent_context: SpanContext | None = parent
         else:
@@ -514,9 +502,7 @@ class SpanRecorder:
                 if ready is None:
                     trace_id = pipeline.ids.generate_trace_id()
                     flags = _RANDOM if pipeline.ids.is_trace_id_random() else 0
-                    if fixed is None and not _sampled(
-                        pipeline.sampler, _INVALID, trace_id, name, kind
-                    ):
+                    if fixed is None and not _sampled(pipeline, _INVALID, trace_id, name, kind):
                         return UNSAMPLED
         if ready is None:
             span_context = SpanContext(

@@ -25,21 +25,10 @@ from typing import Any
 
 from otelkit._core.context import instrumentation_suppressed
 
+# whether a channel's calls pass interceptors: grpcio's private attributes, guarded there
+from otelkit._core.deps.grpcio import intercepted
+
 __all__ = ["Suppressed", "infer_suppressed", "intercepted", "session_traced"]
-
-_INTERCEPTOR_LISTS = (
-    "_unary_unary_interceptors",
-    "_unary_stream_interceptors",
-    "_stream_unary_interceptors",
-    "_stream_stream_interceptors",
-)
-
-
-def intercepted(channel: Any) -> bool:
-    """Whether calls on ``channel`` (a sync or an asyncio gRPC channel) pass interceptors."""
-    if hasattr(channel, "_interceptor"):  # grpc.intercept_channel's wrapper
-        return True
-    return any(getattr(channel, name, None) for name in _INTERCEPTOR_LISTS)  # grpc.aio's
 
 
 def _suppressed(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,8 +44,13 @@ def _suppressed(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def session_traced(session: Any) -> bool:
-    """Whether requests of ``session`` (an ``aiohttp.ClientSession``) pass trace configs."""
-    return bool(getattr(session, "_trace_configs", None))
+    """Whether requests of ``session`` (an ``aiohttp.ClientSession``, or ``None`` where the
+    client keeps none that otelkit finds) pass trace configs; ``True`` for a session that
+    does not tell (an aiohttp without ``trace_configs``): suppressing costs it nothing."""
+    if session is None:
+        return False
+    configs = getattr(session, "trace_configs", None)
+    return True if configs is None else bool(configs)
 
 
 def infer_suppressed(post: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from otelkit._core.deps import grpcio
 from otelkit._core.deps import tritonclient as triton_private
 from otelkit.client._call import CURRENT_CALL
 from otelkit.client._interceptors import Suppressed, intercepted
@@ -118,8 +119,8 @@ def attach_model_infer(client: Any) -> bool:
     if stub is None or channel is None:
         return False
     serialize, parse = _model_infer_codec(stub.ModelInfer)
-    rebuilt = channel.unary_unary(
-        _MODEL_INFER, _serializer(serialize), _deserializer(parse), _registered_method=True
+    rebuilt = grpcio.unary_unary(
+        channel, _MODEL_INFER, _serializer(serialize), _deserializer(parse)
     )
     if intercepted(channel):
         rebuilt = Suppressed(rebuilt)
@@ -131,14 +132,13 @@ def _model_infer_codec(own: Any) -> tuple[Callable[[Any], bytes], Callable[[byte
     """The stub's own functions that serialise ``ModelInfer``'s request and parse its response:
     the multicallable's, or, when an interceptor hides them, the ones tritonclient's stub was
     built with."""
-    serialize = getattr(own, "_request_serializer", None)
-    parse = getattr(own, "_response_deserializer", None)
-    if serialize is None or parse is None:
+    codec = grpcio.multicallable_codec(own)
+    if codec is None:
         from tritonclient.grpc import service_pb2
 
         request, response = service_pb2.ModelInferRequest, service_pb2.ModelInferResponse
         return request.SerializeToString, response.FromString
-    return serialize, parse
+    return codec
 
 
 def detach_model_infer(client: Any) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import quote
 
 import attr
-from grafanalib._gen import DashboardEncoder
 from grafanalib.core import (
     GRAPH_TOOLTIP_MODE_SHARED_CROSSHAIR,
     Dashboard,
@@ -32,6 +31,7 @@ from grafanalib.core import (
     TimeSeries,
 )
 
+from otelkit._core.deps.grafanalib import dashboard_encoder
 from otelkit.dashboards._options import DashboardOptions
 
 __all__ = [
@@ -318,5 +318,5 @@ def dashboard(
 
 def to_json(built: Any) -> dict[str, Any]:
     """The dashboard as Grafana's JSON model: plain dicts, lists and scalars."""
-    data: dict[str, Any] = json.loads(json.dumps(built.to_json_data(), cls=DashboardEncoder))
+    data: dict[str, Any] = json.loads(json.dumps(built.to_json_data(), cls=dashboard_encoder()))
     return data

@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from otelkit._core.deps import otlp_grpc
 from otelkit.export._otlp_proto import encode_request
 from otelkit.export._sizing import in_halves
 
@@ -94,12 +95,17 @@ class SizedGrpcSpanExporter(OTLPSpanExporter):
 
     max_bytes = GRPC_MAX_MESSAGE_BYTES
     _encoded: tuple[Sequence[ReadableSpan], bytes] | None = None
+    _stub_made = False  # by the SDK's _initialize_channel_and_stub, so measured
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        otlp_grpc.check_overrides(OTLPSpanExporter, self._stub_made)
 
     def _initialize_channel_and_stub(self) -> None:
-        """The SDK's (where it has one: older ones make the stub in ``__init__`` and learn no
-        limit), with the stub measured."""
+        """The SDK's, with the stub it made measured (``deps.otlp_grpc``)."""
         super()._initialize_channel_and_stub()  # type: ignore[no-untyped-call]
-        self._client = _Measured(self._client, self)  # type: ignore[assignment]
+        self._stub_made = True
+        otlp_grpc.wrap_stub(self, lambda stub: _Measured(stub, self))
 
     def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
         encoded = self._encoded
@@ -112,7 +118,7 @@ class SizedGrpcSpanExporter(OTLPSpanExporter):
     def deliver(self, spans: Sequence[ReadableSpan]) -> int:
         """Send ``spans``; how many the server took. A batch over the limit is sent in
         halves (``in_halves``), as is one the server refuses as too large."""
-        return in_halves(spans, self._send, self._endpoint)
+        return in_halves(spans, self._send, otlp_grpc.endpoint(self))
 
     def _send(self, spans: Sequence[ReadableSpan]) -> int | None:
         try:

@@ -7,17 +7,18 @@ objects through protobuf's Python API; they write the same request directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
+
+# A span's parts, read without the copies its properties make (SDK private fields, guarded).
+from otelkit._core.deps.otel import attribute_items
+from otelkit._core.deps.otel import span_contents as contents
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import Event
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import Link
 
 __all__ = [
     "INT64_MAX",
@@ -50,28 +51,6 @@ def grouped(
             known = by_identity[id(resource), id(scope)] = (group, resource, scope)
         known[0].append(encode(span))
     return groups
-
-
-def contents(
-    span: ReadableSpan,
-) -> tuple[Mapping[str, Any] | None, Sequence[Event], Sequence[Link]]:
-    """A span's attributes, events and links. A ``ReadableSpan``'s properties wrap the first in
-    a proxy and copy the others into tuples, on every read; its own fields read at once."""
-    if type(span) is ReadableSpan:
-        return span._attributes, span._events, span._links
-    return span.attributes, span.events, span.links
-
-
-def attribute_items(attributes: Mapping[Any, Any] | None) -> Iterable[tuple[Any, Any]]:
-    # BoundedAttributes iterates in Python, a generator step and a __getitem__ a pair; its dict
-    # holds the same pairs in the same order, and reads at a third of the cost. The dict is
-    # private: should the SDK rename it, this falls back to the public way. (Spans are immutable
-    # once ended, so nothing changes the dict while it is read.)
-    if type(attributes) is BoundedAttributes:
-        pairs = getattr(attributes, "_dict", None)
-        if type(pairs) is dict:
-            return pairs.items()
-    return attributes.items() if attributes else ()
 
 
 def proto_string(value: object) -> str:

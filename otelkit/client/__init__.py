@@ -178,6 +178,7 @@ def _target(kind: _Kind, client: Any) -> ClientTarget:
                 # a gRPC call's request message comes from the hooked transport, else from
                 # the caller's inputs
                 target.handed_request = kind.attach_transport(client) and kind.protocol == "grpc"
+                triton_private.check_input_bytes(kind.module, kind.tensors.input_attribute)
                 client.__dict__[TARGET] = target
     return target
 

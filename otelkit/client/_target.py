@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otelkit import semconv
+from otelkit._core.deps import tritonclient as triton_private
 from otelkit._core.guard import internal_error
 from otelkit._core.hotmetrics import HOT, CallSpecs
 
@@ -95,8 +96,15 @@ def _grpc_output_bytes(result: Any) -> tuple[int, int | None]:
     return sum(len(raw) for raw in contents), len(outputs)
 
 
+_MISSING: Any = object()
+
+
 def _http_output_bytes(result: Any) -> tuple[int, int | None]:
-    return len(getattr(result, "_buffer", None) or b""), None
+    buffer = getattr(result, "_buffer", _MISSING)
+    if buffer is _MISSING:
+        triton_private.missing_response_buffer(result)
+        return 0, None
+    return len(buffer or b""), None
 
 
 GRPC_TENSORS = Tensors("_raw_content", _grpc_output_bytes)

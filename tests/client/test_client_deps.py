@@ -203,3 +203,28 @@ def test_a_multicallable_of_grpcio_that_hides_its_codec_is_served_by_the_stubs_m
 
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith("otelkit: ")]
+
+
+def test_tensor_bytes_kept_elsewhere_are_counted_zero_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Where tritonclient keeps a request's and a response's binary tensors (``_raw_content``,
+    ``_raw_data``, ``_buffer``) is read with a default: a release that moves them would count
+    0 bytes silently but for these checks."""
+    from types import SimpleNamespace
+
+    from otelkit.client._target import HTTP_TENSORS
+
+    with caplog.at_level(logging.WARNING, logger="otelkit"):
+        triton_private.check_input_bytes("tritonclient.grpc", "_raw_content")
+        triton_private.check_input_bytes("tritonclient.http", "_raw_data")
+        assert warnings(caplog) == []
+        assert HTTP_TENSORS.response(SimpleNamespace(_buffer=b"1234")) == (4, None)
+        assert warnings(caplog) == []
+        for _ in range(2):
+            triton_private.check_input_bytes("tritonclient.grpc.aio", "_raw_content_moved")
+            assert HTTP_TENSORS.response(SimpleNamespace()) == (0, None)
+    lines = warnings(caplog)
+    assert len(lines) == 2, lines
+    assert "tritonclient.grpc.aio.InferInput._raw_content_moved; otelkit counts" in lines[0]
+    assert "SimpleNamespace._buffer; otelkit counts its responses' bytes as 0" in lines[1]

@@ -12,11 +12,20 @@ client was given. Each missing name is logged once.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from otelkit._core.deps import degraded
 
-__all__ = ["channel", "http_post", "server_url", "session", "stub"]
+__all__ = [
+    "channel",
+    "check_input_bytes",
+    "http_post",
+    "missing_response_buffer",
+    "server_url",
+    "session",
+    "stub",
+]
 
 _DISTRIBUTION = "tritonclient"
 _UNHOOKED = "leaves the client's transport as it is: calls traced without their phases"
@@ -57,3 +66,33 @@ def session(client: Any) -> Any | None:
     return _attribute(
         client, "_stub", "assumes the client's aiohttp session is not traced by OpenTelemetry"
     )
+
+
+_UNCOUNTED = "counts its request tensors' bytes as 0"
+_checked_inputs: set[str] = set()
+
+
+def check_input_bytes(module_name: str, attribute: str) -> None:
+    """Say once per tritonclient module when its ``InferInput`` no longer keeps the tensor's
+    binary data in ``attribute`` (``_raw_content`` over gRPC, ``_raw_data`` over HTTP), where
+    otelkit counts a request's bytes; a probe tensor of one float is filled to find out."""
+    if module_name in _checked_inputs:
+        return
+    _checked_inputs.add(module_name)
+    try:
+        import numpy
+
+        probe = importlib.import_module(module_name).InferInput("otelkit_probe", [1], "FP32")
+        probe.set_data_from_numpy(numpy.zeros(1, dtype=numpy.float32))
+    except Exception:  # a release whose InferInput otelkit cannot fill: nothing to conclude
+        return
+    if not getattr(probe, attribute, None):
+        degraded(_DISTRIBUTION, f"{module_name}.InferInput.{attribute}", _UNCOUNTED)
+
+
+def missing_response_buffer(result: Any) -> None:
+    """An HTTP ``InferResult`` without ``_buffer`` (its binary outputs), where otelkit counts a
+    response's bytes: said once, the bytes counted as 0."""
+    kind = type(result)
+    name = f"{kind.__module__}.{kind.__qualname__}._buffer"
+    degraded(_DISTRIBUTION, name, "counts its responses' bytes as 0")

@@ -250,6 +250,7 @@ class LeanSpan:
         "status",
         "traceparent",
     )
+    ids: SpanContext | None = None  # a recorded span's ids are its context
 
     def __init__(
         self,
@@ -323,6 +324,7 @@ class SdkSpan:
     """The same interface over a span of the global tracer, when otelkit is not configured."""
 
     __slots__ = ("_span", "attributes", "context", "sampled")
+    ids: SpanContext | None = None
     traceparent = None
 
     def __init__(self, span: trace.Span, attributes: dict[str, Any]) -> None:
@@ -352,6 +354,7 @@ class _Unsampled:
 
     __slots__ = ()
     sampled = False
+    ids: SpanContext | None = None  # an unsampled root's, for what starts beneath it
     traceparent = None
     context = trace.INVALID_SPAN_CONTEXT
     attributes: dict[str, Any] = {}
@@ -369,6 +372,19 @@ class _Unsampled:
 
 
 UNSAMPLED = _Unsampled()
+
+
+class _UnsampledRoot(_Unsampled):
+    """A root its sampler turned down after drawing its trace id (``traceidratio`` and the
+    like): nothing is recorded, but a stage makes its ids current (``ids``), so that the
+    stages and calls beneath it are not sampled as roots of their own by the same sampler."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: SpanContext) -> None:
+        self.ids = ids
+
+
 RecordingSpan = LeanSpan | SdkSpan | _Unsampled
 
 
@@ -503,7 +519,11 @@ class SpanRecorder:
                     trace_id = pipeline.ids.generate_trace_id()
                     flags = _RANDOM if pipeline.ids.is_trace_id_random() else 0
                     if fixed is None and not _sampled(pipeline, _INVALID, trace_id, name, kind):
-                        return UNSAMPLED
+                        # its ids go on: what starts beneath it is not sampled either
+                        ids = SpanContext(
+                            trace_id, pipeline.ids.generate_span_id(), False, TraceFlags(flags)
+                        )
+                        return _UnsampledRoot(ids)
         if ready is None:
             span_context = SpanContext(
                 trace_id,

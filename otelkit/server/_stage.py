@@ -92,6 +92,8 @@ class StageRun:
             if stage.attributes:
                 attributes.update(stage.attributes)
             self._token = _current_context.attach(with_span(span.context))
+        elif span.ids is not None:  # an unsampled root: nothing beneath it is sampled either
+            self._token = _current_context.attach(with_span(span.ids))
         self._gpu = _gpu.start(stage.gpu)
         series.in_flight.begin()
         self._start = time.perf_counter_ns()

@@ -115,3 +115,32 @@ def test_a_sampler_argument_that_makes_no_sense_is_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=expected):
         otelkit.configure(sampler=sampler, sampler_arg=arg)
+
+
+@pytest.mark.parametrize("sampler", ["parentbased_traceidratio", "traceidratio"])
+def test_what_runs_beneath_a_root_the_ratio_turned_down_is_not_sampled_on_its_own(
+    sampler: str, tmp_path: Path
+) -> None:
+    """A stage whose root decision is 'no' keeps its ids current: the stages beneath it, and
+    a call made inside, see an unsampled parent (the same trace id) instead of no parent, so no
+    trace holds a child without its root (before: about half of the unsampled roots' children
+    came out as traces of their own)."""
+    otelkit.configure(
+        service_name="ratio", traces_dir=str(tmp_path), sampler=sampler, sampler_arg=0.5
+    )
+    beneath: list[trace.SpanContext] = []
+    try:
+        for _ in range(200):
+            with otelkit.stage("root"), otelkit.stage("child"):
+                beneath.append(trace.get_current_span().get_span_context())
+        otelkit.flush()
+    finally:
+        otelkit.shutdown()
+    spans = load_spans(tmp_path)
+    roots = {s.span_id for s in spans if s.name == "root" and s.parent_span_id is None}
+    children = [s for s in spans if s.name == "child"]
+    assert 60 < len(roots) < 140  # the ratio: about 100 of 200
+    assert all(child.parent_span_id in roots for child in children)
+    assert len(children) == len(roots)
+    assert all(context.is_valid for context in beneath)
+    assert sum(context.trace_flags.sampled for context in beneath) == len(roots)

@@ -69,16 +69,16 @@ def session(client: Any) -> Any | None:
 
 
 _UNCOUNTED = "counts its request tensors' bytes as 0"
-_checked_inputs: set[str] = set()
+_checked_inputs: set[tuple[str, str]] = set()
 
 
 def check_input_bytes(module_name: str, attribute: str) -> None:
     """Say once per tritonclient module when its ``InferInput`` no longer keeps the tensor's
     binary data in ``attribute`` (``_raw_content`` over gRPC, ``_raw_data`` over HTTP), where
     otelkit counts a request's bytes; a probe tensor of one float is filled to find out."""
-    if module_name in _checked_inputs:
+    if (module_name, attribute) in _checked_inputs:
         return
-    _checked_inputs.add(module_name)
+    _checked_inputs.add((module_name, attribute))
     try:
         import numpy
 

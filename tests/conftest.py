@@ -129,3 +129,15 @@ def grpc_resends_stay_rare() -> Iterator[None]:
     yield
     calls, resends = GRPC_JOINS["calls"], GRPC_JOINS["resends"]
     assert not above_five_percent(resends, calls), f"{resends} resends for {calls} gRPC joins"
+
+
+@pytest.fixture
+def fresh_warnings() -> Iterator[None]:
+    """Each test sees its own degradations logged (``otelkit._core.deps``: once per name)."""
+    from otelkit._core import deps
+
+    saved = dict(deps.DEGRADED)
+    deps.DEGRADED.clear()
+    yield
+    deps.DEGRADED.clear()
+    deps.DEGRADED.update(saved)

@@ -112,3 +112,8 @@ def joined_trace(
             return trace_id, wait_for_trace(directory, trace_id, count, timeout=0)
         GRPC_JOINS["resends"] += 1
     raise AssertionError("unreachable")
+
+
+def otelkit_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What otelkit's logger said, line by line (its degradations begin ``otelkit: ``)."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("otelkit: ")]

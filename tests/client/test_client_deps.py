@@ -9,7 +9,6 @@ release that renamed it; the client's own methods keep theirs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -36,20 +35,14 @@ from tests.client.test_client import (
     traced,
 )
 from tests.client.test_client_interceptors import CONTRIB_SPAN, recorder
-from tests.support import joined_trace
+from tests.support import joined_trace, otelkit_lines
 
 __all__ = ["recorder", "telemetry"]  # the fixtures, shared with test_client(_interceptors)
 
 PHASES = {semconv.SERIALIZE_S, semconv.WIRE_S, semconv.DESERIALIZE_S}
 
 
-@pytest.fixture(autouse=True)
-def fresh_warnings() -> Iterator[None]:
-    saved = dict(deps.DEGRADED)
-    deps.DEGRADED.clear()
-    yield
-    deps.DEGRADED.clear()
-    deps.DEGRADED.update(saved)
+pytestmark = pytest.mark.usefixtures("fresh_warnings")
 
 
 def renamed(monkeypatch: pytest.MonkeyPatch, accessor: str, name: str) -> None:
@@ -131,7 +124,7 @@ def test_a_channel_that_does_not_tell_its_interceptors_is_taken_as_intercepted(
     assert shape(spans, trace_id) == expected_tree("grpc")
     assert set(client_span(spans).attributes) >= PHASES
     assert [s for s in load_spans(receiver.out_dir) if s.name == CONTRIB_SPAN] == []
-    (line,) = warnings(caplog)
+    (line,) = otelkit_lines(caplog)
     assert line.startswith(f"otelkit: grpcio {deps.version_of('grpcio')} has no ")
     assert "._interceptor_renamed and ._unary_unary_interceptors;" in line  # named by its class
     assert "instrumentation suppressed" in line
@@ -175,7 +168,7 @@ def test_a_channel_without_registered_methods_gets_an_unregistered_model_infer(
         trace_id, spans = joined_trace(call, receiver.out_dir, count=5)
     assert shape(spans, trace_id) == expected_tree("grpc")
     assert set(client_span(spans).attributes) >= PHASES
-    (line,) = warnings(caplog)
+    (line,) = otelkit_lines(caplog)
     assert "_OlderChannel.unary_unary(_registered_method=)" in line
     assert "unregistered" in line
 
@@ -196,13 +189,9 @@ def test_a_multicallable_of_grpcio_that_hides_its_codec_is_served_by_the_stubs_m
         service_pb2.ModelInferRequest.SerializeToString,
         service_pb2.ModelInferResponse.FromString,
     )
-    (line,) = warnings(caplog)
+    (line,) = otelkit_lines(caplog)
     assert line.startswith(f"otelkit: grpcio {deps.version_of('grpcio')} has no grpc._channel.")
     assert "_request_serializer and _response_deserializer" in line
-
-
-def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("otelkit: ")]
 
 
 def test_tensor_bytes_kept_elsewhere_are_counted_zero_with_one_line(
@@ -218,13 +207,13 @@ def test_tensor_bytes_kept_elsewhere_are_counted_zero_with_one_line(
     with caplog.at_level(logging.WARNING, logger="otelkit"):
         triton_private.check_input_bytes("tritonclient.grpc", "_raw_content")
         triton_private.check_input_bytes("tritonclient.http", "_raw_data")
-        assert warnings(caplog) == []
+        assert otelkit_lines(caplog) == []
         assert HTTP_TENSORS.response(SimpleNamespace(_buffer=b"1234")) == (4, None)
-        assert warnings(caplog) == []
+        assert otelkit_lines(caplog) == []
         for _ in range(2):
             triton_private.check_input_bytes("tritonclient.grpc.aio", "_raw_content_moved")
             assert HTTP_TENSORS.response(SimpleNamespace()) == (0, None)
-    lines = warnings(caplog)
+    lines = otelkit_lines(caplog)
     assert len(lines) == 2, lines
     assert "tritonclient.grpc.aio.InferInput._raw_content_moved; otelkit counts" in lines[0]
     assert "SimpleNamespace._buffer; otelkit counts its responses' bytes as 0" in lines[1]

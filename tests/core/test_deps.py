@@ -22,6 +22,7 @@ import otelkit
 from otelkit._core import deps, spans
 from otelkit._core.deps import otel
 from otelkit.analysis import build_traces, load_spans
+from tests.support import otelkit_lines
 
 # Imports otelkit with NAME gone from MODULE (a copy of the module without it stands in for
 # it, so the API's own functions, and the SDK imported before, keep theirs), runs nested
@@ -80,27 +81,13 @@ def test_otelkit_imports_and_records_without_a_private_name_of_the_api(
     assert name in lines[0]
 
 
-@pytest.fixture
-def fresh_warnings() -> Iterator[None]:
-    """Each test sees its own degradations logged."""
-    saved = dict(deps.DEGRADED)
-    deps.DEGRADED.clear()
-    yield
-    deps.DEGRADED.clear()
-    deps.DEGRADED.update(saved)
-
-
-def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("otelkit: ")]
-
-
 def test_the_public_runtime_attaches_reads_and_detaches(
     fresh_warnings: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="otelkit"):
         runtime = otel._runtime_context(SimpleNamespace())
         otel._runtime_context(SimpleNamespace())
-    (line,) = warnings(caplog)
+    (line,) = otelkit_lines(caplog)
     assert "_RUNTIME_CONTEXT" in line and "opentelemetry.context's functions" in line
     inner = otel_context.set_value("k", 1)
     token = runtime.attach(inner)
@@ -118,7 +105,7 @@ def test_a_runtime_without_its_context_variable_is_read_through_get_current(
         read = otel.context_reader(newer)
         other = otel.context_reader(SimpleNamespace(get_current=lambda: current))  # quietly
     assert read() is current and other() is current
-    (line,) = warnings(caplog)
+    (line,) = otelkit_lines(caplog)
     assert "_current_context" in line
     variable: contextvars.ContextVar[object] = contextvars.ContextVar("v")
     assert otel.context_reader(SimpleNamespace(_current_context=variable)) == variable.get
@@ -150,7 +137,7 @@ def test_without_the_sdks_span_processor_spans_go_through_the_sdks_tracer(
     assert [[(d, s.name) for d, s in tree.walk()] for tree in trees] == [
         [(0, "outer"), (1, "inner")]
     ]
-    (line,) = warnings(caplog)
+    (line,) = otelkit_lines(caplog)
     assert "opentelemetry-sdk" in line and "_active_span_processor" in line
     assert "SDK's tracer" in line
 
@@ -164,7 +151,7 @@ def test_a_forked_childs_resource_falls_back_to_the_providers_resource_then_to_n
     assert dict(older._resource.attributes) == {"service.name": "s", "process.pid": 7}
     with caplog.at_level(logging.WARNING, logger="otelkit"):
         assert not otel.merge_resource(SimpleNamespace(resource=Resource({})), pid)
-    (line,) = warnings(caplog)
+    (line,) = otelkit_lines(caplog)
     assert "process.pid" in line
 
 
@@ -192,7 +179,7 @@ def test_rays_private_parts_missing_cost_their_hook_or_figure_with_one_line(
         assert ray_private.serve_class("ray.serve._moved", "UserCallableWrapper") is None
         assert ray_private.actor_table() == {}
         assert ray_private.actor_table() == {}
-    lines = warnings(caplog)
+    lines = otelkit_lines(caplog)
     assert [line.split(" has no ")[1].split(";")[0] for line in lines] == [
         "ray.serve.batching._RenamedQueue",
         "ray.serve._moved.UserCallableWrapper",
@@ -222,7 +209,7 @@ def test_a_grpc_channel_without_its_target_names_the_server_unknown_with_one_lin
     with caplog.at_level(logging.WARNING, logger="otelkit"):
         assert grpcio.channel_target(SimpleNamespace(_channel=AioChannel())) is None
         assert grpcio.channel_target(SimpleNamespace(_channel=AioChannel())) is None
-    lines = warnings(caplog)
+    lines = otelkit_lines(caplog)
     assert len(lines) == 1
     assert lines[0].startswith(f"otelkit: grpcio {deps.version_of('grpcio')} has no ")
     assert lines[0].endswith(".AioChannel.target; otelkit names the server 'unknown'")

@@ -26,9 +26,7 @@ from otelkit._core.deps import otel
 from otelkit._core.switch import SWITCH
 from otelkit._propagation import extract, inject
 from otelkit.analysis import load_spans
-from tests.core.test_deps import fresh_warnings, warnings
-
-__all__ = ["fresh_warnings"]  # the fixture, shared with test_deps
+from tests.support import otelkit_lines
 
 ROOTS = 400
 SDK = f"otelkit: opentelemetry-sdk {deps.version_of('opentelemetry-sdk')} has no "
@@ -93,7 +91,7 @@ def test_a_parent_based_sampler_without_its_root_decides_each_root_itself(
     bound = TraceIdRatioBased(0.5).bound  # what the ratio keeps: each root recorded kept it
     assert all(trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < bound for trace_id in roots)
     assert ROOTS * 0.4 < len(roots) < ROOTS * 1.1  # half the stages, a half of their children
-    assert warnings(caplog) == [f"{SDK}ParentBased._root{ASKS}"]
+    assert otelkit_lines(caplog) == [f"{SDK}ParentBased._root{ASKS}"]
 
 
 @pytest.mark.parametrize(
@@ -114,7 +112,7 @@ def test_a_static_sampler_without_its_decision_is_asked(
     with caplog.at_level(logging.WARNING, logger="otelkit"):
         roots = recorded_roots(tmp_path, sampler)
     assert len(roots) == expected
-    assert warnings(caplog) == [f"{SDK}StaticSampler._decision{ASKS}"]
+    assert otelkit_lines(caplog) == [f"{SDK}StaticSampler._decision{ASKS}"]
 
 
 def newer_trace_state(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +153,7 @@ def test_a_trace_state_kept_elsewhere_is_built_through_its_constructor(
         state = trace.get_current_span(context).get_span_context().trace_state
         assert inject({}, context) == {"traceparent": traceparent, "tracestate": "rojo=1,congo=2"}
         assert state.update("congo", "3").delete("rojo").to_header() == "congo=3"
-    (line,) = warnings(caplog)
+    (line,) = otelkit_lines(caplog)
     assert line.startswith(f"{API}TraceState._dict; otelkit builds tracestates through")
 
 
@@ -167,7 +165,7 @@ def test_the_baggage_key_found_through_the_public_api_is_the_apis_own(
     with caplog.at_level(logging.WARNING, logger="otelkit"):
         assert otel._baggage_key(object()) == _BAGGAGE_KEY == otel.BAGGAGE_KEY
     assert baggage.get_all(baggage.set_baggage("k", "v", Context())) == {"k": "v"}
-    assert warnings(caplog) == [
+    assert otelkit_lines(caplog) == [
         f"{API}opentelemetry.baggage._BAGGAGE_KEY; otelkit finds the baggage key through "
         "baggage.set_baggage"
     ]
@@ -200,7 +198,7 @@ def test_without_the_sdks_exemplar_hot_histograms_are_collected_without_exemplar
         [0, 1, 0],
         [],
     )
-    assert warnings(caplog) == [
+    assert otelkit_lines(caplog) == [
         f"{SDK}opentelemetry.sdk.metrics.Exemplar; otelkit collects its hot histograms' points "
         "without exemplars"
     ]

@@ -6,24 +6,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 
 from otelkit._core import deps
 from otelkit.dashboards import dumps, render
 from tests.paths import ROOT
+from tests.support import otelkit_lines
 
 grafanalib = pytest.importorskip("grafanalib")
-
-
-@pytest.fixture
-def fresh_warnings() -> Iterator[None]:
-    saved = dict(deps.DEGRADED)
-    deps.DEGRADED.clear()
-    yield
-    deps.DEGRADED.clear()
-    deps.DEGRADED.update(saved)
 
 
 def test_without_grafanalibs_encoder_the_dashboards_are_the_committed_json(
@@ -36,7 +27,7 @@ def test_without_grafanalibs_encoder_the_dashboards_are_the_committed_json(
         rendered = render()
     for name, dashboard in rendered.items():
         assert dumps(dashboard) == (ROOT / "dashboards" / f"{name}.json").read_text(), name
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("otelkit: ")]
+    lines = otelkit_lines(caplog)
     assert lines == [
         f"otelkit: grafanalib {deps.version_of('grafanalib')} has no "
         "grafanalib._gen.DashboardEncoder; otelkit writes dashboards with its own encoder of "

@@ -20,10 +20,10 @@ from otelkit._core.deps import otel
 from otelkit.export._otlp_json_encode import spans_to_bytes
 from otelkit.export._otlp_proto import encode_request
 from otelkit.export._span_exporters import grpc_span_exporter
-from tests.core.test_deps import fresh_warnings, warnings
 from tests.export.test_exporters import GrpcTraceSink, finished_spans, grpc_sink
+from tests.support import otelkit_lines
 
-__all__ = ["fresh_warnings", "grpc_sink"]  # the fixtures, shared
+__all__ = ["grpc_sink"]  # the fixture, shared
 
 SDK = f"otelkit: opentelemetry-sdk {deps.version_of('opentelemetry-sdk')} has no "
 API = f"otelkit: opentelemetry-api {deps.version_of('opentelemetry-api')} has no "
@@ -45,7 +45,7 @@ def test_spans_whose_fields_are_kept_elsewhere_are_read_through_their_properties
             monkeypatch.setattr(ReadableSpan, name, kept)
     with caplog.at_level(logging.WARNING, logger="otelkit"):
         assert (encode_request(spans), spans_to_bytes(spans)) == (proto, json)
-    assert warnings(caplog) == [
+    assert otelkit_lines(caplog) == [
         f"{SDK}ReadableSpan._attributes, _events and _links; otelkit reads spans through their "
         "properties (copies: slower)"
     ]
@@ -62,7 +62,7 @@ def test_attributes_kept_elsewhere_are_read_through_the_mapping(
     monkeypatch.setattr(BoundedAttributes, "__len__", lambda self: len(self._kept))
     with caplog.at_level(logging.WARNING, logger="otelkit"):
         assert list(otel.attribute_items(attributes)) == [("a", 1), ("b", "two")]
-    assert warnings(caplog) == [
+    assert otelkit_lines(caplog) == [
         f"{API}BoundedAttributes._dict; otelkit reads attributes through the mapping (slower)"
     ]
 
@@ -91,7 +91,7 @@ def test_an_exporter_that_makes_its_stub_another_way_still_exports(
         assert exporter.deliver(spans) == len(spans)
         exporter.shutdown()
     assert sink.requests == [encode_spans(spans)]
-    (line,) = warnings(caplog)
+    (line,) = otelkit_lines(caplog)
     assert line.startswith(
         f"otelkit: opentelemetry-exporter-otlp-proto-grpc "
         f"{deps.version_of('opentelemetry-exporter-otlp-proto-grpc')} has no "
@@ -126,5 +126,5 @@ def test_an_exporter_that_keeps_its_stub_elsewhere_still_exports(
         assert exporter.export(spans) is SpanExportResult.SUCCESS
         exporter.shutdown()
     assert sink.requests == [encode_spans(spans)]
-    (line,) = warnings(caplog)
+    (line,) = otelkit_lines(caplog)
     assert "has no OTLPSpanExporter._client; otelkit sends through the SDK's stub" in line

@@ -19,7 +19,6 @@ import pytest
 from opentelemetry.instrumentation.grpc import _server as contrib
 
 import otelkit
-from otelkit._core import deps
 from otelkit._core.deps import grpc_instrumentation
 from otelkit.server import grpc as server_grpc
 from otelkit.tritonserver import free_port
@@ -35,14 +34,7 @@ def traces(tmp_path: Path) -> Iterator[Path]:
     otelkit.shutdown()
 
 
-@pytest.fixture(autouse=True)
-def fresh_warnings() -> Iterator[None]:
-    """Each test sees its own degradations logged."""
-    saved = dict(deps.DEGRADED)
-    deps.DEGRADED.clear()
-    yield
-    deps.DEGRADED.clear()
-    deps.DEGRADED.update(saved)
+pytestmark = pytest.mark.usefixtures("fresh_warnings")
 
 
 def served_answer() -> Any:

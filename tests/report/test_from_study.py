@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,9 +90,10 @@ def test_the_printed_command_makes_a_page_of_the_points(browser: WebDriver, stud
     links = browser.find_elements(By.CSS_SELECTOR, "table.points a.point-trace")
     assert [link.find_element(By.XPATH, "../../td[1]").text for link in links] == list(POINTS)
     for n, point in enumerate(POINTS):
-        browser.find_elements(By.CSS_SELECTOR, "table.points a.point-trace")[n].click()
-        waterfall = browser.find_element(By.CSS_SELECTOR, "svg.wf")
-        trace_id = waterfall.get_attribute("data-trace-id")
+        link = browser.find_elements(By.CSS_SELECTOR, "table.points a.point-trace")[n]
+        trace_id = (link.get_attribute("href") or "").rsplit("#trace=", 1)[1]
+        link.click()  # the page draws the waterfall on the hash's change, after the click returns
+        _shown(browser, f'svg.wf[data-trace-id="{trace_id}"]')
         assert browser.find_element(By.ID, "wf-title").text.startswith(f"trace {trace_id}")
         root = browser.find_element(By.CSS_SELECTOR, ".wf-row")
         assert root.get_attribute("data-name") == semconv.STUDY_SPAN
@@ -142,3 +144,11 @@ def test_a_folder_without_trace_files_is_named_beside_one_with_them(
     assert done.returncode == 0, done.stderr
     assert "nothing-here: no trace file" in done.stderr
     assert (tmp_path / "r.html").exists()
+
+
+def _shown(browser: WebDriver, selector: str, timeout_s: float = 10.0) -> None:
+    """Wait until an element matching ``selector`` is on the page."""
+    deadline = time.monotonic() + timeout_s
+    while not browser.find_elements(By.CSS_SELECTOR, selector):
+        assert time.monotonic() < deadline, f"{selector} not shown within {timeout_s} s"
+        time.sleep(0.05)

@@ -142,7 +142,7 @@ def test_more_busy_instances_than_cores_names_the_cores(truth: TruthServer, tmp_
 
 
 class BusyClient(Workload):
-    """8 ms of Python work in the client before each call of ``light``: the GIL caps it."""
+    """15 ms of Python work in the client before each call of ``light``: the GIL caps it."""
 
     axes = ()
     model = "light"
@@ -156,7 +156,7 @@ class BusyClient(Workload):
         self.calls.open(params, endpoint, traced=traced, ready_s=ready_s)
 
     def __call__(self, index: int) -> None:
-        spin(0.008)
+        spin(0.015)
         self.calls(index)
 
     def close(self) -> None:

@@ -72,14 +72,12 @@ def tracking_triton(
     Requests carrying a trace context are traced, to the session's receiver; of the others
     none (tritonserver 2.51 crashes under heavy tracing: ``gnn_tracking.driving.demo``).
     """
-    from gnn_tracking.serving.serve import models_metrics_base, triton_server
+    from gnn_tracking.serving.serve import triton_server
 
-    port = models_metrics_base()
     log = tmp_path_factory.mktemp("gnn-triton") / "triton.log"
-    with triton_server(
-        receiver.traces_url, models_metrics_port=port, log_path=log, trace_rate=1_000_000
-    ) as server:
-        yield TrackingServer(server, port)
+    server = triton_server(receiver.traces_url, log_path=log, trace_rate=1_000_000)
+    with server:
+        yield TrackingServer(server)
 
 
 @pytest.fixture(scope="session")

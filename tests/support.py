@@ -7,12 +7,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import pytest
 
 from otelkit import semconv
 from otelkit.analysis import Span, load_spans
-from otelkit.tritonserver import TritonServer
+
+if TYPE_CHECKING:
+    from gnn_tracking.serving.serve import TrackingTriton
 
 
 def require_binary(name: str) -> str:
@@ -25,11 +29,16 @@ def require_binary(name: str) -> str:
 
 @dataclass(frozen=True)
 class TrackingServer:
-    """The reference deployment's Triton; stage model ``i`` serves ``/metrics`` on
-    ``models_metrics_port + i`` (``gnn_tracking.serving.stages.STAGE_ORDER``, from 1)."""
+    """The reference deployment's Triton (``gnn_tracking.serving.serve.TrackingTriton``)."""
 
-    server: TritonServer
-    models_metrics_port: int
+    server: TrackingTriton
+
+    @property
+    def stage_metrics_targets(self) -> list[str]:
+        """``host:port`` of each stage model's ``/metrics``, as the models reported them (a
+        restart after a crash moves them: read them when scraping)."""
+        ports = self.server.stage_metrics_ports  # in the pipeline's order
+        return [urlsplit(self.server.stage_metrics_url(stage)).netloc for stage in ports]
 
 
 @dataclass(frozen=True)

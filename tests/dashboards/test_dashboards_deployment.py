@@ -312,10 +312,9 @@ def test_every_panel_shows_the_running_reference_deployment(
     exporters.append(run_exporter("--interval", "0.5"))  # no GPU here: available 0
     twin_metrics_port = free_port()
     triton = tracking_triton.server
-    models = tracking_triton.models_metrics_port
     jobs = {
         "triton": [f"127.0.0.1:{triton.metrics_port}"],
-        "triton-models": [f"127.0.0.1:{models + i}" for i in range(1, len(STAGE_ORDER) + 1)],
+        "triton-models": tracking_triton.stage_metrics_targets,
         "fastapi": [f"127.0.0.1:{twin_metrics_port}"],
         "client": [urlsplit(client_telemetry.prometheus_url).netloc],
         "gpu-exporter": [urlsplit(url).netloc for _, url in exporters],

@@ -25,17 +25,21 @@
 
 tritonserver 2.51 (bundled with nvidia-pytriton) can still crash under traced load (upstream
 issue 7795): the demo then keeps the crashed server's log (``triton-crash-N.log``), restarts
-it, runs the cut run again, and leaves the cut run's traces out of the breakdown.
+it, runs the cut run again, and leaves the cut run's traces out of the breakdown. Each restart
+is printed with its cause (the signal and the log's lines from the crash on) and listed under
+``restarts`` in ``summary.json``. Triton failing any other way ends the demo with an error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
 import urllib.request
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -54,7 +58,7 @@ from gnn_tracking.driving.options import (
     reconstruct,
 )
 from gnn_tracking.physics.models import Models, load_models
-from gnn_tracking.serving.serve import models_metrics_base, triton_server
+from gnn_tracking.serving.serve import TrackingTriton, triton_server
 from gnn_tracking.serving.stages import ENSEMBLE, FEATURES, STAGE_ORDER
 from gnn_tracking.serving.twin import twin_process
 from otelkit.analysis import breakdown, build_traces, format_breakdowns, load_spans
@@ -74,7 +78,47 @@ RUN_ATTRIBUTE = "gnn_tracking.run"  # one id per run attempt: a crashed attempt'
 # events per second (docs/known-issues.md has the rates measured).
 UNTRACED = 1_000_000
 MAX_RESTARTS = 3  # a safety net: a run a crash cut short is run again, at most this often
+# How that crash ends a server (TritonServer.failure()'s words): killed by a crash signal
+# (SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV), or caught by Triton's own handler, which logs
+# "Signal (N) received." and may hang there. A SIGKILL, SIGTERM or an exit is something else.
+_KNOWN_CRASH = re.compile(r"killed by signal (4|6|7|8|11) |after logging 'Signal \((\d+)\)")
 _T0 = time.monotonic()
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One restart of Triton after the known crash, and why."""
+
+    run: str  # the run the crash cut short
+    cause: str  # how the server ended (``TritonServer.failure()``)
+    signal: int
+    log_excerpt: str  # the crashed server's log from the crash on
+    log: str  # where the crashed server's whole log is kept
+
+    def line(self) -> str:
+        excerpt = "\n".join(f"    | {line}" for line in self.log_excerpt.splitlines())
+        return f"{self.run}: {self.cause}\n{excerpt}"
+
+
+def known_crash(failure: str) -> int | None:
+    """The signal of tritonserver 2.51's crash under traced load (upstream issue 7795) when
+    ``failure`` is that crash, else ``None``.
+
+    >>> known_crash("tritonserver was killed by signal 11 (Segmentation fault) (log: x)")
+    11
+    >>> known_crash("tritonserver exited with status 1 (log: x)") is None
+    True
+    """
+    match = _KNOWN_CRASH.search(failure)
+    return int(match[1] or match[2]) if match else None
+
+
+def crash_excerpt(log: str, lines: int = 12) -> str:
+    """The log's lines from Triton's ``Signal (N) received.`` on, else its last lines."""
+    logged = log.splitlines()
+    starts = [i for i, line in enumerate(logged) if "Signal (" in line]
+    first = starts[-1] if starts else max(len(logged) - lines, 0)
+    return "\n".join(logged[first : first + lines])
 
 
 def say(message: str) -> None:
@@ -216,13 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     hits = sum(int(e.shape[0]) for e in events) / len(events)
     say(f"{len(events)} events generated, {hits:.0f} hits each on average")
     models = load_models()
-    models_metrics = models_metrics_base()
-    server = triton_server(
-        receiver.traces_url,
-        models_metrics_port=models_metrics,
-        log_path=out / "triton.log",
-        trace_rate=UNTRACED,
-    )
+    server = triton_server(receiver.traces_url, log_path=out / "triton.log", trace_rate=UNTRACED)
     say("starting tritonserver (5 stage models + the ensemble, Python backend on the CPU)...")
     reports: list[tuple[str, RunReport]] = []
     crashed_runs: set[str] = set()
@@ -231,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         remote = Remote(url_of(server, args.protocol), args.protocol, timeout_s=10)
         label_problem = _check_labels(events[:4], models, remote)
         say(label_problem or "options 0 and 4 give identical track labels on 4 events")
-        restarts = 0
+        restarts: list[Restart] = []
         gave_up: str | None = None
         for option in OPTIONS:
             for threads in args.threads:
@@ -239,19 +277,28 @@ def main(argv: list[str] | None = None) -> int:
                 report = _run(option, events, threads, models, remote, "triton", args, attempt)
                 # tritonserver 2.51's tracing crash (see UNTRACED)
                 while (failed := server.failure()) is not None:
-                    restarts += 1
                     crashed_runs.add(str(attempt))
-                    kept = out / f"triton-crash-{restarts}.log"
+                    kept = out / f"triton-crash-{len(restarts) + 1}.log"
                     server.stop(timeout=5)
                     if server.log_path is not None and server.log_path.exists():
                         shutil.copy(server.log_path, kept)  # the restart starts a new log
+                    run = f"option {option.number} at {threads} threads"
+                    signal = known_crash(failed)
+                    if signal is None:
+                        gave_up = (
+                            f"during {run}, {failed}: not tritonserver 2.51's crash under traced "
+                            f"load, so no restart; its log is kept in {kept}"
+                        )
+                        say(gave_up)
+                        break
+                    excerpt = crash_excerpt(kept.read_text(errors="replace"))
+                    restarts.append(Restart(run, failed, signal, excerpt, str(kept)))
                     say(
-                        f"during option {option.number} at {threads} threads, {failed} "
-                        f"(2.51 segfaults under traced load, upstream issue 7795); its log is "
-                        f"kept in {kept}; restart {restarts} of {MAX_RESTARTS}, the run again"
+                        f"restart {len(restarts)} of at most {MAX_RESTARTS}, after 2.51's crash "
+                        f"under traced load (upstream issue 7795), during {restarts[-1].line()}"
                     )
-                    if restarts > MAX_RESTARTS:
-                        gave_up = f"crashed {restarts} times; the last log is {kept}"
+                    if len(restarts) > MAX_RESTARTS:
+                        gave_up = f"crashed {len(restarts)} times; the last log is {kept}"
                         break
                     server.start()
                     remote.close()
@@ -310,9 +357,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             label_problem = label_problem or ray_problem
         _snapshot(server.metrics_url, out / "metrics" / "triton.prom")
-        for offset, stage in enumerate(STAGE_ORDER, start=1):
-            url = f"http://127.0.0.1:{models_metrics + offset}/metrics"
-            _snapshot(url, out / "metrics" / f"model-{stage}.prom")
+        for stage in STAGE_ORDER:
+            if server.running:  # a server given up on has no stage models to scrape
+                _snapshot(server.stage_metrics_url(stage), out / "metrics" / f"model-{stage}.prom")
         _snapshot(
             f"http://127.0.0.1:{client_metrics_port}/metrics", out / "metrics" / "client.prom"
         )
@@ -325,12 +372,20 @@ def main(argv: list[str] | None = None) -> int:
     if crashed_runs:
         say(f"{len(crashed_runs)} run(s) cut short by a Triton crash: their traces are left out")
     return _report(
-        out, reports, args.threads, crashed_runs, label_problem, gave_up, study, study_problem
+        out,
+        reports,
+        args.threads,
+        crashed_runs,
+        restarts,
+        label_problem,
+        gave_up,
+        study,
+        study_problem,
     )
 
 
 def _what_caps_throughput(
-    server: TritonServer, events: list[torch.Tensor], args: argparse.Namespace
+    server: TrackingTriton, events: list[torch.Tensor], args: argparse.Namespace
 ) -> tuple[StudyResults | None, str | None]:
     """``otelkit study`` of the ensemble on the demo's Triton along the events in flight, into
     ``out/study.jsonl``; the results and what went wrong, if anything. Untraced: its requests
@@ -459,6 +514,7 @@ def _report(
     reports: list[tuple[str, RunReport]],
     threads: list[int],
     crashed_runs: set[str],
+    restarts: list[Restart],
     label_problem: str | None,
     gave_up: str | None,
     study: StudyResults | None,
@@ -490,6 +546,9 @@ def _report(
             f"{incomplete} events left out of the breakdown: a call's server spans are missing "
             "(over gRPC, tritonserver 2.51 loses some trace contexts: see README)"
         )
+    print(f"\n=== Triton restarts: {len(restarts) or 'none'} ===")
+    for number, restart in enumerate(restarts, start=1):
+        print(f"{number}. {restart.line()}\n   (whole log: {restart.log})")
     summary = {
         "runs": [
             {
@@ -508,6 +567,8 @@ def _report(
             "/".join(k): {name: round(g.mean(name) * 1e3, 4) for name in g.components}
             for k, g in groups.items()
         },
+        "restarts": [asdict(restart) for restart in restarts],
+        "triton_failure": gave_up,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     # the same traces as one HTML page: breakdown bars, waterfalls, facts (otelkit report)
@@ -529,7 +590,7 @@ def _report(
     if failed:
         print("\nFAILED checks:\n" + "\n".join(f"- {check}" for check in failed))
         return 1
-    print(f"\nall checks passed ({len(reports)} runs, {len(crashed_runs)} cut short by a crash)")
+    print(f"\nall checks passed ({len(reports)} runs, {len(restarts)} cut short by a crash)")
     return 0
 
 

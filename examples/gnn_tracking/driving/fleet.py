@@ -39,7 +39,7 @@ import torch
 import otelkit
 from gnn_tracking.driving.client import RunReport, drive, event_pool
 from gnn_tracking.driving.options import OPTIONS, ROOT_SPAN, SERVER_ATTRIBUTE, Remote
-from gnn_tracking.serving.serve import models_metrics_base, triton_server
+from gnn_tracking.serving.serve import triton_server
 from otelkit import semconv
 from otelkit.analysis import Breakdown, breakdown, build_traces, format_breakdowns, load_spans
 from otelkit.fleet import (
@@ -126,11 +126,7 @@ class Servers:
 
     def start(self, name: str) -> TritonServer:
         """A server of the pipeline, started; not registered yet."""
-        server = triton_server(
-            self.traces_url,
-            models_metrics_port=models_metrics_base(),
-            log_path=self.out / "logs" / f"{name}.log",
-        )
+        server = triton_server(self.traces_url, log_path=self.out / "logs" / f"{name}.log")
         self.servers[name] = server.start()
         return server
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
 import pytest
@@ -74,6 +74,8 @@ def wait_for_trace(directory: Path, trace_id: str, count: int, timeout: float = 
         time.sleep(0.05)
 
 
+S = TypeVar("S")  # a span, as the test's receiver keeps it
+
 #: gRPC calls that ``joined_trace`` joined to Triton's trace, and how many needed a resend
 #: (conftest's session check fails when more than 5 % did).
 GRPC_JOINS = {"calls": 0, "resends": 0}
@@ -95,30 +97,56 @@ def joined_trace(
     attempts: int = 3,
     protocol: str | None = None,
 ) -> tuple[str, list[Span]]:
-    """Run ``call`` (it returns a trace id) until Triton's spans join that trace.
+    """Run ``call`` (it returns a trace id) until Triton's spans join that trace, in the
+    receiver's ``directory`` (``resent_until_joined``). ``protocol``: the call's, when its
+    trace has no otelkit CLIENT span that says it."""
+    return resent_until_joined(
+        call,
+        lambda trace_id: [s for s in load_spans(directory) if s.trace_id == trace_id],
+        count,
+        protocol or _protocol_of,
+        attempts,
+        describe=lambda spans: sorted((s.name, s.parent_span_id) for s in spans),
+    )
+
+
+def resent_until_joined(
+    call: Callable[[], str],
+    spans_of: Callable[[str], list[S]],
+    count: int,
+    protocol: str | Callable[[list[S]], str | None],
+    attempts: int = 3,
+    describe: Callable[[list[S]], object] = repr,
+) -> tuple[str, list[S]]:
+    """Run ``call`` (it returns a trace id) until ``count`` spans of that trace arrived
+    (``spans_of``: what has arrived of one trace), Triton's joined to the caller's.
 
     Triton 2.51 loses the ``traceparent`` of about 2-3 % of gRPC requests: its gRPC carrier
     reads the metadata value with ``strlen`` past its end, the parse fails and the request
     starts a trace of its own. A gRPC request hit by that is sent again, at most ``attempts``
-    times, and counted in ``GRPC_JOINS``. An HTTP request must join on the first try.
-    ``protocol``: the call's, when its trace has no otelkit CLIENT span that says it.
+    times, each resend counted in ``GRPC_JOINS`` (conftest's session check bounds them). An
+    HTTP request is never sent again: a context lost over HTTP fails. ``protocol``: the
+    call's, or how to tell it from the spans that arrived.
     """
+    tell = protocol if callable(protocol) else lambda _: protocol
     for attempt in range(1, attempts + 1):
         trace_id = call()
-        deadline = time.monotonic() + 5.0
-        spans: list[Span] = []
-        while time.monotonic() < deadline:
-            spans = [s for s in load_spans(directory) if s.trace_id == trace_id]
-            if len(spans) >= count:
-                break
+        last = attempt == attempts or protocol == "http"
+        deadline = time.monotonic() + (15.0 if last else 5.0)
+        spans = spans_of(trace_id)
+        while len(spans) < count and time.monotonic() < deadline:
             time.sleep(0.05)
-        called = protocol or _protocol_of(spans)
+            spans = spans_of(trace_id)
+        called = tell(spans)
         if len(spans) >= count:
             if called == "grpc":
                 GRPC_JOINS["calls"] += 1
             return trace_id, spans
         if called != "grpc" or attempt == attempts:
-            return trace_id, wait_for_trace(directory, trace_id, count, timeout=0)
+            raise AssertionError(
+                f"trace {trace_id}: {len(spans)} of {count} spans arrived, after {attempt} "
+                f"{called or 'unknown protocol'} call(s): {describe(spans)}"
+            )
         GRPC_JOINS["resends"] += 1
     raise AssertionError("unreachable")
 

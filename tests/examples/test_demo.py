@@ -1,19 +1,26 @@
 """``make demo`` runs in the suite, shortened through its own options, and fails loudly: it exits
 non-zero naming each check that failed (labels that differ, broken nesting, a run with failed
-events or none, a Triton it could not keep alive, a study without a verdict)."""
+events or none, a Triton it could not keep alive, a study without a verdict). A healthy run
+restarts Triton never; a run that did (only after 2.51's known crash) is an expected failure
+naming each restart's cause."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from gnn_tracking.driving.client import RunReport
-from gnn_tracking.driving.demo import failed_checks
+from gnn_tracking.driving.demo import Restart, after_failure, failed_checks
 
-from tests.paths import ROOT
+from otelkit.tritonserver import TritonServer
+from tests.paths import MODELS, ROOT
+from tests.triton_crashes import UPSTREAM
 
 pytestmark = pytest.mark.triton
 
@@ -49,10 +56,15 @@ def test_make_demo_runs_end_to_end_and_passes_its_checks(tmp_path: Path) -> None
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "all checks passed (5 runs" in done.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["triton_failure"] is None
+    restarts = summary["restarts"]
+    # a restart is made only after tritonserver 2.51's crash under traced load (upstream
+    # issue 7795): killed by a crash signal, its log kept
+    assert all(r["signal"] in (4, 6, 7, 8, 11) and r["log_excerpt"] for r in restarts), restarts
+    assert f"all checks passed (5 runs, {len(restarts)} cut short by a crash)" in done.stdout
     assert "options 0 and 4 give identical track labels" in done.stdout
     assert "=== where the time goes, per event (mean ms), from the traces ===" in done.stdout
-    summary = json.loads((out / "summary.json").read_text())
     assert [run["option"] for run in summary["runs"]] == [0, 1, 2, 3, 4]
     assert all(run["events"] > 0 and run["errors"] == 0 for run in summary["runs"])
     served = [key for key in summary["breakdown_ms"] if key.startswith("triton/")]
@@ -65,6 +77,12 @@ def test_make_demo_runs_end_to_end_and_passes_its_checks(tmp_path: Path) -> None
     verdicts = [r for r in records if r["record"] == "verdict"]
     assert len(verdicts) == 1 and verdicts[0]["kind"] not in ("failed", "unknown")
     assert f"{verdicts[0]['kind']}: {verdicts[0]['sentence']}" in done.stdout
+    for number, r in enumerate(restarts, start=1):
+        print(f"restart {number}, {r['run']}: {r['cause']}\n{r['log_excerpt']}")
+    if restarts:  # the demo survived them, but a healthy run has none
+        causes = "; ".join(f"{r['run']}: {r['cause']}" for r in restarts)
+        pytest.xfail(f"Triton restarted {len(restarts)} time(s): {causes} ({UPSTREAM})")
+    assert "=== Triton restarts: none ===" in done.stdout
 
 
 def test_each_failed_check_is_named() -> None:
@@ -89,3 +107,37 @@ def test_each_failed_check_is_named() -> None:
         "study: no verdict on the ensemble's curve",
     ]
     assert failed_checks(None, reports[:1], 0) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGSEGV, signal.SIGKILL])
+def test_only_the_known_crash_restarts_triton(tmp_path: Path, signum: int) -> None:
+    """A crash signal is how 2.51's crash under traced load ends Triton: the demo records a
+    restart with its cause; a Triton killed or ended any other way stops the demo instead."""
+    server = TritonServer(
+        MODELS, model_control="explicit", load_models=["identity_fp32"], log_path=tmp_path / "t.log"
+    )
+    restarts: list[Restart] = []
+    with server:
+        assert server.pid is not None
+        os.kill(server.pid, signum)
+        deadline = time.monotonic() + 30
+        while (failed := server.failure()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert failed is not None
+        gave_up = after_failure(server, failed, "option 3 at 8 threads", tmp_path, restarts)
+    assert not server.running
+    kept = tmp_path / "triton-crash-1.log"
+    assert kept.read_text() == (tmp_path / "t.log").read_text()
+    if signum == signal.SIGSEGV:
+        assert gave_up is None
+        assert restarts == [
+            Restart("option 3 at 8 threads", failed, 11, restarts[0].log_excerpt, str(kept))
+        ]
+        assert restarts[0].log_excerpt.startswith("Signal (11) received."), restarts
+    else:
+        assert restarts == []
+        assert gave_up == (
+            f"during option 3 at 8 threads, {failed}: not tritonserver 2.51's crash under "
+            f"traced load, so no restart; its log is kept in {kept}"
+        )
+        assert "killed by signal 9" in failed

@@ -12,8 +12,10 @@ the gRPC path is checked with uninstrumented clients, which send none.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,6 +109,24 @@ def test_each_stage_model_answers_what_the_stage_computes_in_process(
             assert torch.equal(served[key], value.cpu()), f"{name}: {key} differs"
         tensors.update(expected)
     remote.close()
+
+
+def test_each_stage_model_serves_its_metrics_on_the_port_it_reported(
+    tracking_triton: TrackingServer, events: list[torch.Tensor]
+) -> None:
+    server = tracking_triton.server
+    assert list(server.stage_metrics_ports) == list(STAGE_ORDER)
+    assert len(set(server.stage_metrics_ports.values())) == len(STAGE_ORDER)
+    remote = Remote(server.http_url, "http", instrument=False)
+    reconstruct(OPTIONS[3], events[0], None, remote)  # each stage model called once
+    remote.close()
+    durations = semconv.prometheus_name(semconv.STAGE_DURATION)
+    for stage in STAGE_ORDER:
+        with urllib.request.urlopen(server.stage_metrics_url(stage), timeout=5) as response:
+            page = response.read().decode()
+        # each page is its own stage model's: its stage's samples and no other's
+        served = set(re.findall(rf'^{durations}_count{{model="(\w+)",stage="(\w+)"}}', page, re.M))
+        assert served == {(stage, stage)}, (stage, page)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -68,7 +68,7 @@ from otelkit.study import Load, Study, StudyError, StudyResults
 from otelkit.study import Remote as StudyRemote
 from otelkit.tritonserver import TritonServer, free_port
 
-__all__ = ["main"]
+__all__ = ["Restart", "after_failure", "crash_excerpt", "known_crash", "main"]
 
 PROTOCOL_ATTRIBUTE = "gnn_tracking.protocol"
 RUN_ATTRIBUTE = "gnn_tracking.run"  # one id per run attempt: a crashed attempt's traces go
@@ -114,11 +114,41 @@ def known_crash(failure: str) -> int | None:
 
 
 def crash_excerpt(log: str, lines: int = 12) -> str:
-    """The log's lines from Triton's ``Signal (N) received.`` on, else its last lines."""
+    """The log's lines from Triton's first ``Signal (N) received.`` on (the crash: stopping a
+    server that hangs in its handler logs another), else its last lines."""
     logged = log.splitlines()
     starts = [i for i, line in enumerate(logged) if "Signal (" in line]
-    first = starts[-1] if starts else max(len(logged) - lines, 0)
+    first = starts[0] if starts else max(len(logged) - lines, 0)
     return "\n".join(logged[first : first + lines])
+
+
+def after_failure(
+    server: TritonServer, failed: str, run: str, out: Path, restarts: list[Restart]
+) -> str | None:
+    """Stop a server that failed (``failed``: how) during ``run`` and keep its log in ``out``;
+    after tritonserver 2.51's known crash, record the restart to come in ``restarts`` and
+    return ``None``; else (another failure, or too many crashes) why the demo stops."""
+    kept = out / f"triton-crash-{len(restarts) + 1}.log"
+    server.stop(timeout=5)
+    if server.log_path is not None and server.log_path.exists():
+        shutil.copy(server.log_path, kept)  # the restart starts a new log
+    signal = known_crash(failed)
+    if signal is None:
+        why = (
+            f"during {run}, {failed}: not tritonserver 2.51's crash under traced load, so no "
+            f"restart; its log is kept in {kept}"
+        )
+        say(why)
+        return why
+    excerpt = crash_excerpt(kept.read_text(errors="replace")) if kept.exists() else ""
+    restarts.append(Restart(run, failed, signal, excerpt, str(kept)))
+    say(
+        f"restart {len(restarts)} of at most {MAX_RESTARTS}, after 2.51's crash under traced "
+        f"load (upstream issue 7795), during {restarts[-1].line()}"
+    )
+    if len(restarts) > MAX_RESTARTS:
+        return f"crashed {len(restarts)} times; the last log is {kept}"
+    return None
 
 
 def say(message: str) -> None:
@@ -278,27 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                 # tritonserver 2.51's tracing crash (see UNTRACED)
                 while (failed := server.failure()) is not None:
                     crashed_runs.add(str(attempt))
-                    kept = out / f"triton-crash-{len(restarts) + 1}.log"
-                    server.stop(timeout=5)
-                    if server.log_path is not None and server.log_path.exists():
-                        shutil.copy(server.log_path, kept)  # the restart starts a new log
                     run = f"option {option.number} at {threads} threads"
-                    signal = known_crash(failed)
-                    if signal is None:
-                        gave_up = (
-                            f"during {run}, {failed}: not tritonserver 2.51's crash under traced "
-                            f"load, so no restart; its log is kept in {kept}"
-                        )
-                        say(gave_up)
-                        break
-                    excerpt = crash_excerpt(kept.read_text(errors="replace"))
-                    restarts.append(Restart(run, failed, signal, excerpt, str(kept)))
-                    say(
-                        f"restart {len(restarts)} of at most {MAX_RESTARTS}, after 2.51's crash "
-                        f"under traced load (upstream issue 7795), during {restarts[-1].line()}"
-                    )
-                    if len(restarts) > MAX_RESTARTS:
-                        gave_up = f"crashed {len(restarts)} times; the last log is {kept}"
+                    gave_up = after_failure(server, failed, run, out, restarts)
+                    if gave_up:
                         break
                     server.start()
                     remote.close()

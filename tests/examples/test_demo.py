@@ -6,17 +6,24 @@ naming each restart's cause."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gnn_tracking.driving.client import RunReport
+from geventhttpclient.response import HTTPResponse
+from gnn_tracking.driving.client import RunReport, drive, event_pool
 from gnn_tracking.driving.demo import Restart, after_failure, failed_checks
+from gnn_tracking.driving.http_parse import keep_response_heads
+from gnn_tracking.driving.options import OPTIONS, Remote
 
 from otelkit.tritonserver import TritonServer
 from tests.paths import MODELS, ROOT
@@ -141,3 +148,66 @@ def test_only_the_known_crash_restarts_triton(tmp_path: Path, signum: int) -> No
             f"traced load, so no restart; its log is kept in {kept}"
         )
         assert "killed by signal 9" in failed
+
+
+@contextlib.contextmanager
+def answering(reply: bytes) -> Iterator[str]:
+    """A TCP server on 127.0.0.1 that answers every request on a connection with ``reply``:
+    a malformed response, which a real Triton cannot be made to send; yields ``host:port``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while not stop.is_set() and conn.recv(65536):
+                conn.sendall(reply)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        acceptor.join()
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "told"),
+    [
+        # a header line with a space in its name, where Triton's headers are
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nBad Header: x\r\n\r\nok",
+            "Triton's response was malformed (upstream): "
+            "HTTPParseError('Invalid header token', 10)",
+        ),
+        # the middle of a body where a response should begin
+        (
+            b"\x00\x01\x02 body bytes",
+            "the connection carried bytes that begin no response (ours",
+        ),
+    ],
+)
+def test_a_response_that_fails_to_parse_is_told_upstream_or_ours(
+    reply: bytes, told: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the hook stays in this test: the session's other HTTP clients parse as they would
+    monkeypatch.setattr(HTTPResponse, "feed", HTTPResponse.feed)
+    keep_response_heads()
+    with answering(reply) as url:
+        remote = Remote(url, "http", instrument=False, timeout_s=5)
+        report = drive(OPTIONS[4], event_pool(2, 10), threads=2, remote=remote, count=4)
+        remote.close()
+    assert report.events == 0 and report.errors == 4
+    assert report.error_kinds == (("HTTPParseError", 4),)
+    assert report.http_parse_error.startswith(told), report.http_parse_error
+    assert report.http_parse_error.endswith(f"received {reply!r}")

@@ -14,6 +14,7 @@ otelkit is configured from the environment (``OTEL_*``/``OTELKIT_*``): point
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import statistics
 import sys
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 import otelkit
+from gnn_tracking.driving.http_parse import explain
 from gnn_tracking.driving.options import (
     OPTIONS,
     THREADS_ATTRIBUTE,
@@ -50,6 +52,8 @@ class RunReport:
     seconds: float
     latencies_s: tuple[float, ...]
     first_error: str = ""
+    error_kinds: tuple[tuple[str, int], ...] = ()  # each error type, how often
+    http_parse_error: str = ""  # whose fault the first HTTPParseError was (``http_parse``)
 
     @property
     def throughput(self) -> float:
@@ -131,6 +135,7 @@ def drive(
         for future in [pool.submit(worker) for _ in range(threads)]:
             future.result()
     first = f"{type(errors[0]).__name__}: {errors[0]}" if errors else ""
+    parse_errors = (explain(error) for error in errors)
     return RunReport(
         option.number,
         threads,
@@ -139,6 +144,8 @@ def drive(
         time.perf_counter() - start,
         tuple(latencies),
         first[:200],
+        tuple(collections.Counter(type(error).__name__ for error in errors).items()),
+        next((why for why in parse_errors if why is not None), ""),
     )
 
 

@@ -47,6 +47,7 @@ import torch
 
 import otelkit
 from gnn_tracking.driving.client import RunReport, drive, event_pool
+from gnn_tracking.driving.http_parse import keep_response_heads
 from gnn_tracking.driving.options import (
     OPTION_ATTRIBUTE,
     OPTIONS,
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     out: Path = args.out
+    keep_response_heads()  # an HTTP response that fails to parse says whose fault it was
     torch.set_num_threads(1)  # the client's event threads are its parallelism, as in the seeds
     shutil.rmtree(out / "traces", ignore_errors=True)
     (out / "metrics").mkdir(parents=True, exist_ok=True)
@@ -518,6 +520,8 @@ def _run(
     )
     where = "in process" if not option.served else f"{server} {protocol}"
     say(f"{where:<13} {report.line()}")
+    if report.http_parse_error:
+        say(f"an HTTP response failed to parse: {report.http_parse_error}")
     return report
 
 
@@ -572,6 +576,8 @@ def _report(
                 "events_per_s": round(r.throughput, 2),
                 "p50_ms": round(r.percentile_ms(50), 3),
                 "p99_ms": round(r.percentile_ms(99), 3),
+                "error_kinds": dict(r.error_kinds),
+                "http_parse_error": r.http_parse_error or None,
             }
             for label, r in reports
         ],

@@ -203,6 +203,7 @@ class ReceiverCapture(Capture):
         self._lock = threading.Lock()
         self._spans: list[Span] = []
         self._offset = 0
+        self._in_line = False
         self.clear()
 
     @property
@@ -219,8 +220,8 @@ class ReceiverCapture(Capture):
         with self._lock:
             self._spans = []
             self._offset = self._path.stat().st_size if self._path.exists() else 0
-            if self._offset and self._read_byte(self._offset - 1) != b"\n":
-                self._offset = self._line_end(self._offset)  # a line being written is before
+            # a line being written now is before: what is left of it is skipped once it ends
+            self._in_line = bool(self._offset) and self._read_byte(self._offset - 1) != b"\n"
 
     def spans(self) -> list[Span]:
         with self._lock:
@@ -228,21 +229,17 @@ class ReceiverCapture(Capture):
                 with self._path.open("rb") as file:
                     file.seek(self._offset)
                     data = file.read()
+                start = 0
+                if self._in_line:
+                    start = data.find(b"\n") + 1
+                    self._in_line = start == 0
                 complete = data.rfind(b"\n") + 1  # a line still being written waits
-                for number, line in enumerate(data[:complete].splitlines(), 1):
+                for number, line in enumerate(data[start:complete].splitlines(), 1):
                     self._spans += spans_of_line(line.decode(), f"{self._path}:+{number}")
-                self._offset += complete
+                self._offset += max(start, complete)
             return list(self._spans)
 
     def _read_byte(self, at: int) -> bytes:
         with self._path.open("rb") as file:
             file.seek(at)
             return file.read(1)
-
-    def _line_end(self, at: int) -> int:
-        """The offset just past the newline that ends the line holding ``at``, once written."""
-        with self._path.open("rb") as file:
-            file.seek(at)
-            rest = file.read()
-        newline = rest.find(b"\n")
-        return at + newline + 1 if newline >= 0 else at + len(rest)

@@ -160,6 +160,7 @@ PUBLIC: dict[str, list[str]] = {
         "Capture",
         "MemoryCapture",
         "ReceiverCapture",
+        "answers",
         "components",
         "tree",
         "wait_until",

@@ -26,7 +26,14 @@ import uvicorn
 from opentelemetry.sdk.metrics.export import HistogramDataPoint
 
 from otelkit import semconv
-from otelkit.testing import MemoryCapture, ReceiverCapture, components, tree, wait_until
+from otelkit.testing import (
+    MemoryCapture,
+    ReceiverCapture,
+    answers,
+    components,
+    tree,
+    wait_until,
+)
 from otelkit.tritonserver import free_port
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -91,16 +98,7 @@ def server(otelkit_receiver: ReceiverCapture, tmp_path: Path) -> Iterator[str]:
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otelkit_receiver.traces_url}
     with subprocess.Popen(command, env=env, cwd=tmp_path) as process:
         url = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            assert process.poll() is None, "the server exited"
-            try:
-                urllib.request.urlopen(f"{url}/docs", timeout=1).close()
-                return True
-            except OSError:
-                return False
-
-        wait_until(ready, 60, "the FastAPI server")
+        wait_until(answers(f"{url}/docs", process), 60, "the FastAPI server")
         yield url
         process.terminate()
 

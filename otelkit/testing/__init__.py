@@ -17,6 +17,14 @@ from __future__ import annotations
 
 from otelkit.testing._capture import Capture, MemoryCapture, ReceiverCapture
 from otelkit.testing._trees import components, tree
-from otelkit.testing._wait import wait_until
+from otelkit.testing._wait import answers, wait_until
 
-__all__ = ["Capture", "MemoryCapture", "ReceiverCapture", "components", "tree", "wait_until"]
+__all__ = [
+    "Capture",
+    "MemoryCapture",
+    "ReceiverCapture",
+    "answers",
+    "components",
+    "tree",
+    "wait_until",
+]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["wait_until"]
+__all__ = ["answers", "wait_until"]
 
 T = TypeVar("T")
 
@@ -45,3 +47,25 @@ def wait_until(
                 message += f"\n{explain()}"
             raise AssertionError(message)
         time.sleep(interval)
+
+
+def answers(url: str, process: subprocess.Popen[Any] | None = None) -> Callable[[], bool]:
+    """A check for ``wait_until``: whether a GET of ``url`` is answered with a 2xx status (a
+    refused connection or an error status: not yet). With ``process``, the server's, the check
+    fails at once, with its exit status, when that process has exited.
+
+    >>> wait_until(answers("http://127.0.0.1:9/"), timeout=0.1, what="a server on port 9")
+    Traceback (most recent call last):
+    AssertionError: a server on port 9: not within 0.1 s
+    """
+
+    def check() -> bool:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"{process.args!r} exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return 200 <= int(response.status) < 300
+        except OSError:  # refused, reset, timed out; an error status (HTTPError) too
+            return False
+
+    return check

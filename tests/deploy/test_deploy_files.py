@@ -15,7 +15,6 @@ import re
 import shutil
 import signal
 import subprocess
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from otelkit.testing import ReceiverCapture, wait_until
+from otelkit.testing import ReceiverCapture, answers, wait_until
 from tests.paths import ROOT
 from tests.support import require_binary
 
@@ -736,7 +735,7 @@ def test_entrypoint_starts_a_real_tritonserver_that_exports_its_spans(
         )
     try:
         wait_until(
-            _serving(http_port, server, log),
+            answers(f"http://127.0.0.1:{http_port}/v2/health/ready", server),
             120,
             "tritonserver ready",
             interval=0.2,
@@ -759,17 +758,3 @@ def test_entrypoint_starts_a_real_tritonserver_that_exports_its_spans(
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-
-
-def _serving(port: int, server: subprocess.Popen[bytes], log: Path) -> Callable[[], bool]:
-    """Whether the server answers ready; fails at once when it has exited."""
-
-    def check() -> bool:
-        assert server.poll() is None, f"tritonserver exited:\n{log.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2):
-                return True
-        except OSError:
-            return False
-
-    return check

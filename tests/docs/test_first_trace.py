@@ -16,8 +16,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from otelkit.testing import wait_until
+from otelkit.testing import answers, wait_until
 from tests.docs.test_docs import LINKED_DIRS, README, block_environment, code_blocks
 from tests.paths import ROOT
 from tests.support import wait_for_trace
@@ -107,7 +105,7 @@ def test_the_first_trace_runs_as_written(tmp_path: Path) -> None:
         servers = [receiving, serving]
         for ready, what in [
             (lambda: _listening(RECEIVER), "the receiver"),
-            (lambda: _answers(MODEL_READY), "PyTriton's model"),
+            (answers(MODEL_READY), "PyTriton's model"),
         ]:
             check = _while_serving(ready, servers, tmp_path)
             wait_until(check, READY_TIMEOUT_S, what, interval=0.2, explain=lambda: _logs(tmp_path))
@@ -204,12 +202,4 @@ def _listening(address: tuple[str, int]) -> bool:
         with socket.create_connection(address, timeout=1):
             return True
     except OSError:
-        return False
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False

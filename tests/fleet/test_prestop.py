@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from otelkit.fleet import EtcdRegistry, Renderer, envoy_hosts
-from otelkit.testing import wait_until
+from otelkit.testing import answers, wait_until
 from otelkit.tritonserver import free_port
 from tests.fleet.components import loopback_envoy
-from tests.fleet.test_slurm import TRUTH, Load, ready
+from tests.fleet.test_slurm import TRUTH, Load
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.triton
@@ -60,7 +60,8 @@ def test_the_prestop_hook_drains_its_server_and_no_call_is_lost(
         wait_until(
             lambda: set(routed()) == set(servers), 120, "both servers in Envoy", interval=0.2
         )
-        wait_until(lambda: ready(url), 10, "calls through Envoy", interval=0.2)
+        ready = answers(f"http://{url}/v2/health/ready")
+        wait_until(ready, 10, "calls through Envoy", interval=0.2)
         with Load(url, threads=4) as load:
             wait_until(
                 lambda: all(n > 0 for n in routed().values()), 20, "both serving", interval=0.2

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import yaml
 
 from otelkit.fleet import EtcdRegistry, Renderer, envoy_hosts
 from otelkit.fleet._scale import ScalePolicy, Scaler, prometheus_value, slurm
-from otelkit.testing import wait_until
+from otelkit.testing import answers, wait_until
 from tests.fleet.components import LoadThreads, loopback_envoy
 from tests.paths import ROOT, TESTS
 from tests.prometheus import PrometheusServer
@@ -64,14 +63,6 @@ SCANCEL = """#!/bin/bash
 echo "scancel $*" >> "$SLURM_RECORD"
 kill -TERM "$(cat "$SLURM_JOBS/$1.pid")"
 """
-
-
-def ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
 
 
 class Load(LoadThreads):
@@ -172,7 +163,8 @@ def test_the_scaler_asks_for_a_server_under_load_and_lets_one_go_drained_when_id
             lambda: routed() == {"triton-101"}, 120, "first server healthy in Envoy", interval=0.2
         )
         # Envoy balances onto a new server a second after its admin says healthy (known issues)
-        wait_until(lambda: ready(url), 10, "first server served through Envoy", interval=0.2)
+        ready = answers(f"http://{url}/v2/health/ready")
+        wait_until(ready, 10, "first server served through Envoy", interval=0.2)
         with Load(url, threads=6) as heavy:
             wait_until(
                 lambda: (prometheus_value(prometheus.url, QUERY) or 0) > 20,

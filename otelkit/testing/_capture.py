@@ -118,6 +118,7 @@ class MemoryCapture(Capture):
         self._processor: _Keep | None = None
 
     def start(self) -> MemoryCapture:
+        """Configure otelkit to keep spans here, and count its metrics from now."""
         options = dict(self.options)
         current = telemetry.current()
         if current is not None:

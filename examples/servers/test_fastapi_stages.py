@@ -26,7 +26,9 @@ import uvicorn
 from opentelemetry.sdk.metrics.export import HistogramDataPoint
 
 from otelkit import semconv
+from otelkit.analysis import Span
 from otelkit.testing import (
+    Capture,
     MemoryCapture,
     ReceiverCapture,
     answers,
@@ -63,13 +65,19 @@ def app_url() -> Iterator[str]:
     thread.join(10)
 
 
+def traced_request(url: str, captured: Capture) -> list[Span]:
+    """One request from a sampled caller; its trace, checked whole, from either capture."""
+    assert post(url) == FEATURES
+    # the SERVER span ends once the response is sent: wait for it, not for a while
+    spans = captured.wait_for_trace(TRACE_ID, count=3)
+    assert tree(spans) == STAGES
+    return spans
+
+
 def test_a_request_is_a_server_span_over_its_stages(
     app_url: str, otelkit_spans: MemoryCapture
 ) -> None:
-    assert post(app_url) == FEATURES
-    # the SERVER span ends once the response is sent: wait for it, not for a while
-    spans = otelkit_spans.wait_for_trace(TRACE_ID, count=3)
-    assert tree(spans) == STAGES
+    spans = traced_request(app_url, otelkit_spans)
     (cylindrical,) = [s for s in spans if s.name == "cylindrical"]
     assert cylindrical.attributes["hits"] == 2
     assert components(spans).keys() >= {"client cylindrical", "client scale", "total"}
@@ -106,7 +114,5 @@ def server(otelkit_receiver: ReceiverCapture, tmp_path: Path) -> Iterator[str]:
 def test_another_process_exports_the_same_tree(
     server: str, otelkit_receiver: ReceiverCapture
 ) -> None:
-    assert post(server) == FEATURES
-    spans = otelkit_receiver.wait_for_trace(TRACE_ID, count=3)
-    assert tree(spans) == STAGES
+    spans = traced_request(server, otelkit_receiver)
     assert {s.resource["service.name"] for s in spans} == {"hit-features-fastapi"}

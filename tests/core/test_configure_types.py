@@ -19,6 +19,7 @@ CALLS = """
 from pathlib import Path
 
 import otelkit
+from otelkit.study import ModelCalls
 
 otelkit.configure()
 otelkit.configure(service_name="tracking-client", prometheus_port=9464)
@@ -34,6 +35,8 @@ otelkit.configure(protocol="thrift")  # error: incompatible type "Literal['thrif
 otelkit.configure(traces_exporter="zipkin")  # error: incompatible type "Literal['zipkin']"
 otelkit.configure(metrics_exporter=["otlp", "statsd"])  # error: List item 1 has incompatible
 otelkit.configure(sampler="always")  # error: incompatible type "Literal['always']"
+ModelCalls("identity_fp32", protocol="grpc")
+ModelCalls("identity_fp32", protocol="https")  # error: incompatible type "Literal['https']"
 """
 
 

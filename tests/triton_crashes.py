@@ -147,9 +147,7 @@ def _crash(server: TritonServer) -> str | None:
     return failure if failure is not None and _CRASHED.search(failure) else None
 
 
-def _not_forgiven(
-    item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException] | None
-) -> str | None:
+def _not_forgiven(item: pytest.Item, broken: BaseException | None, failure: str) -> str | None:
     """Why the race cannot explain this failure, or ``None`` when it can."""
     if item.get_closest_marker(MUST_SURVIVE) is not None:
         return f"the test is marked {MUST_SURVIVE}: it shows that the server survives"
@@ -160,11 +158,14 @@ def _not_forgiven(
             return "the server did not trace, and the race is in Triton's tracer"
         if not race_known_on(server.version):
             return f"the server reported version {server.version}; the race is known on 2.51-2.56"
-    broken = transport_error(excinfo.value) if excinfo is not None else None
     if broken is None:
-        what = excinfo.exconly().splitlines()[0][:200] if excinfo is not None else "no exception"
-        return f"the test failed by {what}, not by a broken connection to the server"
+        return f"the test failed by {failure}, not by a broken connection to the server"
     return None
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
 
 
 def _keep_log(server: TritonServer, item: pytest.Item) -> Path | None:
@@ -212,16 +213,21 @@ def pytest_runtest_makereport(
     if not report.failed or not (named := _named(item)):
         return
     item.stash[_RECORDED] = True
-    why_not = _not_forgiven(item, call.excinfo)
+    error = call.excinfo.value if call.excinfo is not None else None
+    broken = transport_error(error) if error is not None else None
+    failure = _one_line(error) if error is not None else "no exception"
+    why_not = _not_forgiven(item, broken, failure)
     if why_not is not None:
         seen.not_forgiven += [f"{item.nodeid}: {crash}; {why_not}" for crash in named]
         report.sections.append(
             ("tritonserver crash, not forgiven", "\n".join([*named, f"not forgiven: {why_not}"]))
         )
         return
-    seen.forgiven += [f"{item.nodeid}: {crash}" for crash in named]
+    assert broken is not None
+    cause = f"the test failed by {_one_line(broken)}"
+    seen.forgiven += [f"{item.nodeid}: {crash}; {cause}" for crash in named]
     report.outcome = "skipped"  # what pytest reports for an expected failure
-    report.wasxfail = f"{'; '.join(named)}: {UPSTREAM}"
+    report.wasxfail = f"{'; '.join(named)}; {cause}: {UPSTREAM}"
 
 
 def _restart(item: pytest.Item, seen: Crashes) -> None:

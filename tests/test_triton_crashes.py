@@ -8,6 +8,8 @@ import urllib.error
 from pathlib import Path
 
 import pytest
+from geventhttpclient.response import HTTPParseError
+from tritonclient.utils import InferenceServerException
 
 from tests.paths import MODELS, ROOT
 from tests.triton_crashes import race_known_on, transport_error
@@ -275,5 +277,10 @@ def test_a_transport_error_is_found_wherever_the_failure_holds_it() -> None:
     if group is not None:
         nested = group("threads", [KeyError("x"), group("inner", [refused])])
         assert transport_error(nested) is refused
-    assert transport_error(KeyError("x")) is None
-    assert transport_error(TimeoutError("timed out")) is None  # a hung server is not the race
+    closed_early = HTTPParseError("connection closed before end of the headers")
+    assert transport_error(closed_early) is closed_early
+    not_found = InferenceServerException("Request for unknown model", "StatusCode.NOT_FOUND")
+    for error in (KeyError("x"), HTTPParseError("invalid constant string"), not_found):
+        assert transport_error(error) is None
+    # a call that timed out broke no connection, even one to a server hung in its crash handler
+    assert transport_error(TimeoutError("timed out")) is None

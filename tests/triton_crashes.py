@@ -59,7 +59,8 @@ _RECORDED = pytest.StashKey[bool]()
 
 @dataclasses.dataclass
 class Crashes:
-    """What the run saw: each line is ``test id: crash; log kept at path``."""
+    """The crashes of the run: each line names the test, the crash, where its log is kept, and
+    the error the test failed by or why it was not forgiven."""
 
     forgiven: list[str] = dataclasses.field(default_factory=list)
     not_forgiven: list[str] = dataclasses.field(default_factory=list)
@@ -102,7 +103,7 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
         seen.add(id(link))
         yield link
         todo += [e for e in (link.__cause__, link.__context__) if e is not None]
-        # an exception group's members (3.11's, or the backport's)
+        # an exception group's members (3.11's or the backport's), and errors held as arguments
         wrapped = [*getattr(link, "exceptions", ()), *link.args]
         todo += [e for e in wrapped if isinstance(e, BaseException)]
 
@@ -112,13 +113,14 @@ def _broken_connection(error: BaseException) -> bool:
     if isinstance(error, (ConnectionError, http.client.IncompleteRead)):
         return True
     # a library's own errors: only raised once it is imported, so none is imported here
-    closed = [
-        _imported("geventhttpclient.response", "HTTPConnectionClosed"),  # tritonclient.http
-        _imported("geventhttpclient.useragent", "ConnectionError"),
-        _imported("aiohttp", "ServerDisconnectedError"),  # tritonclient.http.aio
-    ]
-    if any(kind is not None and isinstance(error, kind) for kind in closed):
+    disconnected = _imported("aiohttp", "ServerDisconnectedError")  # tritonclient.http.aio
+    if disconnected is not None and isinstance(error, disconnected):
         return True
+    # tritonclient.http's: HTTPConnectionClosed, or a bare parse error when the server closed
+    # the connection before the end of the headers
+    parse_error = _imported("geventhttpclient.response", "HTTPParseError")
+    if parse_error is not None and isinstance(error, parse_error):
+        return str(error).startswith("connection closed")
     rpc_error = _imported("grpc", "RpcError")
     if rpc_error is not None and isinstance(error, rpc_error):
         code = getattr(error, "code", None)

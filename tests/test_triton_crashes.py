@@ -284,3 +284,35 @@ def test_a_transport_error_is_found_wherever_the_failure_holds_it() -> None:
         assert transport_error(error) is None
     # a call that timed out broke no connection, even one to a server hung in its crash handler
     assert transport_error(TimeoutError("timed out")) is None
+
+
+OWN_XFAIL = """
+def test_a_test_that_proves_the_cause_itself(triton):
+    crash(triton)
+    pytest.xfail("the crash under traced load, its cause checked by the test")
+
+
+def test_then_a_forgiven_crash(triton):
+    crash(triton)
+    ready(triton)
+"""
+
+
+@pytest.mark.triton
+def test_a_tests_own_expected_failure_on_a_crash_counts_in_the_budget(
+    run: pytest.Pytester,
+) -> None:
+    """tests/client/test_traced_load.py checks the crash's cause and calls ``pytest.xfail``:
+    that crash is forgiven by the test, not the plugin, and still counts in the budget."""
+    run.makepyfile(test_own=CALLS + OWN_XFAIL)
+    result = runpytest(run)
+    result.assert_outcomes(xfailed=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "forgiven: *::test_a_test_that_proves_the_cause_itself: tritonserver was killed by "
+            "signal 11*; the test's own: the crash under traced load, its cause checked by the test",
+            "forgiven: *::test_then_a_forgiven_crash: *the test failed by *Connection refused*",
+            "2 crashes forgiven where CI allows 1: the run fails*",
+        ]
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED

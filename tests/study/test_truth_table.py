@@ -124,29 +124,31 @@ def assert_constructed(
     rate; at twice the limit the resource at the limit is kept busy, so the plateau is its own
     and not the load's.
 
-    Above, the measured plateau may exceed the limit only by the requests partway through it
-    when its window opened (the window's T seconds serve at most the limit's share; those begun
-    before add partway / T); the predicted by /proc's ticks (``TICKS``). Below, each case's
-    floor says where it comes from (``capacity.least_why``)."""
+    Above, a measured plateau counts the requests that complete within its window of T
+    seconds: those begun there were wholly served there, at most the limit times T of them, so
+    it exceeds the limit only by the requests begun before, over T. The predicted may exceed
+    it by /proc's ticks (``TICKS``). Below, each case's floor says where it comes from
+    (``capacity.least_why``)."""
     loads = [p.params for p in results.points]
     if "rate" in loads[0]:
         offered = max(load["rate"] for load in loads)
         reach = f"{offered:g}/s offered"
-        partway = capacity.partway
+        assert capacity.partway is not None, "an open loop's backlog has no bound"
+        # those in service at the limit when the window opened, and as many served just before
+        # whose responses were still on their way (their transit varies by less than a service)
+        begun = 2 * capacity.partway
     else:
-        in_flight = max(load["concurrency"] for load in loads)
-        offered = in_flight / capacity.request_s
-        reach = f"{in_flight} in flight of {capacity.request_s * 1e3:g} ms each: {offered:.0f}/s"
-        partway = in_flight if capacity.partway is None else min(capacity.partway, in_flight)
+        begun = max(load["concurrency"] for load in loads)
+        offered = begun / capacity.request_s
+        reach = f"{begun} in flight of {capacity.request_s * 1e3:g} ms each: {offered:.0f}/s"
     limit = f"{capacity.why}: {capacity.per_s:.1f}/s by construction"
     assert offered >= 2 * capacity.per_s, f"the sweep reaches {reach}, not twice {limit}"
-    assert partway is not None, "an open loop has no bound on the requests in flight"
     peak = max(results.points, key=lambda p: p.throughput)
-    most = capacity.per_s + partway / peak.seconds
+    most = capacity.per_s + begun / peak.seconds
     floor = f"at least {capacity.least_per_s:.1f}/s, {capacity.least_why}"
     assert capacity.least_per_s <= peak.throughput <= most, (
         f"measured {peak.throughput:.1f}/s at {peak.label}; {limit}, so at most {most:.1f}/s "
-        f"(with {partway} partway through it as the {peak.seconds:.1f} s window opened), {floor}"
+        f"(with {begun} requests begun before its {peak.seconds:.1f} s window), {floor}"
     )
     if verdict is None:
         return

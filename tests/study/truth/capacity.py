@@ -63,8 +63,8 @@ class Capacity:
     why: str  # how the limit follows from the deployment
     least_per_s: float  # the least a plateau, measured or predicted, may be
     least_why: str  # where that floor comes from
-    # the most requests partway through the limit at once (None: every request in flight), which
-    # a measured window may count beyond it
+    # the most requests in service at the limit at once (None: as many as are sent), which an
+    # open loop's window may count beyond it
     partway: int | None
     request_s: float  # the least time one request takes alone (Little's law: the sweep's reach)
 

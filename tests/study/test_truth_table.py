@@ -27,7 +27,6 @@ from otelkit.study._verdicts import Verdict, verdicts
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import TESTS
 from tests.study.conftest import kserve_app
-from tests.study.truth import gil_app
 from tests.study.truth.capacity import (
     TICKS,
     Capacity,
@@ -342,6 +341,8 @@ def gil_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_a_python_servers_own_gil_is_named(gil_server: str, tmp_path: Path) -> None:
+    from tests.study.truth.gil_app import WORK_S
+
     results = Study(
         model="busy",
         server=Remote(gil_server),
@@ -354,7 +355,7 @@ def test_a_python_servers_own_gil_is_named(gil_server: str, tmp_path: Path) -> N
     assert (verdict.kind, verdict.resource) == ("contended", "gil")
     assert "more server processes" in verdict.change
     assert_predicted(verdict, results)
-    assert_constructed(python_process(gil_app.WORK_S, "the server's"), results, verdict)
+    assert_constructed(python_process(WORK_S, "the server's"), results, verdict)
 
 
 class Posts(Workload):

@@ -33,14 +33,15 @@ MODELS = Path(__file__).parent / "models"
 
 # Triton's own time a request on a Python-backend instance, beside the model's stages: the
 # request's way into the model's stub process and back, the stages' spans, a sleep's overshoot.
-# Triton's compute counter puts it at 0.9-1.3 ms over the stages of "saturated" and "step_slow"
-# with four other test runs on the 2 cores (0.4-0.9 ms on a quiet host: docs/study.md); 2 ms
-# bounds it, and still fails a 10 ms instance that serves a fifth less than 100/s.
+# The plateaus of "saturated" and "step_slow" put it at 0.4-0.9 ms on a quiet 2-core host
+# (docs/study.md), 1-1.5 ms with other test runs keeping 3 to 13 tasks runnable on its cores;
+# 2 ms bounds it, and still fails a 10 ms instance that serves a fifth less than 100/s.
 TRITON_OVERHEAD_S = 0.002
 
 # The lock's time between holders: the holder's sleep overshooting, its unlock waking the next
-# instance's process. The 6 ms hold cycles in 6.3-6.4 ms here; 1 ms bounds it, and still fails
-# a lock held over "prep" as well (1 / 8 ms, 125/s).
+# instance's process. The 6 ms hold cycles in 6.3-6.4 ms on a host with a core to spare for the
+# woken process; 1 ms bounds it, and still fails a lock held over "prep" as well (1 / 8 ms,
+# 125/s). With 13 tasks runnable on the 2 cores the woken waits for one: 7.7 ms once.
 HANDOFF_S = 0.001
 
 # What CPU allows is known only within what the host gives: the deployment's other CPU a

@@ -46,8 +46,10 @@ HANDOFF_S = 0.001
 
 # What CPU allows is known only within what the host gives: the deployment's other CPU a
 # request (Triton's, the client's, a proxy's) and other processes on a shared host take from
-# it. The floor stays above half, which the constructed demand counted twice, or one core
-# of two, would give.
+# it, to 0.83-0.88 of the limit on a quiet 2-core host (docs/study.md). The floor stays above
+# half, which the constructed demand counted twice, or one core of two, would give; a host
+# whose other processes keep more than a core busy gives less (the GIL server 0.58 of its
+# limit with 13 tasks runnable on the 2 cores).
 SHARED_HOST = 0.6
 
 # A prediction's demand is measured at least the constructed one, so it predicts at most the

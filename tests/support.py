@@ -14,6 +14,7 @@ import pytest
 
 from otelkit import semconv
 from otelkit.analysis import Span, load_spans
+from otelkit.testing import Capture
 
 if TYPE_CHECKING:
     from gnn_tracking.serving.serve import TrackingTriton
@@ -60,18 +61,22 @@ class LocalRay:
         }
 
 
+class _TraceFiles(Capture):
+    """The spans of the trace files under a folder, read again at each look."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def spans(self) -> list[Span]:
+        return load_spans(self.directory)
+
+    def clear(self) -> None:
+        raise NotImplementedError("trace files are read whole")
+
+
 def wait_for_trace(directory: Path, trace_id: str, count: int, timeout: float = 15.0) -> list[Span]:
     """The spans of one trace once ``count`` of them have arrived; fails after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        spans = [s for s in load_spans(directory) if s.trace_id == trace_id]
-        if len(spans) >= count or time.monotonic() > deadline:
-            assert len(spans) >= count, (
-                f"trace {trace_id}: {len(spans)} of {count} spans arrived: "
-                f"{sorted((s.name, s.parent_span_id) for s in spans)}"
-            )
-            return spans
-        time.sleep(0.05)
+    return _TraceFiles(directory).wait_for_trace(trace_id, count, timeout)
 
 
 S = TypeVar("S")  # a span, as the test's receiver keeps it

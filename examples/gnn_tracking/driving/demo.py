@@ -69,7 +69,7 @@ from otelkit.study import Load, Study, StudyError, StudyResults
 from otelkit.study import Remote as StudyRemote
 from otelkit.tritonserver import TritonServer, free_port
 
-__all__ = ["Restart", "after_failure", "crash_excerpt", "known_crash", "main"]
+__all__ = ["Restart", "after_failure", "crash_excerpt", "known_crash", "main", "race_known_on"]
 
 PROTOCOL_ATTRIBUTE = "gnn_tracking.protocol"
 RUN_ATTRIBUTE = "gnn_tracking.run"  # one id per run attempt: a crashed attempt's traces go
@@ -114,6 +114,17 @@ def known_crash(failure: str) -> int | None:
     return int(match[1] or match[2]) if match else None
 
 
+def race_known_on(version: str | None) -> bool:
+    """Whether a tritonserver that reported ``version`` has that crash: from 2.51, fixed in
+    2.57 (upstream PR 8144).
+
+    >>> race_known_on("2.51.0"), race_known_on("2.57.0"), race_known_on(None)
+    (True, False, False)
+    """
+    numbers = re.match(r"(\d+)\.(\d+)", version or "")
+    return numbers is not None and (2, 51) <= (int(numbers[1]), int(numbers[2])) < (2, 57)
+
+
 def crash_excerpt(log: str, lines: int = 12) -> str:
     """The log's lines from Triton's first ``Signal (N) received.`` on (the crash: stopping a
     server that hangs in its handler logs another), else its last lines."""
@@ -127,17 +138,25 @@ def after_failure(
     server: TritonServer, failed: str, run: str, out: Path, restarts: list[Restart]
 ) -> str | None:
     """Stop a server that failed (``failed``: how) during ``run`` and keep its log in ``out``;
-    after tritonserver 2.51's known crash, record the restart to come in ``restarts`` and
-    return ``None``; else (another failure, or too many crashes) why the demo stops."""
+    after tritonserver 2.51's known crash (a crash signal, of a traced server whose version
+    has the race), record the restart to come in ``restarts`` and return ``None``; else
+    (another failure, or too many crashes) why the demo stops."""
     kept = out / f"triton-crash-{len(restarts) + 1}.log"
     server.stop(timeout=5)
     if server.log_path is not None and server.log_path.exists():
         shutil.copy(server.log_path, kept)  # the restart starts a new log
     signal = known_crash(failed)
-    if signal is None:
+    if signal is None or not server.traced or not race_known_on(server.version):
+        unlike = (
+            "no crash signal"
+            if signal is None
+            else "its tracer was off"
+            if not server.traced
+            else f"it reported version {server.version}"
+        )
         why = (
-            f"during {run}, {failed}: not tritonserver 2.51's crash under traced load, so no "
-            f"restart; its log is kept in {kept}"
+            f"during {run}, {failed}: not tritonserver 2.51's crash under traced load "
+            f"({unlike}), so no restart; its log is kept in {kept}"
         )
         say(why)
         return why

@@ -38,7 +38,7 @@ import pytest
 import torch
 from gnn_tracking.driving.client import event_pool
 from gnn_tracking.driving.options import OPTIONS, Remote, reconstruct
-from gnn_tracking.serving.stages import STAGE_ORDER, STAGES
+from gnn_tracking.serving.stages import STAGES
 from gnn_tracking.serving.twin import twin_process
 from tritonclient.utils import InferenceServerException
 

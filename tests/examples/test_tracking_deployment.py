@@ -27,7 +27,7 @@ import tritonclient.http
 from gnn_tracking.driving.client import drive, event_pool
 from gnn_tracking.driving.options import OPTIONS, ROOT_SPAN, Remote, reconstruct
 from gnn_tracking.physics.models import Models, load_models
-from gnn_tracking.serving import repository
+from gnn_tracking.serving import repository, triton_model
 from gnn_tracking.serving.stages import ENSEMBLE, STAGE_ORDER, STAGES
 from gnn_tracking.serving.twin import create_twin
 from opentelemetry import trace
@@ -127,6 +127,21 @@ def test_each_stage_model_serves_its_metrics_on_the_port_it_reported(
         # each page is its own stage model's: its stage's samples and no other's
         served = set(re.findall(rf'^{durations}_count{{model="(\w+)",stage="(\w+)"}}', page, re.M))
         assert served == {(stage, stage)}, (stage, page)
+
+
+def test_a_deployment_that_fixes_the_ports_keeps_base_plus_offset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Compose and Slurm set ``OTELKIT_PROMETHEUS_PORT``; the launcher here sets none and
+    reads what the models report."""
+    config = {"parameters": {triton_model.METRICS_PORT_OFFSET: {"string_value": "3"}}}
+    monkeypatch.delenv("OTELKIT_PROMETHEUS_PORT", raising=False)
+    monkeypatch.delenv(triton_model.METRICS_PORTS, raising=False)
+    assert triton_model._metrics_port(config) is None  # otelkit's own setting
+    monkeypatch.setenv(triton_model.METRICS_PORTS, "/reports")
+    assert triton_model._metrics_port(config) == 0  # a free one, reported
+    monkeypatch.setenv("OTELKIT_PROMETHEUS_PORT", "9464")
+    assert triton_model._metrics_port(config) == 9467
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

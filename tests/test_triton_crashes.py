@@ -233,7 +233,9 @@ def test_under_ci_a_second_forgiven_crash_fails_the_run_and_both_are_named(
             "the test failed by InferenceServerException: *StatusCode.UNAVAILABLE*",
             f"forgiven: test_http.py::test_its_last_test_crashes_it_during_an_http_call: {crash}; "
             "the test failed by *",
-            "2 crashes forgiven where CI allows 1: the run fails*",
+            "forgiven: *::test_a_crash_of_a_server_in_a_process_of_its_own: the demo's Triton "
+            "restarted after signal 11",
+            "3 crashes forgiven where CI allows 1: the run fails*",
         ]
     )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -295,6 +297,12 @@ def test_a_test_that_proves_the_cause_itself(triton):
 def test_then_a_forgiven_crash(triton):
     crash(triton)
     ready(triton)
+
+
+def test_a_crash_of_a_server_in_a_process_of_its_own(request):
+    from tests.triton_crashes import forgive_elsewhere
+
+    forgive_elsewhere(request, ["the demo's Triton restarted after signal 11"])
 """
 
 
@@ -302,17 +310,20 @@ def test_then_a_forgiven_crash(triton):
 def test_a_tests_own_expected_failure_on_a_crash_counts_in_the_budget(
     run: pytest.Pytester,
 ) -> None:
-    """tests/client/test_traced_load.py checks the crash's cause and calls ``pytest.xfail``:
-    that crash is forgiven by the test, not the plugin, and still counts in the budget."""
+    """tests/client/test_traced_load.py checks the crash's cause and calls ``pytest.xfail``,
+    tests/examples/test_demo.py proves its own process's crashes (``forgive_elsewhere``): each
+    is forgiven by the test, not the plugin, and still counts in the budget."""
     run.makepyfile(test_own=CALLS + OWN_XFAIL)
     result = runpytest(run)
-    result.assert_outcomes(xfailed=2)
+    result.assert_outcomes(xfailed=3)
     result.stdout.fnmatch_lines_random(
         [
             "forgiven: *::test_a_test_that_proves_the_cause_itself: tritonserver was killed by "
             "signal 11*; the test's own: the crash under traced load, its cause checked by *",
             "forgiven: *::test_then_a_forgiven_crash: *the test failed by *Connection refused*",
-            "2 crashes forgiven where CI allows 1: the run fails*",
+            "forgiven: *::test_a_crash_of_a_server_in_a_process_of_its_own: the demo's Triton "
+            "restarted after signal 11",
+            "3 crashes forgiven where CI allows 1: the run fails*",
         ]
     )
     assert result.ret == pytest.ExitCode.TESTS_FAILED

@@ -27,7 +27,7 @@ from gnn_tracking.driving.options import OPTIONS, Remote
 
 from otelkit.tritonserver import TritonServer
 from tests.paths import MODELS, ROOT
-from tests.triton_crashes import UPSTREAM
+from tests.triton_crashes import forgive_elsewhere
 
 pytestmark = pytest.mark.triton
 
@@ -43,7 +43,9 @@ def run(threads: int, events: int, errors: int) -> RunReport:
     )
 
 
-def test_make_demo_runs_end_to_end_and_passes_its_checks(tmp_path: Path) -> None:
+def test_make_demo_runs_end_to_end_and_passes_its_checks(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     stamp = tmp_path / "installed"  # the suite's environment is installed already
     stamp.touch()
     out = tmp_path / "demo"
@@ -87,8 +89,9 @@ def test_make_demo_runs_end_to_end_and_passes_its_checks(tmp_path: Path) -> None
     for number, r in enumerate(restarts, start=1):
         print(f"restart {number}, {r['run']}: {r['cause']}\n{r['log_excerpt']}")
     if restarts:  # the demo survived them, but a healthy run has none
-        causes = "; ".join(f"{r['run']}: {r['cause']}" for r in restarts)
-        pytest.xfail(f"Triton restarted {len(restarts)} time(s): {causes} ({UPSTREAM})")
+        forgive_elsewhere(
+            request, [f"Triton restarted, {r['run']}: {r['cause']}" for r in restarts]
+        )
     assert "=== Triton restarts: none ===" in done.stdout
 
 

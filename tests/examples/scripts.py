@@ -95,11 +95,16 @@ def run_script(
 
 @contextmanager
 def serving(
-    script: Path, *args: str, ready_url: str, log: Path, env: Mapping[str, str]
+    script: Path,
+    *args: str,
+    ready_url: str,
+    log: Path,
+    env: Mapping[str, str],
+    stop: signal.Signals = signal.SIGINT,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A server script running until the block ends; then SIGINT to it alone (not to its
-    children, as a terminal's Ctrl-C would: the script must stop them), and it must exit 0
-    within ``EXIT_S``, leaving none of its processes behind.
+    """A server script running until the block ends; then ``stop`` (SIGINT: Ctrl-C) to it
+    alone (not to its children, as a terminal's Ctrl-C would: the script must stop them), and
+    it must exit 0 within ``EXIT_S``, leaving none of its processes behind.
 
     It starts with SIGINT ignored, as a script's background job (``server &``) does, where
     Python raises no KeyboardInterrupt: the examples stop on it even then, and the result does
@@ -121,7 +126,7 @@ def serving(
         yield proc
     finally:
         family = _descendants(proc.pid)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         deadline = time.monotonic() + EXIT_S
         try:
             code: int | None = proc.wait(timeout=EXIT_S)
@@ -135,9 +140,10 @@ def serving(
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
-    assert code is not None, f"{script.name} still ran {EXIT_S} s after Ctrl-C:\n{log.read_text()}"
-    assert code == 0, f"{script.name} exited {code} on Ctrl-C:\n{log.read_text()}"
-    assert not left, f"{script.name}'s processes still ran {EXIT_S} s after Ctrl-C: {left}"
+    sent = "Ctrl-C" if stop == signal.SIGINT else stop.name
+    assert code is not None, f"{script.name} still ran {EXIT_S} s after {sent}:\n{log.read_text()}"
+    assert code == 0, f"{script.name} exited {code} on {sent}:\n{log.read_text()}"
+    assert not left, f"{script.name}'s processes still ran {EXIT_S} s after {sent}: {left}"
 
 
 def _descendants(root: int) -> dict[int, str]:

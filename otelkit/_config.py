@@ -20,17 +20,29 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, get_args, overload
 from urllib.parse import unquote, urlsplit
 
 from otelkit._errors import ConfigError
 
-__all__ = ["OPTIONS", "Option", "Settings", "resolve", "takes_options"]
+__all__ = [
+    "OPTIONS",
+    "MetricExporter",
+    "Option",
+    "Protocol",
+    "Sampler",
+    "Settings",
+    "TraceExporter",
+    "resolve",
+    "takes_options",
+]
 
-PROTOCOLS = ("grpc", "http/protobuf", "http/json")
-TRACE_EXPORTERS = ("otlp", "jsonl", "console", "none")
-METRIC_EXPORTERS = ("otlp", "prometheus", "none")
-SAMPLERS = (
+# The choice options' values, as types: mypy rejects configure(protocol="thrift"). The run-time
+# checks take their choices from the same types, so the two cannot drift apart.
+Protocol = Literal["grpc", "http/protobuf", "http/json"]
+TraceExporter = Literal["otlp", "jsonl", "console", "none"]
+MetricExporter = Literal["otlp", "prometheus", "none"]
+Sampler = Literal[
     "always_on",
     "always_off",
     "traceidratio",
@@ -39,7 +51,11 @@ SAMPLERS = (
     "parentbased_traceidratio",
     "ratelimiting",  # at most sampler_arg new traces per second (otelkit's, as Jaeger's)
     "parentbased_ratelimiting",
-)
+]
+PROTOCOLS: tuple[Protocol, ...] = get_args(Protocol)
+TRACE_EXPORTERS: tuple[TraceExporter, ...] = get_args(TraceExporter)
+METRIC_EXPORTERS: tuple[MetricExporter, ...] = get_args(MetricExporter)
+SAMPLERS: tuple[Sampler, ...] = get_args(Sampler)
 
 
 class _Invalid(Exception):
@@ -107,6 +123,7 @@ class Option(Generic[In, Out]):
 
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    # case and surrounding blanks are forgiven at run time, for values from the environment
     def check(value: Any) -> str:
         if not isinstance(value, str) or value.strip().lower() not in choices:
             raise _Invalid(f"one of {', '.join(choices)}")
@@ -263,7 +280,7 @@ class Settings:
         _parse_pairs,
         doc="extra resource attributes; detected host, process, Slurm and Kubernetes ones kept",
     )
-    traces_exporter: Option[str, str | None] = Option(
+    traces_exporter: Option[TraceExporter, TraceExporter | None] = Option(
         None,
         _optional(_one_of(TRACE_EXPORTERS)),
         ("OTEL_TRACES_EXPORTER",),
@@ -287,7 +304,7 @@ class Settings:
         ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",),
         doc="full OTLP metrics URL, overrides endpoint for metrics",
     )
-    protocol: Option[str, str] = Option(
+    protocol: Option[Protocol, Protocol] = Option(
         "http/protobuf",
         _one_of(PROTOCOLS),
         ("OTEL_EXPORTER_OTLP_PROTOCOL",),
@@ -313,7 +330,9 @@ class Settings:
         (),
         doc="directory of the OTLP-JSON-lines files of the jsonl exporter",
     )
-    metrics_exporter: Option[str | Iterable[str], frozenset[str] | None] = Option(
+    metrics_exporter: Option[
+        MetricExporter | Iterable[MetricExporter], frozenset[MetricExporter] | None
+    ] = Option(
         None,
         _optional(_set_of(METRIC_EXPORTERS)),
         ("OTEL_METRICS_EXPORTER",),
@@ -340,7 +359,7 @@ class Settings:
         _parse_float,
         doc="OTLP metric push interval in milliseconds (15 s: a common scrape interval)",
     )
-    sampler: Option[str, str] = Option(
+    sampler: Option[Sampler, Sampler] = Option(
         "parentbased_always_on",
         _one_of(SAMPLERS),
         ("OTEL_TRACES_SAMPLER",),

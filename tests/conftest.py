@@ -20,17 +20,17 @@ from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS
 from tests.support import GRPC_JOINS, LocalRay, TrackingServer
 
-pytest_plugins = ["tests.ci_skips", "tests.triton_crashes"]
+pytest_plugins = ["tests.ci_skips", "tests.triton_crashes", "otelkit.testing.pytest_plugin"]
 
 
 # -- real servers, started once per test session ---------------------------------------------
 
 
 @pytest.fixture(scope="session")
-def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
-    """The embedded OTLP receiver, as a sink every traced server of the session exports to."""
-    with Receiver(tmp_path_factory.mktemp("receiver"), max_concurrent=16) as running:
-        yield running
+def receiver(otelkit_receiver_server: Receiver) -> Receiver:
+    """The embedded OTLP receiver, as a sink every traced server of the session exports to
+    (``otelkit_receiver`` reads one test's part of it)."""
+    return otelkit_receiver_server
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -238,12 +238,3 @@ def without_data(
     prometheus: PrometheusServer, queries: list[tuple[str, str, str]]
 ) -> list[tuple[str, str, str]]:
     return [query for query in queries if not prometheus.query(query[2])["result"]]
-
-
-def wait_until(check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(1.0)
-    return True

@@ -12,6 +12,7 @@ import pytest
 
 from otelkit import semconv
 from otelkit.analysis import Span, load_spans
+from otelkit.testing import Capture
 from otelkit.tritonserver import TritonServer
 
 
@@ -51,18 +52,22 @@ class LocalRay:
         }
 
 
+class _TraceFiles(Capture):
+    """The spans of the trace files under a folder, read again at each look."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def spans(self) -> list[Span]:
+        return load_spans(self.directory)
+
+    def clear(self) -> None:
+        raise NotImplementedError("trace files are read whole")
+
+
 def wait_for_trace(directory: Path, trace_id: str, count: int, timeout: float = 15.0) -> list[Span]:
     """The spans of one trace once ``count`` of them have arrived; fails after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        spans = [s for s in load_spans(directory) if s.trace_id == trace_id]
-        if len(spans) >= count or time.monotonic() > deadline:
-            assert len(spans) >= count, (
-                f"trace {trace_id}: {len(spans)} of {count} spans arrived: "
-                f"{sorted((s.name, s.parent_span_id) for s in spans)}"
-            )
-            return spans
-        time.sleep(0.05)
+    return _TraceFiles(directory).wait_for_trace(trace_id, count, timeout)
 
 
 #: gRPC calls that ``joined_trace`` joined to Triton's trace, and how many needed a resend

@@ -156,6 +156,21 @@ PUBLIC: dict[str, list[str]] = {
         "run",
     ],
     "otelkit.telemetry": ["Telemetry", "configure", "current", "flush", "shutdown"],
+    "otelkit.testing": [
+        "Capture",
+        "MemoryCapture",
+        "ReceiverCapture",
+        "answers",
+        "components",
+        "tree",
+        "wait_until",
+    ],
+    "otelkit.testing.pytest_plugin": [
+        "otelkit_receiver",
+        "otelkit_receiver_server",
+        "otelkit_spans",
+        "wait_until",
+    ],
     "otelkit.tritonserver": [
         "TritonInstall",
         "TritonServer",
@@ -174,6 +189,7 @@ GATHERING = [
     "otelkit.gpu",
     "otelkit.report",
     "otelkit.study",
+    "otelkit.testing",
 ]
 #: Run as ``python -m``: public by its name, with nothing to import.
 COMMANDS = {"otelkit.tritonserver.__main__"}

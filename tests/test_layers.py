@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("analysis", "receiver", "tritonserver", "dashboards", "fleet"),  # tools: read or run things
     ("study",),  # sweeps a deployment: drives clients, runs servers, reads traces and metrics
     ("report",),  # one HTML page and paper figures from traces and study results
+    ("testing",),  # users' tests of their instrumented code: capture, wait, compare trees
     ("_instrumentation", "auto", "cli", "__init__"),  # the public entry points
 )
 LAYER_OF = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}

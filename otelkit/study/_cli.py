@@ -434,7 +434,7 @@ def confirm(
     study = Study(
         model=str(header["model"]),
         server=Triton(server["repository"], models=sorted(models) or server.get("models", [])),
-        protocol=str(header.get("protocol") or "http"),
+        protocol="grpc" if header.get("protocol") == "grpc" else "http",
         load=load,
         sweep=sweep,
         tracing=None,

@@ -66,7 +66,7 @@ from otelkit.study._drive import Load
 from otelkit.study._measure import measure_point
 from otelkit.study._point import Point, point_label
 from otelkit.study._results import ResultsWriter, StudyResults
-from otelkit.study._servers import Remote, Server
+from otelkit.study._servers import Remote, Server, WireProtocol
 from otelkit.study._workload import FunctionCalls, Inputs, ModelCalls, RequestFactory, Workload
 from otelkit.telemetry import configure, shutdown
 
@@ -132,7 +132,7 @@ class Study:
         request: RequestFactory | Workload | None = None,
         server: Server | str | None = None,
         servers: Mapping[str, Server | str] | None = None,
-        protocol: str = "http",
+        protocol: WireProtocol = "http",
         inputs: Inputs | None = None,
         batch_size: int = 1,
         load: Load | None = None,

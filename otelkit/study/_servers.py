@@ -37,11 +37,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from otelkit._core.deps import ray as ray_private
 from otelkit._errors import StudyError, TritonStartError
 from otelkit.tritonserver import TritonServer, free_port
+
+#: the protocols a study calls a server by (KServe v2 over HTTP or gRPC)
+WireProtocol = Literal["http", "grpc"]
 
 __all__ = [
     "AppBuilder",
@@ -85,7 +88,7 @@ class Endpoint:
     balancer_pids: tuple[int, ...] = ()
     balancer_workers: int | None = None
 
-    def url(self, protocol: str) -> str:
+    def url(self, protocol: WireProtocol) -> str:
         url = self.http_url if protocol == "http" else self.grpc_url
         if url is None:
             raise StudyError(f"the server has no {protocol} endpoint")

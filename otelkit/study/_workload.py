@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from otelkit._core.extras import require
 from otelkit._errors import StudyError
 from otelkit.client import instrument_client
-from otelkit.study._servers import Endpoint
+from otelkit.study._servers import Endpoint, WireProtocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,7 +66,7 @@ class Workload:
 
     axes: tuple[str, ...] | None = ()
     model: str | None = None
-    protocol: str | None = None  # what the results file records: http, grpc, or None
+    protocol: WireProtocol | None = None  # what the results file records: http, grpc, or None
     batch_size: int = 1  # inferences a request, unless the point's batch_size says otherwise
 
     def in_flight(self, concurrency: int) -> None:
@@ -108,7 +108,7 @@ class ModelCalls(Workload):
         self,
         model: str,
         *,
-        protocol: str = "http",
+        protocol: WireProtocol = "http",
         inputs: Inputs | None = None,
         batch_size: int = 1,
         pool: int = 16,

@@ -51,6 +51,7 @@ _NOISE = ("CudaDriverHelper has not been initialized",)  # logged by every CPU-o
 _STARTED = {"http": "Started HTTPService", "grpc": "Started GRPCInferenceService"}
 _STARTED_METRICS = "Started Metrics Service"
 _CRASH_HANDLER = re.compile(r"Signal \(\d+\) received\.?")
+_SERVER_VERSION = re.compile(r"^\|\s*server_version\s*\|\s*(\S+)\s*\|", re.MULTILINE)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -117,6 +118,7 @@ class TritonServer:
         self._log_verbose, self._extra_args = log_verbose, tuple(extra_args)
         self._env, self._startup_timeout, self._install = dict(env or {}), startup_timeout, install
         self._log_path = Path(log_path) if log_path else None
+        self._version: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes], float], TritonServer] | None = (
             None
@@ -153,6 +155,23 @@ class TritonServer:
     def log_path(self) -> Path | None:
         """The server's stdout and stderr: ``log_path``, or a temporary file made at start."""
         return self._log_path
+
+    @property
+    def traced(self) -> bool:
+        """Whether the server runs Triton's OpenTelemetry tracer: a ``trace_url`` was given and
+        ``trace_level`` is not ``OFF``.
+
+        True whatever ``trace_rate``: at rate 0 Triton samples none of its own, yet still traces
+        every request that carries a ``traceparent`` (docs/known-issues.md).
+        """
+        url, _, level, _ = self._trace
+        return url is not None and level != "OFF"
+
+    @property
+    def version(self) -> str | None:
+        """The version the server reported at its last start (``2.51.0``), or ``None`` before
+        one; kept after it stops, so a crashed server's still says which build crashed."""
+        return self._version
 
     @property
     def pid(self) -> int | None:
@@ -279,7 +298,7 @@ class TritonServer:
         if not self._auto_complete:
             args.append("--disable-auto-complete-config")
         url, rate, level, resource = self._trace
-        if url is not None and level != "OFF":
+        if self.traced:
             config = [
                 "mode=opentelemetry",
                 f"rate={rate}",
@@ -329,6 +348,8 @@ class TritonServer:
             if _LIBRARY_MISSING.search(text):  # a stub that cannot start hangs the model load
                 raise self._failure("could not start a Python-backend stub", "not_found")
             if all(m in text for m in markers) and self._ready():
+                reported = _SERVER_VERSION.search(text)
+                self._version = reported[1] if reported else None
                 return
             if time.monotonic() > deadline:
                 raise self._failure(

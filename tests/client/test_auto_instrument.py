@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import sysconfig
-import time
 import uuid
 import venv
 from pathlib import Path
@@ -21,11 +20,12 @@ import tritonclient.http as httpclient
 
 from otelkit import ConfigError
 from otelkit._config import resolve
-from otelkit.analysis import Span, load_spans
+from otelkit.analysis import Span
 from otelkit.auto import TritonClientInstrumentor
-from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture
 from otelkit.tritonserver import TritonServer
 from tests.client.test_client import expected_tree, shape
+from tests.client.test_traced_load import marker_call
 
 BIN = Path(sys.executable).parent
 CALLS = 3
@@ -97,18 +97,19 @@ def instrumented(python: Path, script: Path, *args: str) -> list[str]:
 
 
 def traces_of(
-    directory: Path, trace_ids: set[str], count: int, timeout: float
+    captured: ReceiverCapture, trace_ids: set[str], triton: TritonServer
 ) -> dict[str, list[Span]]:
-    """The spans of each trace, once each has ``count`` of them or ``timeout`` has passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        traces: dict[str, list[Span]] = {trace_id: [] for trace_id in trace_ids}
-        for span in load_spans(directory):
-            if span.trace_id in traces:
-                traces[span.trace_id].append(span)
-        if all(len(spans) >= count for spans in traces.values()) or time.monotonic() > deadline:
-            return traces
-        time.sleep(0.05)
+    """The spans of each trace, once Triton's spans of a marker call after them are in: Triton
+    exports in the order its requests end, and a trace whose context it lost stays short."""
+    marker = marker_call(triton)
+    captured.wait_for_spans(
+        lambda s: s.trace_id == marker and s.name == "InferRequest", what="the marker call"
+    )
+    traces: dict[str, list[Span]] = {trace_id: [] for trace_id in trace_ids}
+    for span in captured.spans():
+        if span.trace_id in traces:
+            traces[span.trace_id].append(span)
+    return traces
 
 
 # OpenTelemetry's gRPC instrumentation (opentelemetry-bootstrap installs it beside grpcio):
@@ -123,7 +124,11 @@ CHANNEL_MODULE = "import grpc; print(type(grpc.insecure_channel('127.0.0.1:1')).
     [("http", False), ("grpc", False), ("grpc", True), ("http.aio", False)],
 )
 def test_unmodified_script_gives_the_same_trace_as_instrument(
-    client: str, contrib_grpc: bool, triton: TritonServer, receiver: Receiver, tmp_path: Path
+    client: str,
+    contrib_grpc: bool,
+    triton: TritonServer,
+    otelkit_receiver: ReceiverCapture,
+    tmp_path: Path,
 ) -> None:
     """The same trace with and without OpenTelemetry's gRPC instrumentation loaded beside
     otelkit's: its interceptor on tritonclient's channel adds no span and no context; and with
@@ -155,7 +160,7 @@ def test_unmodified_script_gives_the_same_trace_as_instrument(
         tmp_path,
         **disabled,
         OTEL_SERVICE_NAME=service,
-        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url,
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=otelkit_receiver.traces_url,
         OTEL_METRICS_EXPORTER="none",
         # Nothing is exported on a schedule: spans that arrive were flushed at exit.
         OTEL_BSP_SCHEDULE_DELAY="600000",
@@ -163,13 +168,14 @@ def test_unmodified_script_gives_the_same_trace_as_instrument(
     assert (traced.stdout, traced.stderr) == (plain.stdout, plain.stderr)
     assert plain.stdout == f"{[[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]}\n" * CALLS
 
-    ours = [s for s in load_spans(receiver.out_dir) if s.resource.get("service.name") == service]
+    # the script's spans were flushed at its exit, and the receiver stores before it answers
+    ours = [s for s in otelkit_receiver.spans() if s.resource.get("service.name") == service]
     assert [(s.kind.name, s.parent_span_id) for s in ours] == [("CLIENT", None)] * CALLS
     tree = [
         (depth - 1, name, service if owner == "client-tests" else owner)
         for depth, name, owner in expected_tree(protocol)[1:]
     ]
-    traces = traces_of(receiver.out_dir, {s.trace_id for s in ours}, len(tree), timeout=10)
+    traces = traces_of(otelkit_receiver, {s.trace_id for s in ours}, triton)
     assert len(traces) == CALLS
     shapes = [shape(spans, trace_id) for trace_id, spans in traces.items()]
     # Triton 2.51 drops the traceparent of about 2-3 % of gRPC requests (see joined_trace in

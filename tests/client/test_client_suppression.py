@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,8 +24,8 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 import otelkit
 from otelkit import semconv
-from otelkit.analysis import load_spans
 from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture, wait_until
 from otelkit.tritonserver import TritonServer
 from tests.client.test_client import DATA, client_for, expected_tree, inputs, shape, telemetry
 from tests.client.test_client_asyncio import aio_client, aio_inputs
@@ -85,7 +84,7 @@ def calls_counted(telemetry: otelkit.Telemetry, protocol: str) -> float:
 
 
 def check_only_the_unsuppressed_call(
-    run: Callable[[], None], protocol: str, receiver: Receiver, telemetry: otelkit.Telemetry
+    run: Callable[[], None], protocol: str, spans: ReceiverCapture, telemetry: otelkit.Telemetry
 ) -> None:
     """``run`` makes, under one job span, a call under suppression and then a call outside it.
     The job's trace must be the tree of one call, and only one call per run counted."""
@@ -98,10 +97,17 @@ def check_only_the_unsuppressed_call(
         runs.append(f"{job.get_span_context().trace_id:032x}")
         return runs[-1]
 
-    trace_id, _ = joined_trace(call, receiver.out_dir, count=5)
-    time.sleep(0.5)  # the suppressed call came first: anything of it has arrived by now
-    spans = [s for s in load_spans(receiver.out_dir) if s.trace_id == trace_id]
-    assert shape(spans, trace_id) == expected_tree(protocol)
+    trace_id, _ = joined_trace(call, spans.receiver.out_dir, count=5)
+    expected = expected_tree(protocol)
+
+    # The marker: the unsuppressed call came last, so once its whole chain is in (the job,
+    # which ends last here, and Triton's compute span under the call's span), what each
+    # exporter sent before it (anything of the suppressed call) is in too.
+    def marker_arrived() -> bool:
+        return {expected[0], expected[-1]} <= set(shape(spans.trace(trace_id), trace_id))
+
+    wait_until(marker_arrived, 15, "the job and the unsuppressed call's compute span")
+    assert shape(spans.trace(trace_id), trace_id) == expected
     assert calls_counted(telemetry, protocol) - before == len(runs)
 
 
@@ -111,7 +117,7 @@ def test_a_suppressed_sync_call_runs_bare(
     style: str,
     suppress: Callable[[], contextlib.AbstractContextManager[None]],
     triton: TritonServer,
-    receiver: Receiver,
+    otelkit_receiver: ReceiverCapture,
     telemetry: otelkit.Telemetry,
 ) -> None:
     protocol, infer = STYLES[style]
@@ -122,12 +128,15 @@ def test_a_suppressed_sync_call_runs_bare(
                 assert np.array_equal(infer(client), DATA)
             assert np.array_equal(infer(client), DATA)
 
-        check_only_the_unsuppressed_call(run, protocol, receiver, telemetry)
+        check_only_the_unsuppressed_call(run, protocol, otelkit_receiver, telemetry)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_suppressed_asyncio_call_runs_bare(
-    protocol: str, triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
+    protocol: str,
+    triton: TritonServer,
+    otelkit_receiver: ReceiverCapture,
+    telemetry: otelkit.Telemetry,
 ) -> None:
     async def both() -> None:
         async with aio_client(protocol, triton) as client:
@@ -137,11 +146,13 @@ def test_a_suppressed_asyncio_call_runs_bare(
             result = await client.infer("identity_fp32", aio_inputs(protocol))
             assert np.array_equal(result.as_numpy("OUTPUT0"), DATA)
 
-    check_only_the_unsuppressed_call(lambda: asyncio.run(both()), protocol, receiver, telemetry)
+    check_only_the_unsuppressed_call(
+        lambda: asyncio.run(both()), protocol, otelkit_receiver, telemetry
+    )
 
 
 def test_a_stream_started_under_suppression_runs_bare(
-    triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
+    triton: TritonServer, otelkit_receiver: ReceiverCapture, telemetry: otelkit.Telemetry
 ) -> None:
     """Its requests, queued outside the block, get no spans either: the stream is bare."""
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -158,7 +169,7 @@ def test_a_stream_started_under_suppression_runs_bare(
             client.stop_stream()
             assert np.array_equal(sync_infer("grpc")(client), DATA)
 
-        check_only_the_unsuppressed_call(run, "grpc", receiver, telemetry)
+        check_only_the_unsuppressed_call(run, "grpc", otelkit_receiver, telemetry)
 
 
 def test_a_request_queued_under_suppression_on_a_traced_stream_keeps_its_span(

@@ -31,6 +31,7 @@ from otelkit.client import _wire
 from otelkit.client._call import CURRENT_CALL, MeteredCall
 from otelkit.client._target import GRPC_TENSORS
 from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture
 from otelkit.tritonserver import TritonServer
 from tests.client.test_client_sampling import client_points
 
@@ -115,7 +116,7 @@ def tensor(module: Any) -> list[Any]:
 
 @pytest.mark.triton
 def test_a_grpc_client_counts_every_call_styles_tensor_bytes(
-    triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
+    triton: TritonServer, otelkit_receiver: ReceiverCapture, telemetry: otelkit.Telemetry
 ) -> None:
     """Sync ``infer``, ``async_infer`` and asyncio ``infer``: the spans carry the tensor bytes
     and outputs (counted on the wire, or from the future's result), the client phases in
@@ -147,7 +148,7 @@ def test_a_grpc_client_counts_every_call_styles_tensor_bytes(
     client.infer("identity_fp32", tensor(grpcclient))
     client.close()
     telemetry.flush()
-    spans = wait_for_requests(receiver, {"wire-sync", "wire-callback", "wire-asyncio"})
+    spans = request_spans(otelkit_receiver, {"wire-sync", "wire-callback", "wire-asyncio"})
     for span in spans:
         assert span.attributes[semconv.RESPONSE_BYTES] == DATA.nbytes
         assert span.attributes[semconv.OUTPUT_COUNT] == 1
@@ -292,19 +293,13 @@ def client_sums() -> dict[str, float]:
     return sums
 
 
-def wait_for_requests(receiver: Receiver, request_ids: set[str], timeout: float = 15) -> list[Span]:
-    deadline = time.monotonic() + timeout
-    while True:
-        spans = [
-            span
-            for span in load_spans(receiver.out_dir)
-            if span.attributes.get(semconv.REQUEST_ID) in request_ids
-        ]
-        if len(spans) >= len(request_ids) or time.monotonic() > deadline:
-            found = {span.attributes.get(semconv.REQUEST_ID) for span in spans}
-            assert found == request_ids
-            return spans
-        time.sleep(0.05)
+def request_spans(spans: ReceiverCapture, request_ids: set[str]) -> list[Span]:
+    """The spans of the calls with these request ids, one each, once they have arrived."""
+    found = spans.wait_for_spans(
+        lambda s: s.attributes.get(semconv.REQUEST_ID) in request_ids, len(request_ids)
+    )
+    assert {span.attributes.get(semconv.REQUEST_ID) for span in found} == request_ids
+    return found
 
 
 def reused_input_calls(style: str, url: str) -> list[Any]:
@@ -329,18 +324,18 @@ def reused_input_calls(style: str, url: str) -> list[Any]:
 @pytest.mark.triton
 @pytest.mark.parametrize("style", ["sync", "asyncio"])
 def test_a_sampled_grpc_call_reads_its_facts_from_its_own_request_off_the_callers_path(
-    style: str, triton: TritonServer, receiver: Receiver
+    style: str, triton: TritonServer, otelkit_receiver: ReceiverCapture
 ) -> None:
     """A sampled gRPC call keeps the request message tritonclient built for it (a small one)
     and reads its input and output counts, request id and batch size from it when its
     telemetry ends, not from the caller's inputs as it starts: the span tells the call's own
     request even when the caller refilled its inputs before then. A request of more than
     16 kB is not kept: its facts are read as it starts."""
-    otelkit.configure(service_name="wire-facts", traces_endpoint=receiver.traces_url)
+    otelkit.configure(service_name="wire-facts", traces_endpoint=otelkit_receiver.traces_url)
     try:
         calls = reused_input_calls(style, triton.grpc_url)
         otelkit.flush()
-        spans = wait_for_requests(receiver, {"batch-2", "batch-5", "big"})
+        spans = request_spans(otelkit_receiver, {"batch-2", "batch-5", "big"})
     finally:
         otelkit.shutdown()
     assert [call.facts is None for call in calls] == [True, True, False]  # waiting for requests
@@ -414,33 +409,26 @@ def test_async_infer_not_sampled_takes_the_short_path(
     assert load_spans(tmp_path) == []
 
 
-def refused(receiver: Receiver) -> list[Span]:
-    """The client spans in ``receiver`` of calls that tritonclient refused for a reserved
-    request parameter."""
-    return [
-        span
-        for span in load_spans(receiver.out_dir)
-        if span.kind.name == "CLIENT" and "reserved parameter" in (span.status_message or "")
-    ]
+def refused(span: Span) -> bool:
+    """A client span of a call that tritonclient refused for a reserved request parameter."""
+    return span.kind.name == "CLIENT" and "reserved parameter" in (span.status_message or "")
 
 
 @pytest.mark.triton
 def test_a_sampled_grpc_call_that_fails_before_its_request_is_built(
-    triton: TritonServer, receiver: Receiver
+    triton: TritonServer, otelkit_receiver: ReceiverCapture
 ) -> None:
     """tritonclient refuses a reserved request parameter before it builds the request: the
     call's own exception reaches the caller, and its span says the failure and no request
     facts (there was no request to read them from), without an internal error of otelkit's."""
-    otelkit.configure(service_name="wire-early", traces_endpoint=receiver.traces_url)
+    otelkit.configure(service_name="wire-early", traces_endpoint=otelkit_receiver.traces_url)
     errors_before = guard.INTERNAL_ERRORS.total
     try:
         client = otelkit.instrument(grpcclient.InferenceServerClient(triton.grpc_url))
         with client, pytest.raises(InferenceServerException, match="reserved"):
             client.infer("identity_fp32", tensor(grpcclient), parameters={"priority": 1})
         otelkit.flush()
-        deadline = time.monotonic() + 10
-        while not (found := refused(receiver)) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        found = otelkit_receiver.wait_for_spans(refused, timeout=10)
     finally:
         otelkit.shutdown()
     (span,) = found

@@ -18,10 +18,10 @@ dying fails it.
 from __future__ import annotations
 
 import http.client
+import secrets
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,8 +30,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 import otelkit
-from otelkit.analysis import Span, load_spans
 from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture
 from otelkit.tritonserver import TritonServer
 from tests.conftest import above_five_percent
 from tests.paths import MODELS
@@ -102,17 +102,16 @@ def drive(protocol: str, server: TritonServer) -> tuple[int, list[Exception], fl
     return sum(answered), errors, time.monotonic() - began
 
 
-def settled(directory: Path, client_spans: int, timeout_s: float = 30.0) -> list[Span]:
-    """The spans in ``directory`` once the client's and Triton's have stopped arriving."""
-    deadline = time.monotonic() + timeout_s
-    last = -1
-    while True:
-        spans = load_spans(directory)
-        clients = sum(s.kind.name == "CLIENT" for s in spans)
-        if (clients >= client_spans and len(spans) == last) or time.monotonic() > deadline:
-            return spans
-        last = len(spans)
-        time.sleep(1.0)
+def marker_call(server: TritonServer) -> str:
+    """One call with a sampled context of its own, made after the load: its trace id."""
+    trace_id = secrets.token_hex(16)
+    client = httpclient.InferenceServerClient(server.http_url)
+    tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 16), dtype=np.float32))
+    headers = {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
+    client.infer("identity_fp32", [tensor], headers=headers)
+    client.close()
+    return trace_id
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -120,6 +119,7 @@ def test_traced_load_under_the_rate_limit(
     protocol: str, traced_triton: TritonServer, sink: Receiver
 ) -> None:
     service = f"load-{protocol}"
+    captured = ReceiverCapture(sink)
     traced_triton.start()  # again, if the other protocol's test saw it crash
     telemetry = otelkit.configure(
         service_name=service,
@@ -152,7 +152,15 @@ def test_traced_load_under_the_rate_limit(
     assert not errors, errors[:5]
     assert answered == THREADS * CALLS
 
-    spans = settled(sink.out_dir, sampled)
+    # The client's spans are in (flushed above); Triton exports its spans in the order they
+    # end, so once the marker call's are in, those of every call before it are too.
+    marker = marker_call(traced_triton)
+    captured.wait_for_spans(
+        lambda s: s.trace_id == marker and s.name == "InferRequest",
+        timeout=60,
+        what="the InferRequest span of a marker call after the load",
+    )
+    spans = captured.spans()
     ours = [s for s in spans if s.kind.name == "CLIENT" and s.resource["service.name"] == service]
     assert len(ours) == sampled
     triton_parents = {(s.trace_id, s.parent_span_id) for s in spans if s.name == "InferRequest"}

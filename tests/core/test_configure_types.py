@@ -1,5 +1,6 @@
-"""``otelkit.configure()`` is typed down to its keyword arguments: mypy rejects a misspelt option
-or a value of the wrong type, and accepts the calls the docs show."""
+"""``otelkit.configure()`` is typed down to its keyword arguments: mypy rejects a misspelt option,
+a value of the wrong type or outside a choice option's choices, and accepts the calls the docs
+show."""
 
 from __future__ import annotations
 
@@ -18,16 +19,24 @@ CALLS = """
 from pathlib import Path
 
 import otelkit
+from otelkit.study import ModelCalls
 
 otelkit.configure()
 otelkit.configure(service_name="tracking-client", prometheus_port=9464)
 otelkit.configure(sampler="parentbased_ratelimiting", sampler_arg=50, metrics_exporter="none")
 otelkit.configure(traces_dir=Path("traces"), headers={"authorization": "Bearer t"}, gpu=True)
 otelkit.configure(endpoint=None, resource_attributes="team=trk")
+otelkit.configure(protocol="grpc", traces_exporter="otlp", metrics_exporter=["otlp", "prometheus"])
 telemetry: otelkit.Telemetry = otelkit.configure(exit_timeout_s=2)
 otelkit.configure(sampler_ratio=0.1)  # error: Unexpected keyword argument "sampler_ratio"
 otelkit.configure(sampler_arg="half")  # error: incompatible type "str"
 otelkit.configure("tracking-client")  # error: Too many positional arguments
+otelkit.configure(protocol="thrift")  # error: incompatible type "Literal['thrift']"
+otelkit.configure(traces_exporter="zipkin")  # error: incompatible type "Literal['zipkin']"
+otelkit.configure(metrics_exporter=["otlp", "statsd"])  # error: List item 1 has incompatible
+otelkit.configure(sampler="always")  # error: incompatible type "Literal['always']"
+ModelCalls("identity_fp32", protocol="grpc")
+ModelCalls("identity_fp32", protocol="https")  # error: incompatible type "Literal['https']"
 """
 
 

@@ -47,11 +47,12 @@ from otelkit import semconv
 from otelkit.analysis import load_spans
 from otelkit.dashboards import render
 from otelkit.receiver import Receiver
+from otelkit.testing import wait_until
 from otelkit.tritonserver import free_port
 from tests.gpu.test_gpu import FIXTURES as GPU_FIXTURES
 from tests.gpu.test_gpu import run_exporter
 from tests.gpu.test_gpu import stop as stop_exporter
-from tests.prometheus import PrometheusServer, evaluated_queries, wait_until, without_data
+from tests.prometheus import PrometheusServer, evaluated_queries, without_data
 from tests.support import LocalRay, TrackingServer, require_binary
 
 pytestmark = [pytest.mark.triton, pytest.mark.prometheus]
@@ -346,7 +347,13 @@ def test_every_panel_shows_the_running_reference_deployment(
                     empty[:] = without_data(prometheus, queries)
                     return all(excuse(*query) for query in empty)
 
-                wait_until(only_excused_queries_empty, PANELS_TIMEOUT_S)
+                wait_until(
+                    only_excused_queries_empty,
+                    PANELS_TIMEOUT_S,
+                    "data for every panel's query but the excused",
+                    interval=1.0,
+                    explain=lambda: [query for query in empty if not excuse(*query)],
+                )
             for remote in remotes:
                 remote.close()
             exemplars = exemplar_trace_ids(prometheus, started)
@@ -379,7 +386,10 @@ def test_every_panel_shows_the_running_reference_deployment(
         stored.update(span.trace_id for span in load_spans(receiver.out_dir))
         return wanted <= stored
 
-    assert wait_until(all_exemplar_traces_stored, 20.0), (
-        f"{len(wanted - stored)} of {len(wanted)} exemplar trace ids are in no stored trace: "
-        f"{sorted(wanted - stored)[:5]}"
+    wait_until(
+        all_exemplar_traces_stored,
+        20.0,
+        f"a stored trace for each of {len(wanted)} exemplars' trace ids",
+        interval=1.0,
+        explain=lambda: f"{len(wanted - stored)} missing: {sorted(wanted - stored)[:5]}",
     )

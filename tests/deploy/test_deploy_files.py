@@ -15,9 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
-import time
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,8 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from otelkit.analysis import Span, load_spans
-from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture, answers, wait_until
 from tests.paths import ROOT
 from tests.support import require_binary
 
@@ -533,14 +530,16 @@ def slurm_job(tmp_path: Path, fake_repo: Path) -> Iterator[dict[str, Any]]:
             job.wait()
 
 
-def _wait_for(path: Path, job: subprocess.Popen[str], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+def _written(path: Path, job: subprocess.Popen[str]) -> Callable[[], bool]:
+    """Whether ``path`` exists; fails at once when the job has exited first."""
+
+    def check() -> bool:
         if job.poll() is not None:
             output = job.stdout.read() if job.stdout else ""
             raise AssertionError(f"the job exited ({job.returncode}) first:\n{output}")
-        assert time.monotonic() < deadline, f"{path} was not written within {timeout} s"
-        time.sleep(0.05)
+        return path.exists()
+
+    return check
 
 
 def _env_file(path: Path) -> dict[str, str]:
@@ -554,8 +553,8 @@ def test_sbatch_runs_triton_in_apptainer_publishes_its_ports_and_stops_on_scance
     job: subprocess.Popen[str] = slurm_job["job"]
     env_file = slurm_job["submit"] / "triton-4242.env"
     sd_file = slurm_job["tmp"] / "file_sd" / "triton-4242.json"
-    _wait_for(env_file, job)
-    _wait_for(sd_file, job)  # written right after the environment file
+    wait_until(_written(env_file, job), 30, f"{env_file} written")
+    wait_until(_written(sd_file, job), 30, f"{sd_file} written")  # right after the env file
     base = 20000 + 10 * (4242 % 4000)  # the job's port block
     assert _env_file(env_file) == {
         "SLURM_JOB_ID": "4242",
@@ -692,7 +691,7 @@ def test_prometheus_scrapes_every_stage_model_of_the_repository() -> None:
 
 @pytest.mark.triton
 def test_entrypoint_starts_a_real_tritonserver_that_exports_its_spans(
-    tmp_path: Path, fake_repo: Path, receiver: Receiver
+    tmp_path: Path, fake_repo: Path, otelkit_receiver: ReceiverCapture
 ) -> None:
     """The entrypoint's exact flags, against Triton 2.51 (the 24.10 image's version)."""
     httpclient = pytest.importorskip("tritonclient.http")
@@ -720,8 +719,8 @@ def test_entrypoint_starts_a_real_tritonserver_that_exports_its_spans(
         TRITON_HTTP_PORT=str(http_port),
         TRITON_GRPC_PORT=str(grpc_port),
         TRITON_METRICS_PORT=str(metrics_port),
-        TRITON_TRACE_URL=receiver.traces_url,
-        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        TRITON_TRACE_URL=otelkit_receiver.traces_url,
+        OTEL_EXPORTER_OTLP_ENDPOINT=otelkit_receiver.endpoint,
         TRITON_SERVICE_NAME=service,
         TRITON_TRACE_RESOURCE="slurm.job.id=4242",
     )
@@ -735,13 +734,19 @@ def test_entrypoint_starts_a_real_tritonserver_that_exports_its_spans(
             start_new_session=True,
         )
     try:
-        _wait_ready(http_port, server, log)
+        wait_until(
+            answers(f"http://127.0.0.1:{http_port}/v2/health/ready", server),
+            120,
+            "tritonserver ready",
+            interval=0.2,
+            explain=lambda: log.read_text()[-3000:],
+        )
         data = np.arange(4, dtype=np.float32).reshape(1, 4)
         infer_input = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
         infer_input.set_data_from_numpy(data)
         with httpclient.InferenceServerClient(f"127.0.0.1:{http_port}") as client:
             client.infer("identity_fp32", [infer_input])
-        spans = _wait_for_spans(receiver.out_dir, service)
+        spans = otelkit_receiver.wait_for_spans(lambda s: s.resource["service.name"] == service, 2)
         assert {s.name for s in spans} >= {"InferRequest", "identity_fp32"}
         assert {(s.resource["service.name"], s.resource["slurm.job.id"]) for s in spans} == {
             (service, "4242")
@@ -753,25 +758,3 @@ def test_entrypoint_starts_a_real_tritonserver_that_exports_its_spans(
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-
-
-def _wait_ready(port: int, server: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        assert server.poll() is None, f"tritonserver exited:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"not ready:\n{log.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.2)
-
-
-def _wait_for_spans(directory: Path, service: str, timeout: float = 20.0) -> list[Span]:
-    deadline = time.monotonic() + timeout
-    while True:
-        spans = [s for s in load_spans(directory) if s.resource.get("service.name") == service]
-        if len(spans) >= 2 or time.monotonic() > deadline:
-            assert spans, f"no span of {service} arrived within {timeout} s"
-            return spans
-        time.sleep(0.1)

@@ -30,6 +30,7 @@ import yaml
 
 from otelkit import semconv
 from otelkit.analysis import load_spans
+from otelkit.testing import wait_until
 from otelkit.tritonserver import free_port
 from tests.paths import ROOT
 from tests.support import require_binary
@@ -807,25 +808,16 @@ def _api(port: int, path: str, **params: str) -> Any:
         return json.load(response)["data"]
 
 
-def _until(
-    read: Callable[[], Any],
-    done: Callable[[Any], bool] = bool,
-    log: Path | None = None,
-    timeout: float = 20.0,
-) -> Any:
-    """``read()`` once ``done`` with it; fails after ``timeout`` with Prometheus's log."""
-    deadline = time.monotonic() + timeout
-    while True:
+def _answer(port: int, path: str, **params: str) -> Callable[[], Any]:
+    """What ``_api`` reads, ``None`` while Prometheus is not listening yet."""
+
+    def read() -> Any:
         try:
-            value = read()
+            return _api(port, path, **params)
         except OSError:
-            value = None
-        if value is not None and done(value):
-            return value
-        if time.monotonic() > deadline:
-            text = log.read_text()[-3000:] if log and log.exists() else ""
-            raise AssertionError(f"Prometheus did not get there in time: {value!r}\n{text}")
-        time.sleep(0.2)
+            return None
+
+    return read
 
 
 @pytest.mark.prometheus
@@ -863,7 +855,13 @@ def test_a_real_prometheus_runs_this_config(tmp_path: Path, forwarded_metrics: s
 
 
 def _check_running_prometheus(port: int, log: Path) -> None:
-    loaded = _until(lambda: _api(port, "rules")["groups"], log=log)
+    def tail() -> str:
+        return log.read_text()[-3000:] if log.exists() else ""
+
+    rules_answer = _answer(port, "rules")
+    loaded = wait_until(
+        lambda: (rules_answer() or {}).get("groups"), 20, "rules loaded", interval=0.2, explain=tail
+    )
     assert {r["name"] for g in loaded for r in g["rules"]} == {
         rule.get("record") or rule["alert"] for rule in rules()
     }
@@ -871,17 +869,24 @@ def _check_running_prometheus(port: int, log: Path) -> None:
         (job, "gpu02:8012") for job in NODE_JOBS
     }
 
+    targets_answer = _answer(port, "targets", state="active")
+
     def direct_targets() -> set[tuple[str, str]]:
-        targets = _api(port, "targets", state="active")["activeTargets"]
+        targets = (targets_answer() or {}).get("activeTargets", [])
         return {
             (t["labels"]["job"], t["labels"]["instance"])
             for t in targets
             if t["labels"]["job"] in NODE_JOBS
         }
 
-    _until(direct_targets, lambda found: found == expected, log)
+    wait_until(
+        lambda: direct_targets() == expected, 20, "the direct targets", interval=0.2, explain=tail
+    )
     query = 'nv_inference_request_success{model="resnet"}'
-    [series] = _until(lambda: _api(port, "query", query=query)["result"], log=log)
+    query_answer = _answer(port, "query", query=query)
+    [series] = wait_until(
+        lambda: (query_answer() or {}).get("result"), 20, query, interval=0.2, explain=tail
+    )
     assert series["metric"] == {
         "__name__": "nv_inference_request_success",
         "host_name": "gpu01",

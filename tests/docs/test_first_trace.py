@@ -16,9 +16,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -26,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from otelkit.testing import answers, wait_until
 from tests.docs.test_docs import LINKED_DIRS, README, block_environment, code_blocks
 from tests.paths import ROOT
 from tests.support import wait_for_trace
@@ -93,17 +91,24 @@ def test_the_first_trace_is_four_commands_two_of_them_servers() -> None:
 @pytest.mark.triton
 @pytest.mark.timeout(400)
 def test_the_first_trace_runs_as_written(tmp_path: Path) -> None:
-    deadline = time.monotonic() + 30  # a server of an earlier test may still be exiting
-    while (taken := [port for port in PORTS if not _free(port)]) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not taken, f"ports {taken} are taken: README's first trace runs on the defaults"
+    wait_until(  # a server of an earlier test may still be exiting
+        lambda: all(map(_free, PORTS)),
+        30,
+        "README's first trace runs on the default ports: all of them free",
+        interval=0.5,
+        explain=lambda: f"taken: {[port for port in PORTS if not _free(port)]}",
+    )
     for name in LINKED_DIRS:
         (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
     receive, serve, client, breakdown = commands("A first trace, on this machine")
     with _background(receive, tmp_path) as receiving, _background(serve, tmp_path) as serving:
         servers = [receiving, serving]
-        _wait(lambda: _listening(RECEIVER), "the receiver", servers, tmp_path)
-        _wait(lambda: _answers(MODEL_READY), "PyTriton's model", servers, tmp_path)
+        for ready, what in [
+            (lambda: _listening(RECEIVER), "the receiver"),
+            (answers(MODEL_READY), "PyTriton's model"),
+        ]:
+            check = _while_serving(ready, servers, tmp_path)
+            wait_until(check, READY_TIMEOUT_S, what, interval=0.2, explain=lambda: _logs(tmp_path))
         called = _run(client, tmp_path)
         (trace_id,) = _TRACE_LINE.findall(called)
         assert called.startswith("FEATURES [[0.05, 0.2952, 0.01], "), called
@@ -164,17 +169,22 @@ def _signal(group: int, signum: int) -> None:
         os.killpg(group, signum)
 
 
-def _wait(
-    ready: Callable[[], bool], what: str, servers: list[subprocess.Popen[bytes]], logs: Path
-) -> None:
-    """Until ``ready()``; fails when a server exits or after ``READY_TIMEOUT_S``, with the logs."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not ready():
+def _logs(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text(errors="replace")[-3000:] for p in folder.glob("*.log")}
+
+
+def _while_serving(
+    ready: Callable[[], bool], servers: list[subprocess.Popen[bytes]], logs: Path
+) -> Callable[[], bool]:
+    """``ready``, failing the test at once, with the logs, when a server has exited."""
+
+    def check() -> bool:
         exited = [proc.args for proc in servers if proc.poll() is not None]
-        if exited or time.monotonic() > deadline:
-            texts = {p.name: p.read_text(errors="replace")[-3000:] for p in logs.glob("*.log")}
-            pytest.fail(f"{what} not ready ({exited or 'timed out'}): {texts}")
-        time.sleep(0.2)
+        if exited:
+            pytest.fail(f"{exited} exited: {_logs(logs)}")
+        return ready()
+
+    return check
 
 
 def _free(port: int) -> bool:
@@ -192,12 +202,4 @@ def _listening(address: tuple[str, int]) -> bool:
         with socket.create_connection(address, timeout=1):
             return True
     except OSError:
-        return False
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,17 +19,11 @@ from otelkit import semconv
 from otelkit.analysis import Span, build_traces
 from otelkit.analysis._breakdown import SERVER_QUEUE, trace_components
 from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture, tree
 from otelkit.tritonserver import free_port
-from tests.support import LocalRay, TrackingServer, wait_for_trace
+from tests.support import LocalRay, TrackingServer
 
 pytest.importorskip("ray.serve")
-
-
-@pytest.fixture(scope="module")
-def ray_receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
-    """This module's own receiver (the session's holds many spans: slow to read back)."""
-    with Receiver(tmp_path_factory.mktemp("ray-pipeline-receiver")) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +33,18 @@ def ray_grpc_url() -> str:
 
 
 @pytest.fixture(scope="module")
-def ray_url(ray_local: LocalRay, ray_receiver: Receiver, ray_grpc_url: str) -> Iterator[str]:
+def ray_url(
+    ray_local: LocalRay, otelkit_receiver_server: Receiver, ray_grpc_url: str
+) -> Iterator[str]:
     from gnn_tracking.serving.ray_app import ray_serve_app
 
     otelkit.configure(
         service_name="gnn-tracking-ray-tests",
-        traces_endpoint=ray_receiver.traces_url,
+        traces_endpoint=otelkit_receiver_server.traces_url,
         bsp_schedule_delay_ms=50,
     )
     with ray_serve_app(
-        ray_receiver.traces_url,
+        otelkit_receiver_server.traces_url,
         env_vars={"OTEL_BSP_SCHEDULE_DELAY": "50"},
         grpc_port=int(ray_grpc_url.rsplit(":", 1)[1]),
     ) as url:
@@ -96,13 +91,8 @@ def spans_root(spans: list[Span]) -> Span:
     return root
 
 
-def _tree(spans: list[Span], trace_id: str) -> list[tuple[int, str, str]]:
-    walked = build_traces(spans)[trace_id].walk()
-    return [(depth, span.name, span.kind.name) for depth, span in walked]
-
-
 def _composed_trace(
-    ray: Remote, receiver: Receiver, features: torch.Tensor
+    ray: Remote, spans: ReceiverCapture, features: torch.Tensor
 ) -> tuple[str, list[Span]]:
     """One event through the composed stage deployments, under a root span: its trace."""
     from gnn_tracking.serving.ray_app import COMPOSED
@@ -113,7 +103,7 @@ def _composed_trace(
         ray.infer(composed, {FEATURES: features})
     ray.close()
     otelkit.flush()
-    return trace_id, wait_for_trace(Path(receiver.out_dir), trace_id, 3 + 3 * len(STAGE_ORDER))
+    return trace_id, spans.wait_for_trace(trace_id, 3 + 3 * len(STAGE_ORDER))
 
 
 def _composed_tree(client: str, server: str) -> list[tuple[int, str, str]]:
@@ -121,26 +111,26 @@ def _composed_tree(client: str, server: str) -> list[tuple[int, str, str]]:
     deployment's span and its stage span."""
     from gnn_tracking.serving.ray_app import COMPOSED
 
-    tree = [
+    rows = [
         (0, ROOT_SPAN, "INTERNAL"),
         (1, f"{client} {COMPOSED}", "CLIENT"),
         (2, server, "SERVER"),
     ]
     for name in STAGE_ORDER:
-        tree += [
+        rows += [
             (3, semconv.RAY_SERVE_QUEUE_SPAN, "INTERNAL"),
             (3, f"stage_{name}.run", "SERVER"),
             (4, name, "INTERNAL"),
         ]
-    return tree
+    return rows
 
 
 def test_composed_deployments_trace_from_client_to_every_stage(
-    ray_url: str, ray_receiver: Receiver, events: list[torch.Tensor]
+    ray_url: str, otelkit_receiver: ReceiverCapture, events: list[torch.Tensor]
 ) -> None:
     route = "/v2/models/{model_name}/infer"
-    trace_id, spans = _composed_trace(Remote(ray_url, "http"), ray_receiver, events[0])
-    assert _tree(spans, trace_id) == _composed_tree("v2/models/infer", f"POST {route}")
+    trace_id, spans = _composed_trace(Remote(ray_url, "http"), otelkit_receiver, events[0])
+    assert tree(spans) == _composed_tree("v2/models/infer", f"POST {route}")
     by_id = {span.span_id: span for span in spans}
     for span in spans:  # each child inside its parent, on this host's one clock
         parent = by_id.get(span.parent_span_id or "")
@@ -156,12 +146,12 @@ def test_composed_deployments_trace_from_client_to_every_stage(
 
 
 def test_a_grpc_call_through_serves_grpc_proxy_is_one_trace(
-    ray_url: str, ray_grpc_url: str, ray_receiver: Receiver, events: list[torch.Tensor]
+    ray_url: str, ray_grpc_url: str, otelkit_receiver: ReceiverCapture, events: list[torch.Tensor]
 ) -> None:
-    trace_id, spans = _composed_trace(Remote(ray_grpc_url, "grpc"), ray_receiver, events[0])
+    _, spans = _composed_trace(Remote(ray_grpc_url, "grpc"), otelkit_receiver, events[0])
     # the proxy's call is parented on the gRPC metadata
     expected = _composed_tree(semconv.RPC_METHOD_GRPC_INFER, "Ingress.ModelInfer")
-    assert _tree(spans, trace_id) == expected
+    assert tree(spans) == expected
     (server,) = [s for s in spans if s.name == "Ingress.ModelInfer"]
     assert server.attributes[semconv.RAY_SERVE_DEPLOYMENT] == "Ingress"
     assert server.attributes[semconv.RAY_SERVE_APPLICATION] == "gnn-tracking"

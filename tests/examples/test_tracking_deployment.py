@@ -186,6 +186,7 @@ def test_the_client_drives_every_option_from_a_thread_pool(
     remote.close()
 
 
+@pytest.mark.triton_must_survive  # a crash under the bad request is the defect looked for
 def test_a_failing_request_is_a_clear_error_and_the_server_keeps_serving(
     pipeline_server: TritonServer, events: list[torch.Tensor]
 ) -> None:

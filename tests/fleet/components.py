@@ -4,25 +4,12 @@ process on free loopback ports that a test can stop, kill and start again."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any, Self
 
 from otelkit.fleet import LocalEnvoy, LocalEtcd, envoy_binary, envoy_config, write_config
 from otelkit.tritonserver import free_port
 from tests.support import require_binary
-
-
-def _wait(check: object, timeout_s: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} not ready after {timeout_s} s: {log.read_text()[-2000:]}")
 
 
 class EtcdServer(LocalEtcd):

@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
 import grpc
@@ -30,6 +31,7 @@ from otelkit.fleet import ServerRecord, envoy_config, envoy_hosts
 from otelkit.fleet._auth import Auth
 from otelkit.fleet._render import eds_response, write_if_changed
 from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture, wait_until
 from otelkit.tritonserver import TritonServer
 from tests.fleet.components import EnvoyProxy, loopback_envoy
 from tests.paths import MODELS
@@ -160,10 +162,7 @@ def ingress(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ingress]:
                 good,
                 bad,
             )
-        deadline = time.monotonic() + 15
-        while not all(_healthy(g) for g in gates.values()):
-            assert time.monotonic() < deadline, "Envoy never found the server healthy"
-            time.sleep(0.1)
+        wait_until(lambda: all(map(_healthy, gates.values())), 15, "the server healthy in Envoy")
         yield Ingress(server, receiver, gates, [tmp], [])
     finally:
         for gate in gates.values():
@@ -260,13 +259,43 @@ def test_a_call_without_a_valid_token_is_refused_before_any_server(
     assert statuses == sorted(wanted.get(c, str(c)) for _, c in gate.bad.values())
 
 
+def marker_call(gate: Gate) -> str:
+    """A call through the gate with the site's token and a sampled context; its trace id."""
+    trace_id = token_hex(16)
+    client = httpclient.InferenceServerClient(gate.http_url)
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    headers = {
+        "authorization": f"Bearer {gate.good}",
+        "traceparent": f"00-{trace_id}-{token_hex(8)}-01",
+    }
+    try:
+        client.infer(MODEL, [tensor], headers=headers)
+    finally:
+        client.close()
+    return trace_id
+
+
 def test_no_token_is_written_anywhere(ingress: Ingress) -> None:
     """After every call above, the tokens are in no file the run wrote (the traces of the
     client, Envoy and Triton, Envoy's and Triton's logs) and in none of the metrics pages."""
+    spans = ReceiverCapture(ingress.receiver)
     for gate in ingress.gates.values():
         call(gate, "http", gate.good)
         call(gate, "grpc", gate.good)
-    time.sleep(1.0)  # Envoy's and Triton's exporters flush
+    # The markers: a sampled call through each gate after those, whose spans from Envoy and
+    # Triton arrive after anything those calls had them export
+    markers = [marker_call(gate) for gate in ingress.gates.values()]
+
+    def marked() -> bool:
+        arrived = spans.spans()
+        return all(
+            {"envoy", "triton-inference-server"}
+            <= {str(s.resource.get("service.name")) for s in arrived if s.trace_id == marker}
+            for marker in markers
+        )
+
+    wait_until(marked, 15, "each marker's spans from Envoy and Triton")
     secrets = {gate.good for gate in ingress.gates.values()}
     secrets |= {t for gate in ingress.gates.values() for t, _ in gate.bad.values() if t}
     secrets = {s.split(".")[-1] for s in secrets}  # a JWT's signature is its own part

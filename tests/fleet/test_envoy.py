@@ -12,7 +12,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,8 @@ from opentelemetry import trace
 
 import otelkit
 from otelkit import semconv
-from otelkit.analysis import Span, Trace, build_traces, load_spans
-from otelkit.analysis._breakdown import LOAD_BALANCER, NETWORK, breakdown
+from otelkit.analysis import Span, build_traces
+from otelkit.analysis._breakdown import LOAD_BALANCER, NETWORK, Breakdown, breakdown
 from otelkit.dashboards import render
 from otelkit.fleet import (
     Draining,
@@ -41,10 +41,11 @@ from otelkit.fleet import (
     write_config,
 )
 from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture, wait_until
 from otelkit.tritonserver import TritonServer, free_port
 from tests.fleet.components import EnvoyProxy, LoadThreads
 from tests.paths import MODELS, ROOT
-from tests.prometheus import PrometheusServer, evaluated_queries, wait_until, without_data
+from tests.prometheus import PrometheusServer, evaluated_queries, without_data
 from tests.support import require_binary
 
 pytestmark = pytest.mark.triton
@@ -183,9 +184,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, etcd: object) -> Iterator[Fl
             state.register(name, server)
         # Envoy starts on the whole fleet rendered (servers joining while it starts are the
         # newcomer test's)
-        until(lambda: set(renderer.listing.servers) == set(servers), 5)
+        wait_until(lambda: set(renderer.listing.servers) == set(servers), 5, "all rendered")
         envoy.start()
-        until(lambda: state.healthy() == dict.fromkeys(servers, True), 10)
+        wait_until(lambda: state.healthy() == dict.fromkeys(servers, True), 10, "all healthy")
         yield state
     finally:
         metrics.close()
@@ -196,14 +197,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, etcd: object) -> Iterator[Fl
         for server in [*servers.values(), *state.extra]:
             server.stop()
         receiver.stop()
-
-
-def until(condition: Callable[[], bool], timeout_s: float) -> float:
-    start = time.monotonic()
-    while not condition():
-        assert time.monotonic() - start < timeout_s, f"not within {timeout_s} s"
-        time.sleep(0.05)
-    return time.monotonic() - start
 
 
 Client = grpcclient.InferenceServerClient | httpclient.InferenceServerClient
@@ -310,19 +303,18 @@ def test_requests_through_envoy_reach_every_server_over_both_protocols(fleet: Fl
 
 
 def test_a_killed_server_is_ejected_and_its_calls_go_elsewhere(fleet: Fleet) -> None:
+    capture = ReceiverCapture(fleet.receiver)
     victim = fleet.servers["triton-1"]
     retried = envoy_counter(fleet, semconv.ENVOY_RETRIES)
     with Load(fleet.grpc_url, threads=4, traced=True) as load:
-        time.sleep(0.5)
+        wait_until(lambda: load.calls >= 20, 10, "calls under way")
         assert victim.pid is not None
         os.kill(victim.pid, signal.SIGKILL)
-        killed = time.monotonic()
         # ejected by the health check within its interval and a second
-        until(lambda: not fleet.healthy()["triton-1"], HEALTH_INTERVAL_S + 1.0)
-        routed = fleet.requests()["triton-1"]
-        time.sleep(1.0)
+        wait_until(lambda: not fleet.healthy()["triton-1"], HEALTH_INTERVAL_S + 1.0, "ejected")
+        routed, calls = fleet.requests()["triton-1"], load.calls
+        wait_until(lambda: load.calls >= calls + 50, 20, "50 calls once ejected")
     assert fleet.requests()["triton-1"] == routed  # nothing routed to it once ejected
-    assert time.monotonic() - killed > 1.0
     # a call in flight to it, and any sent before the ejection, was retried on another server
     retries = [
         line
@@ -334,25 +326,31 @@ def test_a_killed_server_is_ejected_and_its_calls_go_elsewhere(fleet: Fleet) -> 
     # each attempt Envoy made to the dead server is an error span in the call's trace, under
     # the call's ingress span that another server answered
     retried = envoy_counter(fleet, semconv.ENVOY_RETRIES) - retried
-    time.sleep(1.0)  # Envoy's tracer flushes every 200 ms
-    spans = load_spans(fleet.traces)
-    by_id = {s.span_id: s for s in spans}
-    failed = [
-        s
-        for s in spans
-        if s.resource.get("service.name") == "envoy"
-        and s.kind.name == "CLIENT"
-        and s.attributes.get(semconv.PROXY_UPSTREAM_ADDRESS) == victim.grpc_url
-        and s.attributes.get("error") == "true"
-    ]
-    assert retried > 0 and failed, (retried, len(failed))
+    assert retried > 0
+    by_id: dict[str, Span] = {}
+
+    def failed_attempts_and_their_calls() -> list[Span]:
+        spans = capture.spans()
+        by_id.update((s.span_id, s) for s in spans)
+        failed = [
+            s
+            for s in spans
+            if s.resource.get("service.name") == "envoy"
+            and s.kind.name == "CLIENT"
+            and s.attributes.get(semconv.PROXY_UPSTREAM_ADDRESS) == victim.grpc_url
+            and s.attributes.get("error") == "true"
+        ]
+        # Envoy exports an attempt as it ends, the call's span above it later
+        return failed if all(s.parent_span_id in by_id for s in failed) else []
+
+    failed = wait_until(failed_attempts_and_their_calls, 10, "error spans of the killed server")
     for attempt in failed:  # the call's own span succeeded: another server answered it
         ingress = by_id[attempt.parent_span_id or ""]
         assert ingress.attributes.get("http.status_code") == "200", ingress.attributes
         assert attempt.attributes.get("response_flags") in ("UF", "UC", "UR", "URX")
     victim.stop(timeout=5)
     victim.start()  # back on its ports; its registration never stopped
-    until(lambda: fleet.healthy()["triton-1"], HEALTH_INTERVAL_S + 1.0 + 1.0)
+    wait_until(lambda: fleet.healthy()["triton-1"], HEALTH_INTERVAL_S + 1.0 + 1.0, "back")
 
 
 def test_a_stopped_heartbeat_takes_a_live_server_out_and_a_newcomer_serves(
@@ -360,10 +358,10 @@ def test_a_stopped_heartbeat_takes_a_live_server_out_and_a_newcomer_serves(
 ) -> None:
     fleet.registrations.pop("triton-2").close(leave=False)  # hung: alive, but no heartbeat
     stopped = time.monotonic()
-    until(lambda: "triton-2" not in fleet.requests(), TTL_S + 1.0 + 1.0)  # out of Envoy
+    wait_until(lambda: "triton-2" not in fleet.requests(), TTL_S + 1.0 + 1.0, "out of Envoy")
     assert time.monotonic() - stopped <= TTL_S + 1.0 + 1.0  # TTL, a render, Envoy's reload
     with Load(fleet.grpc_url, threads=2) as load:
-        time.sleep(1.0)
+        wait_until(lambda: load.calls >= 30, 20, "30 calls without it")
     assert "triton-2" not in fleet.requests() and load.errors == []
     # a new server joins: serving within a render, a health check and a second
     server = triton(tmp_path, "triton-3", fleet.receiver).start()
@@ -371,27 +369,39 @@ def test_a_stopped_heartbeat_takes_a_live_server_out_and_a_newcomer_serves(
     fleet.register("triton-3", server)
     joined = time.monotonic()
     with Load(fleet.grpc_url, threads=2) as load:
-        until(lambda: fleet.requests().get("triton-3", 0) > 0, 1.0 + HEALTH_INTERVAL_S + 1.0)
+        wait_until(
+            lambda: fleet.requests().get("triton-3", 0) > 0,
+            1.0 + HEALTH_INTERVAL_S + 1.0,
+            "3 serves",
+        )
     assert time.monotonic() - joined <= 1.0 + HEALTH_INTERVAL_S + 1.0 + 0.5
     assert load.errors == []
     fleet.register("triton-2", fleet.servers["triton-2"])  # back for the other tests
-    until(lambda: fleet.healthy().get("triton-2") is True, TTL_S + 2.0)
+    wait_until(lambda: fleet.healthy().get("triton-2") is True, TTL_S + 2.0, "triton-2 back")
+
+
+def service(span: Span) -> str:
+    return str(span.resource.get("service.name"))
+
+
+def sampled_call(client: httpclient.InferenceServerClient) -> str:
+    """A call the client sampled (its context says so); its trace id."""
+    trace_id = secrets.token_hex(16)
+    call(client, {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
+    return trace_id
 
 
 def test_one_trace_through_envoy_and_nothing_for_unsampled_calls(fleet: Fleet) -> None:
-    def spans(trace_id: str | None = None) -> list[Span]:
-        every = load_spans(fleet.traces)
-        return [s for s in every if trace_id is None or s.trace_id == trace_id]
-
-    def service(span: Span) -> str:
-        return str(span.resource.get("service.name"))
-
+    capture = ReceiverCapture(fleet.receiver)
     client = httpclient.InferenceServerClient(fleet.http_url)
-    traced = secrets.token_hex(16)  # a call the client sampled: its context says so
-    call(client, {"traceparent": f"00-{traced}-{secrets.token_hex(8)}-01"})
-    until(lambda: len({service(s) for s in spans(traced)}) >= 2, 10)
-    time.sleep(1.0)  # Envoy's and Triton's exporters flush every 200 ms
-    joined = spans(traced)
+    traced = sampled_call(client)
+
+    def whole() -> list[Span]:  # Envoy's SERVER span ends, and is exported, last
+        spans = capture.trace(traced)
+        envoy = {s.kind.name for s in spans if service(s) == "envoy"}
+        return spans if envoy == {"CLIENT", "SERVER"} and len({*map(service, spans)}) >= 2 else []
+
+    joined = wait_until(whole, 10, f"trace {traced} through Envoy to a server")
     by_service: dict[str, list[str]] = {}
     for span in joined:
         by_service.setdefault(service(span), []).append(span.name)
@@ -401,15 +411,23 @@ def test_one_trace_through_envoy_and_nothing_for_unsampled_calls(fleet: Fleet) -
     assert len([s for s in by_service if s.startswith("triton-")]) == 1, by_service
     # calls the client did not sample carry no context (otelkit's clients send none): Envoy,
     # parent-based, samples none of them, and Triton, which traces any context it gets, none
-    before = len(spans())
     for _ in range(20):
         call(client)
+    # then sampled calls, until their traces came through Envoy and every server it routes to:
+    # each exporter sends in order, so what the unsampled calls made has arrived by then
+    markers: set[str] = set()
+    routed = {name for name, healthy in fleet.healthy().items() if healthy}
+
+    def marked_everywhere() -> bool:
+        markers.add(sampled_call(client))
+        arrived = {service(s) for s in capture.spans() if s.trace_id in markers}
+        return {"envoy", *routed} <= arrived
+
+    wait_until(marked_everywhere, 30, f"sampled traces through Envoy to {sorted(routed)}")
     client.close()
-    time.sleep(1.5)
-    new = spans()[before:]
-    assert new == [], sorted({(service(s), s.name, s.attributes.get("traceparent")) for s in new})[
-        :20
-    ]
+    capture.assert_absent(
+        lambda s: s.trace_id not in {traced, *markers}, after=lambda s: s.trace_id in markers
+    )
 
 
 def test_a_saturated_server_is_drained_until_its_queue_empties(fleet: Fleet) -> None:
@@ -432,12 +450,12 @@ def test_a_saturated_server_is_drained_until_its_queue_empties(fleet: Fleet) -> 
     assert draining is not None
     try:
         # 16 in flight for batches of 8 that take 0.5 s: seconds queued per execution
-        until(lambda: draining.drained == {"triton-0"}, 10)
+        wait_until(lambda: draining.drained == {"triton-0"}, 10, "triton-0 drained")
         assert draining.saturation()["triton-0"] > DRAIN_ABOVE_MS
-        until(lambda: fleet.healthy()["triton-0"] is False, 3)  # Envoy: DRAINING
+        wait_until(lambda: fleet.healthy()["triton-0"] is False, 3, "DRAINING in Envoy")
         before = fleet.requests()
         with Load(fleet.grpc_url, threads=2) as load:
-            time.sleep(1.5)
+            wait_until(lambda: load.calls >= 30, 20, "30 calls while it drains")
         after = fleet.requests()
         assert after["triton-0"] == before["triton-0"]  # no new request to it
         assert after["triton-1"] > before["triton-1"] and load.errors == []
@@ -446,11 +464,12 @@ def test_a_saturated_server_is_drained_until_its_queue_empties(fleet: Fleet) -> 
         for thread in threads:
             thread.join(timeout=30)
     # its queue empties: back after the window and the time held
-    until(lambda: fleet.healthy()["triton-0"] is True, 2.0 + 1.0 + 3.0)
+    wait_until(lambda: fleet.healthy()["triton-0"] is True, 2.0 + 1.0 + 3.0, "triton-0 back")
     assert draining.drained == set()
 
 
 def test_the_breakdown_names_the_load_balancer_and_the_server_that_answered(fleet: Fleet) -> None:
+    capture = ReceiverCapture(fleet.receiver)
     otelkit.configure(
         service_name="fleet-tests",
         traces_endpoint=fleet.receiver.traces_url,
@@ -470,13 +489,14 @@ def test_the_breakdown_names_the_load_balancer_and_the_server_that_answered(flee
         otelkit.uninstrument()
         otelkit.shutdown()
 
-    def joined() -> dict[str, Trace]:
-        traces = build_traces(load_spans(fleet.traces))
-        return {t: traces[t] for t in events if t in traces and len(traces[t].spans) >= 5}
+    def complete() -> dict[tuple[str, ...], Breakdown]:  # no call's server spans missing
+        traces = build_traces(capture.spans())
+        joined = [traces[t] for t in events if t in traces]
+        groups = breakdown(joined, group_by=(semconv.ANSWERED_BY,), root_name="event")
+        whole = sum(g.traces for g in groups.values()) == len(events)
+        return groups if whole and all(g.incomplete == 0 for g in groups.values()) else {}
 
-    until(lambda: len(joined()) == len(events), 10)
-    time.sleep(0.5)
-    groups = breakdown(joined().values(), group_by=(semconv.ANSWERED_BY,), root_name="event")
+    groups = wait_until(complete, 10, "every event's trace, whole")
     addresses = {s.http_url for s in [*fleet.servers.values(), *fleet.extra]}
     assert groups and set(k[0] for k in groups) <= addresses, (groups.keys(), addresses)
     for group in groups.values():
@@ -524,11 +544,16 @@ def test_every_fleet_panel_shows_the_running_fleet(fleet: Fleet, tmp_path: Path)
             empty[:] = without_data(prometheus, queries)
             return not empty
 
-        wait_until(all_panels_have_data, 30)
+        wait_until(all_panels_have_data, 30, "data in every panel", interval=1.0)
         # the fleet's recording rules, on the same series: one value a server, and the fleet's
         per_server = "otelkit_server:nv_inference_queue_duration_ms:per_execution_5m"
         registered = set(fleet.renderer.listing.servers)
-        wait_until(lambda: len(prometheus.query(per_server)["result"]) == len(registered), 20)
+        wait_until(
+            lambda: len(prometheus.query(per_server)["result"]) == len(registered),
+            20,
+            "a recorded value for each server",
+            interval=1.0,
+        )
         recorded = {
             r["metric"][semconv.FLEET_SERVER_LABEL] for r in prometheus.query(per_server)["result"]
         }
@@ -545,6 +570,7 @@ def test_every_fleet_panel_shows_the_running_fleet(fleet: Fleet, tmp_path: Path)
 
 
 def test_clients_count_and_trace_their_errors_while_envoy_restarts(fleet: Fleet) -> None:
+    capture = ReceiverCapture(fleet.receiver)
     telemetry = otelkit.configure(
         service_name="fleet-tests",
         traces_endpoint=fleet.receiver.traces_url,
@@ -577,7 +603,7 @@ def test_clients_count_and_trace_their_errors_while_envoy_restarts(fleet: Fleet)
                 failed.append(type(error).__name__)
         client.close()
         fleet.envoy.start()
-        until(lambda: all(fleet.healthy().values()), 10)
+        wait_until(lambda: all(fleet.healthy().values()), 10, "all healthy again")
         client = otelkit.instrument(httpclient.InferenceServerClient(fleet.http_url))
         call(client)  # served again
         client.close()
@@ -592,12 +618,12 @@ def test_clients_count_and_trace_their_errors_while_envoy_restarts(fleet: Fleet)
     def error_spans() -> list[Span]:
         return [
             s
-            for s in load_spans(fleet.traces)
+            for s in capture.spans()
             if s.resource.get("service.name") == "fleet-tests"
             and s.kind.name == "CLIENT"
             and s.status_code.name == "ERROR"
         ]
 
-    until(lambda: len(error_spans()) >= 5, 10)
+    wait_until(lambda: len(error_spans()) >= 5, 10, "5 error spans")
     assert len(error_spans()) == 5  # and traced once each, saying why
     assert all(s.status_message for s in error_spans())

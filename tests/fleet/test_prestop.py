@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from otelkit.fleet import EtcdRegistry, Renderer, envoy_hosts
+from otelkit.testing import answers, wait_until
 from otelkit.tritonserver import free_port
 from tests.fleet.components import loopback_envoy
-from tests.fleet.test_slurm import TRUTH, Load, ready, until
+from tests.fleet.test_slurm import TRUTH, Load
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.triton
@@ -56,10 +57,15 @@ def test_the_prestop_hook_drains_its_server_and_no_call_is_lost(
         return {n: sum(c["requests"] for c in hosts[n].values()) for n in hosts}
 
     try:
-        until(lambda: set(routed()) == set(servers), 120, "both servers in Envoy")
-        until(lambda: ready(url), 10, "calls through Envoy")
+        wait_until(
+            lambda: set(routed()) == set(servers), 120, "both servers in Envoy", interval=0.2
+        )
+        ready = answers(f"http://{url}/v2/health/ready")
+        wait_until(ready, 10, "calls through Envoy", interval=0.2)
         with Load(url, threads=4) as load:
-            until(lambda: all(n > 0 for n in routed().values()), 20, "both serving")
+            wait_until(
+                lambda: all(n > 0 for n in routed().values()), 20, "both serving", interval=0.2
+            )
             began = time.monotonic()
             hook = subprocess.run(
                 ["/bin/sh", str(DRAIN)],
@@ -70,8 +76,9 @@ def test_the_prestop_hook_drains_its_server_and_no_call_is_lost(
             assert hook.returncode == 0
             assert servers["pod-b"].poll() == 0  # the hook returned once the server had ended
             assert "pod-b" not in registry.listing().servers
-            after = routed().get("pod-b")
-            time.sleep(1.5)  # the other serves on, and nothing more goes to the drained one
+            after, calls = routed().get("pod-b"), load.calls
+            # the other serves on, and nothing more goes to the drained one
+            wait_until(lambda: load.calls >= calls + 30, 20, "30 calls once drained")
             assert routed().get("pod-b") == after
         assert load.failures == [] and load.calls > 0
         assert took >= 2.0  # it waited for Envoy to let go (--settle), not just for a signal

@@ -14,6 +14,7 @@ from otelkit._errors import FleetError
 from otelkit.fleet import DirectoryRegistry, EtcdRegistry, Registration, Renderer, ServerRecord
 from otelkit.fleet._etcd import Etcd
 from otelkit.fleet._render import resolve_address
+from otelkit.testing import wait_until
 from tests.fleet.components import EtcdServer
 
 
@@ -27,12 +28,10 @@ def record(name: str, port: int = 8000, **fields: object) -> ServerRecord:
     )  # type: ignore[arg-type]
 
 
-def until(condition: Callable[[], bool], timeout_s: float) -> float:
-    """Seconds until ``condition`` holds; fails after ``timeout_s``."""
+def seconds_until(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Seconds until ``condition`` holds, for the checks of how soon; fails after ``timeout_s``."""
     start = time.monotonic()
-    while not condition():
-        assert time.monotonic() - start < timeout_s, f"not within {timeout_s} s"
-        time.sleep(0.02)
+    wait_until(condition, timeout_s, what, interval=0.02)
     return time.monotonic() - start
 
 
@@ -62,7 +61,7 @@ def test_a_stopped_heartbeat_leaves_within_its_lease(registry: EtcdRegistry) -> 
     registration = Registration(record("t0"), registry, ttl_s=2).start()
     assert registration.wait(5)
     registration.close(leave=False)  # the process hangs: no heartbeat, no goodbye
-    gone = until(lambda: not registry.listing().servers, 5)
+    gone = seconds_until(lambda: not registry.listing().servers, 5, "an empty listing")
     assert gone <= 2 + 1.0  # etcd expires a lease within about half a second of its TTL
 
 
@@ -75,9 +74,9 @@ def test_the_renderer_follows_the_registry_within_one_render(
         assert endpoints(eds) == [] and json.loads(targets.read_text()) == []
         first = Registration(record("t0", site="s1", models=("m",)), registry, ttl_s=2).start()
         # joined: in Envoy's endpoints without waiting for the resync (the watch)
-        assert until(lambda: endpoints(eds) == ["t0"], 2) < 1.0
+        assert seconds_until(lambda: endpoints(eds) == ["t0"], 2, "t0 rendered") < 1.0
         second = Registration(record("t1", 9000), registry, ttl_s=2).start()
-        until(lambda: endpoints(eds) == ["t0", "t1"], 2)
+        wait_until(lambda: endpoints(eds) == ["t0", "t1"], 2, "t0 and t1 rendered")
         assert json.loads(targets.read_text()) == [
             {
                 "targets": ["127.0.0.1:8002"],
@@ -86,10 +85,10 @@ def test_the_renderer_follows_the_registry_within_one_render(
             {"targets": ["127.0.0.1:9002"], "labels": {"otelkit_server": "t1", "otelkit_site": ""}},
         ]
         second.close(leave=False)  # its heartbeat stops: out of both within TTL + a render
-        assert until(lambda: endpoints(eds) == ["t0"], 5) <= 2 + 1.0
+        assert seconds_until(lambda: endpoints(eds) == ["t0"], 5, "t1 gone") <= 2 + 1.0
         assert [t["labels"]["otelkit_server"] for t in json.loads(targets.read_text())] == ["t0"]
         first.close()  # leaves at once
-        assert until(lambda: endpoints(eds) == [], 2) < 1.0
+        assert seconds_until(lambda: endpoints(eds) == [], 2, "no endpoint") < 1.0
         assert renderer.errors == 0
 
 
@@ -135,19 +134,22 @@ def test_with_etcd_down_envoy_keeps_the_last_servers_and_all_recover(
     registration = Registration(record("t0"), registry, ttl_s=3).start()
     renderer = Renderer(registry, eds_dir=eds, resync_s=1).start()
     try:
-        until(lambda: endpoints(eds) == ["t0"], 3)
+        wait_until(lambda: endpoints(eds) == ["t0"], 3, "t0 rendered")
         before = (eds / "otelkit_grpc.json").read_text()
         own.stop()
-        until(lambda: renderer.errors > 0 and registration.failures > 0, 5)
-        time.sleep(1.5)  # several failed passes: nothing raised, nothing rewritten
+        wait_until(lambda: renderer.errors > 0 and registration.failures > 0, 5, "failures")
+        failed = renderer.errors  # two more failed passes: nothing raised, nothing rewritten
+        wait_until(lambda: renderer.errors >= failed + 2, 5, "two more failed renders")
         assert (eds / "otelkit_grpc.json").read_text() == before
         assert renderer._thread is not None and renderer._thread.is_alive()
         warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
         assert sum("keep the last servers rendered" in m for m in warnings) == 1  # once an outage
         assert sum("heartbeat failed" in m for m in warnings) == 1
         own.start()  # back, its data kept: the registration beats (or joins) again
-        until(lambda: registration.failures and not registration._failing, 10)
-        until(lambda: not renderer._failing, 10)
+        wait_until(
+            lambda: registration.failures > 0 and not registration._failing, 10, "beats again"
+        )
+        wait_until(lambda: not renderer._failing, 10, "the renderer rendering again")
         assert endpoints(eds) == ["t0"]
         assert any("the registry answers again" in r.message for r in caplog.records)
     finally:
@@ -179,7 +181,7 @@ def test_the_shared_directory_registry_needs_a_fresh_heartbeat(tmp_path: Path) -
     time.sleep(1.5)  # beaten every third of a second: still there
     assert list(registry.listing().servers) == ["t0"]
     registration.close(leave=False)
-    until(lambda: not registry.listing().servers, 2.5)  # stale after its ttl_s
+    wait_until(lambda: not registry.listing().servers, 2.5, "no server")  # stale after ttl_s
     assert (tmp_path / "t0.json").exists()  # left on disk: its owner may come back
     with Renderer(registry, eds_dir=tmp_path / "eds", resync_s=5) as renderer:
         assert renderer.wait_for_render(5)

@@ -18,6 +18,7 @@ from otelkit._errors import FleetError
 from otelkit.fleet import EtcdRegistry, Registration, ServerRecord
 from otelkit.fleet._etcd import Etcd, _b64, prefix_end
 from otelkit.fleet._registry import DEFAULT_PREFIX
+from otelkit.testing import wait_until
 from tests.fleet.components import EtcdServer
 from tests.paths import ROOT
 
@@ -118,11 +119,12 @@ def test_the_command_line_takes_the_password_from_a_file_or_the_environment(
     )
     reader = registry(secured, "renderer")
     try:
-        deadline = time.monotonic() + 20
-        while "triton-d" not in reader.listing().servers:
+
+        def registered() -> bool:
             assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+            return "triton-d" in reader.listing().servers
+
+        wait_until(registered, 20, "triton-d registered", interval=0.1)
     finally:
         process.terminate()
         output = process.communicate(timeout=20)[0].decode()

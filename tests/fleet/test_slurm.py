@@ -11,8 +11,7 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import yaml
 
 from otelkit.fleet import EtcdRegistry, Renderer, envoy_hosts
 from otelkit.fleet._scale import ScalePolicy, Scaler, prometheus_value, slurm
+from otelkit.testing import answers, wait_until
 from tests.fleet.components import LoadThreads, loopback_envoy
 from tests.paths import ROOT, TESTS
 from tests.prometheus import PrometheusServer
@@ -63,21 +63,6 @@ SCANCEL = """#!/bin/bash
 echo "scancel $*" >> "$SLURM_RECORD"
 kill -TERM "$(cat "$SLURM_JOBS/$1.pid")"
 """
-
-
-def ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
-
-
-def until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-        time.sleep(0.2)
 
 
 class Load(LoadThreads):
@@ -124,7 +109,12 @@ def site(tmp_path: Path) -> Iterator[dict[str, Path]]:
         left = [int(p.read_text()) for p in jobs.glob("*.pid")]
         for pid in left:  # a job the test left running: drained and stopped as scancel would
             subprocess.run(["kill", "-TERM", str(pid)], check=False, capture_output=True)
-        until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in left), 40, "jobs' end")
+        wait_until(
+            lambda: not any(Path(f"/proc/{pid}").exists() for pid in left),
+            40,
+            "jobs' end",
+            interval=0.2,
+        )
         os.environ.clear()
         os.environ.update(saved)
 
@@ -169,27 +159,56 @@ def test_the_scaler_asks_for_a_server_under_load_and_lets_one_go_drained_when_id
     try:
         first = scaler.step()  # no server yet: fewer than the least
         assert (first.action, first.job) == ("up", "101"), first
-        until(lambda: routed() == {"triton-101"}, 120, "first server healthy in Envoy")
+        wait_until(
+            lambda: routed() == {"triton-101"}, 120, "first server healthy in Envoy", interval=0.2
+        )
         # Envoy balances onto a new server a second after its admin says healthy (known issues)
-        until(lambda: ready(url), 10, "first server served through Envoy")
+        ready = answers(f"http://{url}/v2/health/ready")
+        wait_until(ready, 10, "first server served through Envoy", interval=0.2)
         with Load(url, threads=6) as heavy:
-            until(lambda: (prometheus_value(prometheus.url, QUERY) or 0) > 20, 60, "saturation")
+            wait_until(
+                lambda: (prometheus_value(prometheus.url, QUERY) or 0) > 20,
+                60,
+                "saturation",
+                interval=0.2,
+            )
             # the query the Helm chart gives KEDA answers from the same Prometheus
             keda = yaml.safe_load(CHART_VALUES.read_text())["keda"]["query"]
-            until(lambda: (prometheus_value(prometheus.url, keda) or 0) > 0, 30, "KEDA's query")
-            until(lambda: scaler.step().action == "up", 30, "a second server asked for")
+            wait_until(
+                lambda: (prometheus_value(prometheus.url, keda) or 0) > 0,
+                30,
+                "KEDA's query",
+                interval=0.2,
+            )
+            wait_until(
+                lambda: scaler.step().action == "up", 30, "a second server asked for", interval=0.2
+            )
             assert scaler.submitted == 2
             again = scaler.step()  # saturated still, but at the most (one pending)
             assert again.action == "none", again
-            until(lambda: routed() == {"triton-101", "triton-102"}, 120, "second server routed")
+            wait_until(
+                lambda: routed() == {"triton-101", "triton-102"},
+                120,
+                "second server routed",
+                interval=0.2,
+            )
         assert heavy.failures == []
         with Load(url, threads=1) as light:  # one server is enough now, and it stays in use
-            until(lambda: (prometheus_value(prometheus.url, QUERY) or 0) < 2, 60, "idle")
-            until(lambda: scaler.step().action == "down", 30, "a server let go")
+            wait_until(
+                lambda: (prometheus_value(prometheus.url, QUERY) or 0) < 2, 60, "idle", interval=0.2
+            )
+            wait_until(lambda: scaler.step().action == "down", 30, "a server let go", interval=0.2)
             assert scaler.cancelled == 1
-            until(lambda: "triton-102" not in registry.listing().servers, 10, "deregistration")
+            wait_until(
+                lambda: "triton-102" not in registry.listing().servers,
+                10,
+                "deregistration",
+                interval=0.2,
+            )
             pid = int((site["jobs"] / "102.pid").read_text())
-            until(lambda: not Path(f"/proc/{pid}").exists(), 40, "the drained job's end")
+            wait_until(
+                lambda: not Path(f"/proc/{pid}").exists(), 40, "the drained job's end", interval=0.2
+            )
             time.sleep(1.0)  # the survivor serves on
         assert light.failures == [] and light.calls > 0
         last = scaler.step()

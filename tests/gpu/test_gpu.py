@@ -36,6 +36,7 @@ from otelkit.gpu import (
 from otelkit.gpu import _owners as owners
 from otelkit.gpu._exporter import GpuExporter
 from otelkit.gpu._instruments import CLOCKS_EVENT_REASONS, FIELD_METRICS
+from otelkit.testing import answers, wait_until
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import GPU_FIXTURES, MODELS
 from tests.support import require_binary
@@ -269,11 +270,10 @@ def test_failed_reads_are_counted_by_field_and_sampling_goes_on(
     sampler = GpuSampler(FailingReplay(FIXTURES / "a100x2.json"), 0.02, torch_cuda=False)
     with caplog.at_level(logging.WARNING, logger="otelkit"):
         sampler.start(wait=False)
-        deadline = time.monotonic() + 10
-        while sampler.read_errors["temperature"] < 6 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        sampler.stop()
-    assert sampler.read_errors["temperature"] >= 6  # two GPUs, three samples or more
+        try:  # two GPUs, three samples or more
+            wait_until(lambda: sampler.read_errors["temperature"] >= 6, 10, "6 failed reads")
+        finally:
+            sampler.stop()
     assert "a bug below the sampler" in caplog.text  # logged, and the thread went on
     assert sum("reading temperature" in r.message for r in caplog.records) == 1
     assert sampler.available and all("temperature" not in r.values for r in sampler.latest.readings)
@@ -332,16 +332,12 @@ def run_exporter(*arguments: str) -> tuple[subprocess.Popen[str], str]:
     ]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            scrape(url)
-            return process, url
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise AssertionError(process.communicate()[1]) from None
-            time.sleep(0.1)
+    try:
+        wait_until(answers(url, process), 30, "the GPU exporter", interval=0.1)
+    except AssertionError:
+        process.kill()
+        raise AssertionError(process.communicate()[1]) from None
+    return process, url
 
 
 def stop(process: subprocess.Popen[str]) -> str:
@@ -457,9 +453,8 @@ def configured(tmp_path: Path) -> Iterator[Any]:
 def test_configure_gpu_without_nvml_serves_the_no_gpu_gauge(configured: Any) -> None:
     telemetry = configured(gpu=True)
     assert telemetry.gpu_sampler is not None
-    deadline = time.monotonic() + 10
-    while telemetry.gpu_sampler.unavailable_reason is None and time.monotonic() < deadline:
-        time.sleep(0.02)  # configure() opens NVML in the sampler's thread
+    sampler = telemetry.gpu_sampler  # configure() opens NVML in the sampler's thread
+    wait_until(lambda: sampler.unavailable_reason, 10, "NVML found missing")
     found = samples(scrape(telemetry.prometheus_url))
     assert found[semconv.prometheus_name(semconv.GPU_AVAILABLE)] == {(): 0.0}
 

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from otelkit.testing import wait_until
 from tests.paths import ROOT
 from tests.support import require_binary
 
@@ -300,11 +301,12 @@ def foreground_step(slurm: dict[str, Any]) -> Iterator[subprocess.Popen[str]]:
 def test_step_run_as_a_program_stays_until_scancel_then_stops_the_step(
     slurm: dict[str, Any], foreground_step: subprocess.Popen[str]
 ) -> None:
-    deadline = time.monotonic() + 20
-    while not list(slurm["log"].glob("srun.*.started")):
+
+    def started() -> list[Path]:
         assert foreground_step.poll() is None, foreground_step.communicate()[0]
-        assert time.monotonic() < deadline, "srun was not started"
-        time.sleep(0.05)
+        return list(slurm["log"].glob("srun.*.started"))
+
+    wait_until(started, 20, "srun started")
     assert slurm["sd_file"].exists()
     time.sleep(0.2)
     assert foreground_step.poll() is None  # waits on the step

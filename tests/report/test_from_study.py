@@ -10,7 +10,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from otelkit import semconv
 from otelkit.analysis import load_spans
+from otelkit.testing import wait_until
 from tests.paths import MODELS, ROOT
 from tests.report.test_page import _load
 
@@ -148,7 +148,4 @@ def test_a_folder_without_trace_files_is_named_beside_one_with_them(
 
 def _shown(browser: WebDriver, selector: str, timeout_s: float = 10.0) -> None:
     """Wait until an element matching ``selector`` is on the page."""
-    deadline = time.monotonic() + timeout_s
-    while not browser.find_elements(By.CSS_SELECTOR, selector):
-        assert time.monotonic() < deadline, f"{selector} not shown within {timeout_s} s"
-        time.sleep(0.05)
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, selector), timeout_s, selector)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from otelkit.report import Report
+from otelkit.testing import wait_until
 from tests.report.conftest import GROUP_BY, TRACES
 
 # The ensemble (option 4) on Triton at one thread: client span, InferRequest, the ensemble's
@@ -71,16 +71,11 @@ def _load(browser: WebDriver, html: Path, fragment: str = "") -> None:
     browser.get_log("browser")  # drop what earlier tests left
     browser.get_log("performance")
     browser.get(html.as_uri() + fragment)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        drawn = browser.execute_script(
-            "return document.querySelectorAll('.vega svg').length === "
-            "window.otelkitReport.data.charts.length"
-        )
-        if drawn:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the charts were not drawn within 30 s")
+    script = (
+        "return document.querySelectorAll('.vega svg').length === "
+        "window.otelkitReport.data.charts.length"
+    )
+    wait_until(lambda: browser.execute_script(script), 30, "every chart drawn", interval=0.2)
 
 
 def test_loads_without_console_messages_or_requests(

@@ -15,7 +15,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -25,11 +24,11 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 import otelkit
 from otelkit import semconv
-from otelkit.analysis import Span, SpanKind, StatusCode, build_traces, load_spans
+from otelkit.analysis import Span, SpanKind, StatusCode
 from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture, tree, wait_until
 from tests.core.test_propagation import INVALID_TRACEPARENTS
 from tests.core.test_telemetry import samples, scrape
-from tests.support import wait_for_trace
 
 SCOPE = "otelkit.server.fastapi"
 CONTRIB_SCOPE = "opentelemetry.instrumentation.fastapi"
@@ -105,10 +104,12 @@ def serving(app: FastAPI) -> Iterator[int]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical"))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
+
+    def started() -> bool:
+        assert thread.is_alive(), "uvicorn exited"
+        return bool(server.started)
+
+    wait_until(started, 10, "uvicorn started", interval=0.01)
     try:
         yield int(server.servers[0].sockets[0].getsockname()[1])
     finally:
@@ -134,40 +135,25 @@ def new_ids() -> tuple[str, str]:
     return uuid.uuid4().hex, uuid.uuid4().hex[:16]
 
 
-def server_spans(directory: Path, paths: set[str], timeout: float = 15.0) -> dict[str, Span]:
+def server_spans(spans: ReceiverCapture, paths: set[str]) -> dict[str, Span]:
     """otelkit's SERVER span of each request path, once all have arrived."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = {
-            s.attributes.get(semconv.URL_PATH): s
-            for s in load_spans(directory)
-            if s.scope == SCOPE and s.kind is SpanKind.SERVER
-        }
-        missing = paths - found.keys()
-        if not missing or time.monotonic() > deadline:
-            assert not missing, f"no SERVER span for {sorted(missing)}"
-            return {path: found[path] for path in paths}
-        time.sleep(0.05)
 
+    def server(span: Span) -> bool:
+        return (
+            span.scope == SCOPE
+            and span.kind is SpanKind.SERVER
+            and span.attributes.get(semconv.URL_PATH) in paths
+        )
 
-def tree(spans: list[Span]) -> list[tuple[int, str, str]]:
-    (trace,) = build_traces(spans).values()
-    return [(depth, span.name, span.kind.name) for depth, span in trace.walk()]
+    found = spans.wait_for_spans(server, len(paths), what=f"a SERVER span for each of {paths}")
+    return {str(s.attributes.get(semconv.URL_PATH)): s for s in found}
 
 
 @pytest.fixture(scope="module")
-def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
-    """This module's own receiver: each check reads back every span stored, and the session's
-    receiver holds tens of thousands by the time these tests run (seconds per read)."""
-    with Receiver(tmp_path_factory.mktemp("fastapi-receiver")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def telemetry(receiver: Receiver) -> Iterator[otelkit.Telemetry]:
+def telemetry(otelkit_receiver_server: Receiver) -> Iterator[otelkit.Telemetry]:
     yield otelkit.configure(
         service_name="fastapi-tests",
-        traces_endpoint=receiver.traces_url,
+        traces_endpoint=otelkit_receiver_server.traces_url,
         bsp_schedule_delay_ms=50,
         metrics_exporter="prometheus",
         prometheus_port=0,
@@ -196,7 +182,7 @@ def plain_port(telemetry: otelkit.Telemetry) -> Iterator[int]:
     "route", [INFER, INFER_SYNC, TENANT + INFER], ids=["async", "sync", "mounted-app"]
 )
 def test_traceparent_parents_the_server_span_and_stages_nest_under_it(
-    port: int, plain_port: int, receiver: Receiver, route: str
+    port: int, plain_port: int, otelkit_receiver: ReceiverCapture, route: str
 ) -> None:
     trace_id, parent_id = new_ids()
     path = route.replace("{model}", "gnn").replace("{tenant}", "acme")
@@ -207,9 +193,9 @@ def test_traceparent_parents_the_server_span_and_stages_nest_under_it(
         == request(plain_port, "POST", path)
         == (200, "application/json", b'{"model":"gnn","outputs":[1.0,2.0]}')
     )
-    wait_for_trace(receiver.out_dir, trace_id, 3)
-    otelkit.flush()  # any span beyond the three would be here by now
-    spans = [s for s in load_spans(receiver.out_dir) if s.trace_id == trace_id]
+    otelkit_receiver.wait_for_trace(trace_id, 3)
+    otelkit.flush()  # any span beyond the three ended before the SERVER span: here by now
+    spans = otelkit_receiver.trace(trace_id)
     assert tree(spans) == [
         (0, f"POST {route}", "SERVER"),
         (1, "preprocess", "INTERNAL"),
@@ -235,19 +221,21 @@ def test_traceparent_parents_the_server_span_and_stages_nest_under_it(
 
 
 def test_an_unsampled_caller_gets_no_spans_from_the_server_or_its_stages(
-    port: int, receiver: Receiver
+    port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
-    def stage_spans() -> int:
-        otelkit.flush()
-        return sum(s.name == "preprocess" for s in load_spans(receiver.out_dir))
-
     trace_id, parent_id = new_ids()
-    before = stage_spans()
     headers = [("traceparent", f"00-{trace_id}-{parent_id}-00")]
     assert request(port, "POST", "/v2/models/gnn/infer", headers).status == 200
-    time.sleep(0.2)  # the span would end just after the response
-    assert stage_spans() == before  # the stages followed the caller's decision, no new roots
-    assert [s for s in load_spans(receiver.out_dir) if s.trace_id == trace_id] == []
+    # The marker: a sampled request after it, whose three spans end after any of the first's
+    marker, parent_id = new_ids()
+    headers = [("traceparent", f"00-{marker}-{parent_id}-01")]
+    assert request(port, "POST", "/v2/models/gnn/infer", headers).status == 200
+    otelkit_receiver.assert_absent(
+        # the stages followed the caller's decision: no new roots either
+        lambda s: s.trace_id == trace_id or (s.name == "preprocess" and s.trace_id != marker),
+        after=marker,
+        count=3,
+    )
 
 
 @pytest.mark.parametrize("flags", ["00", "01"])
@@ -285,7 +273,7 @@ def invalid_trace_headers(trace_id: str, parent_id: str) -> dict[str, Headers]:
 
 
 def test_an_invalid_traceparent_starts_a_new_trace_and_changes_no_response(
-    port: int, plain_port: int, receiver: Receiver
+    port: int, plain_port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     trace_id, parent_id = new_ids()
     cases = invalid_trace_headers(trace_id, parent_id)
@@ -295,7 +283,7 @@ def test_an_invalid_traceparent_starts_a_new_trace_and_changes_no_response(
     assert request(port, "GET", "/probe/no-header") == expected
     responses = {case: request(port, "GET", paths[case], cases[case]) for case in cases}
     assert responses == dict.fromkeys(cases, expected)
-    spans = server_spans(receiver.out_dir, set(paths.values()))
+    spans = server_spans(otelkit_receiver, set(paths.values()))
     seen = {
         case: (spans[path].parent_span_id, spans[path].trace_id == trace_id, spans[path].name)
         for case, path in paths.items()
@@ -305,7 +293,7 @@ def test_an_invalid_traceparent_starts_a_new_trace_and_changes_no_response(
 
 
 def test_errors_keep_their_responses_and_only_5xx_fail_the_span(
-    port: int, plain_port: int, receiver: Receiver
+    port: int, plain_port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     token = uuid.uuid4().hex
     paths = {"fail": f"/fail/{token}", "missing": f"/missing/{token}", "none": f"/none/{token}"}
@@ -316,7 +304,7 @@ def test_errors_keep_their_responses_and_only_5xx_fail_the_span(
         "missing": (404, "application/json", b'{"detail":"no such model"}'),
         "none": (404, "application/json", b'{"detail":"Not Found"}'),
     }
-    spans = server_spans(receiver.out_dir, set(paths.values()))
+    spans = server_spans(otelkit_receiver, set(paths.values()))
     seen = {
         case: (
             spans[path].name,
@@ -380,20 +368,24 @@ def test_duration_histogram_counts_every_request_by_route_and_status(
         ("GET", "/missing/{token}", "404"): 1,
         ("GET", "", "404"): 1,  # no route matched
     }
-    # A request is observed once its response is sent, so the client may see it a little first.
-    deadline = time.monotonic() + 5
-    while True:
+    grown: dict[tuple[str, str, str], float] = {}
+
+    def counted_as_sent() -> bool:
         after = duration_counts(telemetry)
-        grown = {key: after[key] - before.get(key, 0) for key in after}
-        grown = {key: count for key, count in grown.items() if count}
-        if grown == expected or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    assert grown == expected
+        grown.clear()
+        grown.update(
+            (key, after[key] - before.get(key, 0))
+            for key in after
+            if after[key] != before.get(key, 0)
+        )
+        return grown == expected
+
+    # A request is observed once its response is sent, so the client may see it a little first.
+    wait_until(counted_as_sent, 5, "a duration per request sent", explain=lambda: grown)
 
 
 def test_instrument_after_start_once_and_uninstrument_undo_it(
-    telemetry: otelkit.Telemetry, receiver: Receiver
+    telemetry: otelkit.Telemetry, otelkit_receiver: ReceiverCapture
 ) -> None:
     app = make_app(native_telemetry=False)
     tokens = {name: f"/probe/{uuid.uuid4().hex}" for name in ("before", "during", "after")}
@@ -405,11 +397,11 @@ def test_instrument_after_start_once_and_uninstrument_undo_it(
         assert otelkit.uninstrument(app) is app
         assert otelkit.uninstrument(app) is app
         request(bound, "GET", tokens["after"])
-    server_spans(receiver.out_dir, {tokens["during"]})
+    server_spans(otelkit_receiver, {tokens["during"]})
     otelkit.flush()
     paths = [
         s.attributes.get(semconv.URL_PATH)
-        for s in load_spans(receiver.out_dir)
+        for s in otelkit_receiver.spans()
         if s.scope == SCOPE and s.attributes.get(semconv.URL_PATH) in tokens.values()
     ]
     assert paths == [tokens["during"]]
@@ -421,19 +413,21 @@ def contrib_requests(telemetry: otelkit.Telemetry) -> float:
     return sum(samples(scrape(telemetry.prometheus_url), CONTRIB_COUNT).values())
 
 
-def trace_of(receiver: Receiver, port: int, method: str, path: str) -> tuple[Response, list[Span]]:
+def trace_of(
+    otelkit_receiver: ReceiverCapture, port: int, method: str, path: str
+) -> tuple[Response, list[Span]]:
     """One request with a sampled ``traceparent``; its response and its trace's spans (all,
     once the trace's spans have stopped arriving: each middleware ends its own)."""
     trace_id, parent_id = new_ids()
     response = request(port, method, path, [("traceparent", f"00-{trace_id}-{parent_id}-01")])
-    wait_for_trace(receiver.out_dir, trace_id, 1)
+    otelkit_receiver.wait_for_trace(trace_id, 1)
     otelkit.flush()
-    return response, [s for s in load_spans(receiver.out_dir) if s.trace_id == trace_id]
+    return response, otelkit_receiver.trace(trace_id)
 
 
 @pytest.mark.parametrize("started", [False, True], ids=["before-start", "after-start"])
 def test_opentelemetrys_asgi_middleware_stands_aside_while_otelkit_traces_the_app(
-    telemetry: otelkit.Telemetry, receiver: Receiver, plain_port: int, started: bool
+    telemetry: otelkit.Telemetry, otelkit_receiver: ReceiverCapture, plain_port: int, started: bool
 ) -> None:
     """``opentelemetry-instrument`` makes every FastAPI app OpenTelemetry's instrumented one
     (``opentelemetry-instrumentation-fastapi``, which ``opentelemetry-bootstrap`` installs
@@ -447,11 +441,11 @@ def test_opentelemetrys_asgi_middleware_stands_aside_while_otelkit_traces_the_ap
             otelkit.instrument(app)
         with serving(app) as bound:
             if started:  # contrib traces alone first (and the stack is built)
-                _, spans = trace_of(receiver, bound, *infer)
+                _, spans = trace_of(otelkit_receiver, bound, *infer)
                 assert {(s.scope, s.kind) for s in spans} >= {(CONTRIB_SCOPE, SpanKind.SERVER)}
                 otelkit.instrument(app)
             counted = contrib_requests(telemetry)
-            response, spans = trace_of(receiver, bound, *infer)
+            response, spans = trace_of(otelkit_receiver, bound, *infer)
             assert response == request(plain_port, *infer)
             assert tree(spans) == [
                 (0, f"POST {INFER}", "SERVER"),
@@ -459,17 +453,16 @@ def test_opentelemetrys_asgi_middleware_stands_aside_while_otelkit_traces_the_ap
                 (2, "embed", "INTERNAL"),
             ]
             assert [s.scope for s in spans if s.kind is SpanKind.SERVER] == [SCOPE]
-            failed, spans = trace_of(receiver, bound, "GET", "/fail/x")
+            failed, spans = trace_of(otelkit_receiver, bound, "GET", "/fail/x")
             assert failed == request(plain_port, "GET", "/fail/x")
             assert [(s.scope, s.status_code) for s in spans] == [(SCOPE, StatusCode.ERROR)]
             assert contrib_requests(telemetry) == counted
             otelkit.uninstrument(app)
-            _, spans = trace_of(receiver, bound, *infer)
+            _, spans = trace_of(otelkit_receiver, bound, *infer)
             assert SCOPE not in {s.scope for s in spans}
             assert {(s.scope, s.kind) for s in spans} >= {(CONTRIB_SCOPE, SpanKind.SERVER)}
-            deadline = time.monotonic() + 5  # it counts once the response is sent
-            while contrib_requests(telemetry) == counted and time.monotonic() < deadline:
-                time.sleep(0.02)
+            # it counts once the response is sent
+            wait_until(lambda: contrib_requests(telemetry) != counted, 5, "contrib's count")
             assert contrib_requests(telemetry) == counted + 1
     finally:
         FastAPIInstrumentor.uninstrument_app(app)  # also its patch of every BackgroundTask

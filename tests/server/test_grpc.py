@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -32,13 +30,13 @@ import otelkit
 from otelkit import _errors as errors
 from otelkit import semconv
 from otelkit._core.guard import INTERNAL_ERRORS
-from otelkit.analysis import Span, SpanKind, StatusCode, build_traces, load_spans
+from otelkit.analysis import Span, SpanKind, StatusCode, build_traces
 from otelkit.receiver import Receiver
 from otelkit.server import grpc as server_grpc
+from otelkit.testing import ReceiverCapture, wait_until
 from otelkit.tritonserver import free_port
 from tests.core.test_propagation import INVALID_TRACEPARENTS
 from tests.core.test_telemetry import scrape
-from tests.support import wait_for_trace
 
 SCOPE = "otelkit.server.grpc"
 INFER = semconv.RPC_METHOD_GRPC_INFER
@@ -68,17 +66,10 @@ class BrokenServicer(KServeServicer):
 
 
 @pytest.fixture(scope="module")
-def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
-    """This module's own receiver: reads stay fast whatever the session stored."""
-    with Receiver(tmp_path_factory.mktemp("grpc-receiver")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def telemetry(receiver: Receiver) -> Iterator[otelkit.Telemetry]:
+def telemetry(otelkit_receiver_server: Receiver) -> Iterator[otelkit.Telemetry]:
     yield otelkit.configure(
         service_name="grpc-tests",
-        traces_endpoint=receiver.traces_url,
+        traces_endpoint=otelkit_receiver_server.traces_url,
         bsp_schedule_delay_ms=50,
         metrics_exporter="prometheus",
         prometheus_port=0,
@@ -124,21 +115,6 @@ def answer(port: int, model: str = "double", headers: dict[str, str] | None = No
         client.close()
 
 
-def server_spans(directory: Path, methods: set[str], count: int) -> list[Span]:
-    """otelkit's SERVER spans of these RPC methods, once ``count`` of them have arrived."""
-    deadline = time.monotonic() + 15
-    while True:
-        found = [
-            s
-            for s in load_spans(directory)
-            if s.scope == SCOPE and s.attributes.get(semconv.RPC_METHOD) in methods
-        ]
-        if len(found) >= count or time.monotonic() > deadline:
-            assert len(found) >= count, f"{len(found)} of {count} server spans"
-            return found
-        time.sleep(0.05)
-
-
 def traced_call(port: int, model: str = "double") -> tuple[str, Any]:
     """One call of otelkit's instrumented client under a root span: its trace id, its answer."""
     client = otelkit.instrument(grpcclient.InferenceServerClient(f"127.0.0.1:{port}"))
@@ -154,11 +130,11 @@ def traced_call(port: int, model: str = "double") -> tuple[str, Any]:
 
 
 def test_a_call_traces_client_server_and_stages_in_one_tree(
-    port: int, plain_port: int, receiver: Receiver
+    port: int, plain_port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     trace_id, result = traced_call(port)
     assert result == answer(plain_port) == [[0, 2, 4], [6, 8, 10]]
-    spans = wait_for_trace(receiver.out_dir, trace_id, 5)
+    spans = otelkit_receiver.wait_for_trace(trace_id, 5)
     (tree,) = build_traces(spans).values()
     walked = [span for _, span in tree.walk()]
     assert [(depth, s.name, s.kind.name) for depth, s in tree.walk()] == [
@@ -190,7 +166,7 @@ def grpc_safe(value: str) -> bool:
 
 
 def test_a_malformed_traceparent_starts_a_fresh_trace_and_the_answer_is_the_same(
-    port: int, plain_port: int, receiver: Receiver
+    port: int, plain_port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     trace_id, parent_id = uuid.uuid4().hex, uuid.uuid4().hex[:16]
     cases = {}
@@ -203,24 +179,17 @@ def test_a_malformed_traceparent_starts_a_fresh_trace_and_the_answer_is_the_same
     assert len(cases) >= 25  # the cases grpcio can carry
     expected = answer(plain_port)
 
-    def roots() -> list[Span]:
-        otelkit.flush()
-        return [
-            s
-            for s in load_spans(receiver.out_dir)
-            if s.scope == SCOPE
-            and s.attributes[semconv.RPC_METHOD] == INFER
-            and s.parent_span_id is None
-        ]
+    def infer_root(span: Span) -> bool:
+        return (
+            span.scope == SCOPE
+            and span.attributes[semconv.RPC_METHOD] == INFER
+            and span.parent_span_id is None
+        )
 
-    before = {s.span_id for s in roots()}
     for case, value in cases.items():
         headers = {"traceparent": value, "tracestate": "rojo=1"}
         assert answer(port, headers=headers) == expected, case
-    deadline = time.monotonic() + 10
-    while len(new := [s for s in roots() if s.span_id not in before]) < len(cases):
-        assert time.monotonic() < deadline, f"{len(new)} of {len(cases)} server spans"
-        time.sleep(0.05)
+    new = otelkit_receiver.wait_for_spans(infer_root, len(cases), timeout=10)
     assert len(new) == len(cases)  # a SERVER span each, each the root of a trace of its own
     assert len({s.trace_id for s in new}) == len(cases)
     assert trace_id not in {s.trace_id for s in new}
@@ -238,29 +207,29 @@ def test_the_duration_histogram_has_an_exemplar_with_the_trace_id(
 ) -> None:
     trace_id, _ = traced_call(port)
     labels = {semconv.M_RPC_METHOD: INFER, semconv.M_RPC_STATUS: "OK"}
-    deadline = time.monotonic() + 5
-    while True:  # the server observes the call once its answer is sent
-        samples = duration_samples(telemetry)
-        exemplars = [
+    samples: list[Any] = []
+
+    def exemplars() -> list[str]:
+        samples[:] = duration_samples(telemetry)
+        return [
             s.exemplar.labels["trace_id"]
             for s in samples
             if s.name == f"{DURATION}_bucket" and s.labels.items() >= labels.items() and s.exemplar
         ]
-        if trace_id in exemplars or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert trace_id in exemplars
+
+    # the server observes the call once its answer is sent
+    wait_until(lambda: trace_id in exemplars(), 5, f"an exemplar of trace {trace_id}")
     counts = [s.value for s in samples if s.name == f"{DURATION}_count" and s.labels == labels]
     assert counts and counts[0] >= 1
 
 
 def test_a_failing_model_is_an_error_span_and_a_status_the_client_sees(
-    port: int, plain_port: int, receiver: Receiver
+    port: int, plain_port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     trace_id, result = traced_call(port, "fail")
     assert result == answer(plain_port, "fail")
     assert result == ("StatusCode.INTERNAL", "model 'fail' failed: ValueError('kaboom')")
-    spans = wait_for_trace(receiver.out_dir, trace_id, 4)
+    spans = otelkit_receiver.wait_for_trace(trace_id, 4)
     (server,) = [s for s in spans if s.kind is SpanKind.SERVER]
     (stage,) = [s for s in spans if s.name == "scale"]
     assert (server.status_code, server.status_message) == (StatusCode.ERROR, result[1])
@@ -274,7 +243,7 @@ def test_a_failing_model_is_an_error_span_and_a_status_the_client_sees(
     missing_id, missing = traced_call(port, "nope")
     assert missing == answer(plain_port, "nope")
     assert missing[0] == "StatusCode.NOT_FOUND"
-    (server,) = [s for s in wait_for_trace(receiver.out_dir, missing_id, 3) if s.scope == SCOPE]
+    (server,) = [s for s in otelkit_receiver.wait_for_trace(missing_id, 3) if s.scope == SCOPE]
     assert (server.status_code, server.attributes[semconv.RPC_RESPONSE_STATUS_CODE]) == (
         StatusCode.UNSET,
         "NOT_FOUND",
@@ -284,14 +253,14 @@ def test_a_failing_model_is_an_error_span_and_a_status_the_client_sees(
 
 
 def test_a_handler_that_raises_is_unknown_with_its_exception_on_the_span(
-    port: int, receiver: Receiver
+    port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     trace_id, parent_id = uuid.uuid4().hex, uuid.uuid4().hex[:16]
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
     with pytest.raises(InferenceServerException, match="UNKNOWN"):
         client.get_server_metadata(headers={"traceparent": f"00-{trace_id}-{parent_id}-01"})
     client.close()
-    (server,) = wait_for_trace(receiver.out_dir, trace_id, 1)
+    (server,) = otelkit_receiver.wait_for_trace(trace_id, 1)
     assert (server.name, server.parent_span_id, server.status_code) == (
         "inference.GRPCInferenceService/ServerMetadata",
         parent_id,
@@ -336,7 +305,7 @@ class AsyncServicer(pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc
 
 
 def test_the_asyncio_server_is_traced_alike(
-    telemetry: otelkit.Telemetry, receiver: Receiver
+    telemetry: otelkit.Telemetry, otelkit_receiver: ReceiverCapture
 ) -> None:
     ids = {name: (uuid.uuid4().hex, uuid.uuid4().hex[:16]) for name in ("infer", "abort", "raise")}
 
@@ -372,9 +341,9 @@ def test_the_asyncio_server_is_traced_alike(
         "StatusCode.UNAVAILABLE",
         "StatusCode.UNKNOWN",
     ]
-    infer = wait_for_trace(receiver.out_dir, ids["infer"][0], 4)
-    (abort,) = wait_for_trace(receiver.out_dir, ids["abort"][0], 1)
-    (raised,) = wait_for_trace(receiver.out_dir, ids["raise"][0], 1)
+    infer = otelkit_receiver.wait_for_trace(ids["infer"][0], 4)
+    (abort,) = otelkit_receiver.wait_for_trace(ids["abort"][0], 1)
+    (raised,) = otelkit_receiver.wait_for_trace(ids["raise"][0], 1)
     (tree,) = build_traces(infer).values()
     assert [(d, s.name, s.kind.name) for d, s in tree.walk()] == [
         (0, INFER, "SERVER"),
@@ -399,7 +368,7 @@ def test_the_asyncio_server_is_traced_alike(
 
 
 def test_a_stream_is_one_span_with_the_stages_of_each_request_under_it(
-    port: int, receiver: Receiver
+    port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     trace_id, parent_id = uuid.uuid4().hex, uuid.uuid4().hex[:16]
     answers: list[Any] = []
@@ -414,7 +383,7 @@ def test_a_stream_is_one_span_with_the_stages_of_each_request_under_it(
     client.close()
     assert answers[0] == answers[2] == [[0, 2, 4], [6, 8, 10]]
     assert isinstance(answers[1], InferenceServerException)
-    spans = wait_for_trace(receiver.out_dir, trace_id, 6)
+    spans = otelkit_receiver.wait_for_trace(trace_id, 6)
     (tree,) = build_traces(spans).values()
     assert [(d, s.name) for d, s in tree.walk()] == [
         (0, semconv.RPC_METHOD_GRPC_STREAM_INFER),

@@ -1,6 +1,6 @@
 """Ray Serve traced by otelkit, on a real local Ray: an HTTP ingress composed with a child and a
 batched deployment through handles (``tests/server/ray_apps.py``), each replica exporting to
-this module's receiver."""
+the session's receiver (read through ``otelkit_receiver``)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from opentelemetry import trace
 
 import otelkit
 from otelkit import semconv
-from otelkit.analysis import Span, build_traces, load_spans
+from otelkit.analysis import Span
 from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture, tree, wait_until
 from otelkit.tritonserver import free_port
-from tests.support import LocalRay, wait_for_trace
+from tests.support import LocalRay
 
 serve = pytest.importorskip("ray.serve")
 
@@ -30,25 +30,19 @@ KSERVE_APP = "kserve"  # the KServe v2 ingress's application, on route "/"
 
 
 @pytest.fixture(scope="module")
-def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
-    with Receiver(tmp_path_factory.mktemp("ray-receiver")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def port(ray_local: LocalRay, receiver: Receiver) -> Iterator[int]:
+def port(ray_local: LocalRay, otelkit_receiver_server: Receiver) -> Iterator[int]:
     """Serve's HTTP proxy on a free port, the three deployments instrumented behind it."""
     from otelkit.server.ray_serve import instrument_deployment
     from tests.server.ray_apps import Batched, Child, Ingress, KServeIngress
 
     otelkit.configure(
         service_name="ray-tests-client",
-        traces_endpoint=receiver.traces_url,
+        traces_endpoint=otelkit_receiver_server.traces_url,
         bsp_schedule_delay_ms=50,
     )
     bound = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": bound})
-    env = ray_local.replica_env(receiver.traces_url, OTEL_SERVICE_NAME="ray-tests")
+    env = ray_local.replica_env(otelkit_receiver_server.traces_url, OTEL_SERVICE_NAME="ray-tests")
     child, batched = (instrument_deployment(d, env).bind() for d in (Child, Batched))
     serve.run(instrument_deployment(Ingress, env).bind(child, batched), route_prefix=PREFIX)
     kserve_child = instrument_deployment(Child, env).bind()
@@ -86,11 +80,6 @@ def traced_post(port: int, path: str, body: object) -> tuple[str, int, bytes]:
     return trace_id, status, content
 
 
-def tree(spans: list[Span]) -> list[tuple[int, str, str]]:
-    (one,) = build_traces(spans).values()
-    return [(depth, span.name, span.kind.name) for depth, span in one.walk()]
-
-
 def assert_nested(spans: list[Span]) -> None:
     """Every span lies within its parent's time (clocks of one host)."""
     by_id = {span.span_id: span for span in spans}
@@ -100,10 +89,12 @@ def assert_nested(spans: list[Span]) -> None:
             assert parent.start_ns <= span.start_ns <= span.end_ns <= parent.end_ns, span.name
 
 
-def test_a_request_through_composed_deployments_is_one_trace(port: int, receiver: Receiver) -> None:
+def test_a_request_through_composed_deployments_is_one_trace(
+    port: int, otelkit_receiver: ReceiverCapture
+) -> None:
     trace_id, status, content = traced_post(port, "double", [1.0, 2.0])
     assert (status, json.loads(content)) == (200, {"y": [2.0, 4.0]})
-    spans = wait_for_trace(receiver.out_dir, trace_id, 5)
+    spans = otelkit_receiver.wait_for_trace(trace_id, 5)
     assert tree(spans) == [
         (0, "client", "CLIENT"),
         (1, f"POST {PREFIX}", "SERVER"),
@@ -125,11 +116,11 @@ def test_a_request_through_composed_deployments_is_one_trace(port: int, receiver
 
 
 def test_a_batched_call_is_linked_to_every_request_of_its_batch(
-    port: int, receiver: Receiver
+    port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     trace_id, status, content = traced_post(port, "batch", [1.0, 2.0, 3.0, 4.0])
     assert (status, json.loads(content)) == (200, {"y": [3.0, 6.0, 9.0, 12.0]})
-    spans = wait_for_trace(receiver.out_dir, trace_id, 2 + 4 * 2 + 2)
+    spans = otelkit_receiver.wait_for_trace(trace_id, 2 + 4 * 2 + 2)
     calls = {s.span_id for s in spans if s.name == "Batched.__call__"}
     (batch,) = [s for s in spans if s.name.startswith(semconv.RAY_SERVE_BATCH_SPAN)]
     assert len(calls) == 4
@@ -140,28 +131,23 @@ def test_a_batched_call_is_linked_to_every_request_of_its_batch(
 
 
 def test_a_malformed_traceparent_starts_a_new_trace_and_the_request_is_served(
-    port: int, receiver: Receiver
+    port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     marker = f"malformed-{uuid.uuid4().hex}"
     bad = {"traceparent": "00-not-a-trace-id-01"}
     assert post(port, f"{marker}/double", [5.0], bad) == post(port, "double", [5.0], {})
-    deadline = time.monotonic() + 15
-    while not (found := _with_path(receiver.out_dir, f"{PREFIX}/{marker}/double")):
-        assert time.monotonic() < deadline, "no span of the malformed request"
-        time.sleep(0.1)
-    (server,) = found
+    path = f"{PREFIX}/{marker}/double"
+    (server,) = otelkit_receiver.wait_for_spans(
+        lambda s: s.attributes.get(semconv.URL_PATH) == path, what="a span of the malformed request"
+    )
     assert server.parent_span_id is None
-    spans = wait_for_trace(receiver.out_dir, server.trace_id, 4)
+    spans = otelkit_receiver.wait_for_trace(server.trace_id, 4)
     assert [name for _, name, _ in tree(spans)] == [
         f"POST {PREFIX}",
         semconv.RAY_SERVE_QUEUE_SPAN,
         "Child.run",
         "double",
     ]
-
-
-def _with_path(directory: Path, path: str) -> list[Span]:
-    return [s for s in load_spans(directory) if s.attributes.get(semconv.URL_PATH) == path]
 
 
 def kserve_infer(port: int, model: str, x: list[float]) -> tuple[str, float, Exception | None]:
@@ -197,13 +183,13 @@ def _ingress(spans: list[Span]) -> list[Span]:
     return [s for s in spans if s.kind.name == "SERVER" and s.name.startswith("POST")]
 
 
-def assert_failed_at_both_ends(directory: Path, trace_id: str, model: str) -> list[Span]:
+def assert_failed_at_both_ends(captured: ReceiverCapture, trace_id: str, model: str) -> list[Span]:
     """The trace's CLIENT span and the ingress's SERVER span (its child) are both errors;
     the trace's spans, once both arrived (the replicas' export in their own time)."""
-    deadline = time.monotonic() + 15
-    while not _ingress(spans := wait_for_trace(directory, trace_id, 2)):
-        assert time.monotonic() < deadline, f"no ingress span in {[s.name for s in spans]}"
-        time.sleep(0.1)
+    captured.wait_for_spans(
+        lambda s: s.trace_id == trace_id and bool(_ingress([s])), what=f"{trace_id}'s ingress"
+    )
+    spans = captured.wait_for_trace(trace_id, 2)
     (client,) = [s for s in spans if s.kind.name == "CLIENT"]
     (ingress,) = _ingress(spans)
     assert (client.name, client.status_code.name) == (f"v2/models/infer {model}", "ERROR")
@@ -216,13 +202,13 @@ def assert_failed_at_both_ends(directory: Path, trace_id: str, model: str) -> li
 
 
 def test_a_replica_that_raises_gives_error_spans_and_500_and_keeps_serving(
-    port: int, receiver: Receiver
+    port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     trace_id, _, error = kserve_infer(port, "fail", [1.0])
     assert "refused [1.0]" in str(error)
     assert_http_500(error)
-    wait_for_trace(receiver.out_dir, trace_id, 5)
-    spans = assert_failed_at_both_ends(receiver.out_dir, trace_id, "fail")
+    otelkit_receiver.wait_for_trace(trace_id, 5)
+    spans = assert_failed_at_both_ends(otelkit_receiver, trace_id, "fail")
     failed = {s.name for s in spans if s.status_code.name == "ERROR"}
     assert failed == {"v2/models/infer fail", "POST /v2/models/{model_name}/infer", "Child.fail"}
     (child,) = [s for s in spans if s.name == "Child.fail"]
@@ -231,7 +217,7 @@ def test_a_replica_that_raises_gives_error_spans_and_500_and_keeps_serving(
 
 
 def test_a_replica_killed_under_load_leaves_error_spans_at_both_ends_and_nothing_hangs(
-    port: int, receiver: Receiver
+    port: int, otelkit_receiver: ReceiverCapture
 ) -> None:
     import ray
 
@@ -257,11 +243,13 @@ def test_a_replica_killed_under_load_leaves_error_spans_at_both_ends_and_nothing
     for _, _, error in results:
         assert_http_500(error)
     for trace_id, _, _ in results:  # the child's SERVER spans died with it
-        assert_failed_at_both_ends(receiver.out_dir, trace_id, "slow")
-    deadline = time.monotonic() + 60  # Serve replaces the replica; requests succeed again
-    while (error := kserve_infer(port, "slow", [0.0])[2]) is not None:
-        assert time.monotonic() < deadline, f"the deployment did not recover: {error}"
-        time.sleep(0.5)
+        assert_failed_at_both_ends(otelkit_receiver, trace_id, "slow")
+    wait_until(  # Serve replaces the replica; requests succeed again
+        lambda: kserve_infer(port, "slow", [0.0])[2] is None,
+        60,
+        "a request served by the replaced replica",
+        interval=0.5,
+    )
 
 
 def test_instrument_returns_a_traced_deployment_once_and_uninstrument_the_original() -> None:

@@ -22,6 +22,7 @@ import otelkit
 from otelkit import semconv
 from otelkit.analysis import Span, build_traces, load_spans
 from otelkit.receiver import Receiver
+from otelkit.testing import ReceiverCapture, tree, wait_until
 from otelkit.tritonserver import TritonServer
 from tests.client.test_client import telemetry, traced
 from tests.core.test_telemetry import scrape
@@ -41,12 +42,6 @@ def local(tmp_path: Path) -> Iterator[Path]:
     )
     yield tmp_path
     otelkit.shutdown()
-
-
-def tree(directory: Path) -> list[list[tuple[int, str]]]:
-    otelkit.flush()
-    traces = build_traces(load_spans(directory))
-    return sorted([(d, s.name) for d, s in t.walk()] for t in traces.values())
 
 
 def test_decorator_and_context_manager_nest(local: Path) -> None:
@@ -72,13 +67,17 @@ def test_decorator_and_context_manager_nest(local: Path) -> None:
     assert outer(3) == 6
     assert asyncio.run(coroutine()) == 7
     assert list(generator()) == [0, 1, 2]
-    assert tree(local) == sorted(
-        [
-            [(0, "outer"), (1, "inner")],
-            [(0, "coroutine"), (1, "awaited")],
-            [(0, "generator"), (1, "item"), (1, "item"), (1, "item")],
-        ]
-    )
+    otelkit.flush()
+    assert [(depth, name) for depth, name, _ in tree(load_spans(local))] == [
+        (0, "outer"),
+        (1, "inner"),
+        (0, "coroutine"),
+        (1, "awaited"),
+        (0, "generator"),
+        (1, "item"),
+        (1, "item"),
+        (1, "item"),
+    ]
     spans = {s.name: s for s in load_spans(local)}
     assert spans["outer"].kind.name == "INTERNAL"
     assert spans["outer"].attributes["detector"] == "pixel"
@@ -95,7 +94,12 @@ def test_generator_context_is_current_only_inside_the_generator(local: Path) -> 
     for _ in producer():
         with otelkit.stage("consumer"):  # the consumer's work is not inside the producer
             pass
-    assert tree(local) == [[(0, "consumer")], [(0, "consumer")], [(0, "producer")]]
+    otelkit.flush()  # three traces: the producer's started first
+    assert tree(load_spans(local)) == [
+        (0, "producer", "INTERNAL"),
+        (0, "consumer", "INTERNAL"),
+        (0, "consumer", "INTERNAL"),
+    ]
 
 
 def test_an_exception_is_recorded_and_reraised_unchanged(local: Path) -> None:
@@ -162,7 +166,7 @@ def stage_spans(spans: list[Span], trace_id: str) -> dict[str, list[Span]]:
 
 @pytest.mark.triton
 def test_stages_in_a_python_backend_model_hang_under_tritons_model_span(
-    triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
+    triton: TritonServer, otelkit_receiver_server: Receiver, telemetry: otelkit.Telemetry
 ) -> None:
     data = np.arange(8, dtype=np.float32).reshape(2, 4)
     with otelkit.instrument(httpclient.InferenceServerClient(triton.http_url)) as client:
@@ -175,7 +179,7 @@ def test_stages_in_a_python_backend_model_hang_under_tritons_model_span(
             return trace_id
 
         # job, CLIENT, InferRequest, model, compute and the three stages
-        trace_id, spans = joined_trace(call, receiver.out_dir, count=8)
+        trace_id, spans = joined_trace(call, otelkit_receiver_server.out_dir, count=8)
     walk = [(d, s.name) for d, s in build_traces(spans)[trace_id].walk()]
     assert walk[:4] == [
         (0, "job"),
@@ -194,7 +198,10 @@ def test_stages_in_a_python_backend_model_hang_under_tritons_model_span(
 
 @pytest.mark.triton
 def test_a_batch_wide_stage_is_one_span_linked_to_every_request(
-    triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry, model_metrics_port: int
+    triton: TritonServer,
+    otelkit_receiver: ReceiverCapture,
+    telemetry: otelkit.Telemetry,
+    model_metrics_port: int,
 ) -> None:
     """Concurrent requests batched by Triton: one ``gather`` span per execution, linked to the
     model span of every request of its batch; ``scale`` and ``pack`` once per request."""
@@ -217,7 +224,15 @@ def test_a_batch_wide_stage_is_one_span_linked_to_every_request(
     with ThreadPoolExecutor(requests) as pool:
         trace_ids = list(pool.map(one, range(requests)))
     otelkit.flush()
-    deadline_spans = wait_for_stage_spans(receiver.out_dir, trace_ids)
+    wanted = set(trace_ids)
+
+    def every_requests_stages() -> list[Span] | None:
+        spans = [s for s in otelkit_receiver.spans() if s.trace_id in wanted]
+        names = ("pack", "staged_fp32")
+        arrived = all({s.trace_id for s in spans if s.name == name} == wanted for name in names)
+        return spans if arrived else None
+
+    deadline_spans = wait_until(every_requests_stages, 15, "each request's pack and model span")
     model_spans = {(s.trace_id, s.span_id): s for s in deadline_spans if s.name == "staged_fp32"}
     gathers = [s for s in deadline_spans if s.name == "gather"]
     linked = [(link.trace_id, link.span_id) for g in gathers for link in g.links]
@@ -230,19 +245,6 @@ def test_a_batch_wide_stage_is_one_span_linked_to_every_request(
     assert after["scale"] - before.get("scale", 0) == requests
     assert after["pack"] - before.get("pack", 0) == requests
     assert after["gather"] - before.get("gather", 0) == len(gathers)
-
-
-def wait_for_stage_spans(directory: Path, trace_ids: list[str]) -> list[Span]:
-    wanted = set(trace_ids)
-    deadline = time.monotonic() + 15
-    while True:
-        spans = [s for s in load_spans(directory) if s.trace_id in wanted]
-        packs = {s.trace_id for s in spans if s.name == "pack"}
-        models = {s.trace_id for s in spans if s.name == "staged_fp32"}
-        if (packs == wanted and models == wanted) or time.monotonic() > deadline:
-            assert packs == wanted and models == wanted
-            return spans
-        time.sleep(0.1)
 
 
 def model_stage_counts(url: str) -> dict[str, float]:

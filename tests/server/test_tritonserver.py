@@ -8,6 +8,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -162,6 +163,18 @@ def test_traceparent_joins_triton_spans_to_the_callers_trace(
     assert {span["resource"].get("service.name") for span in spans} == {SERVICE_NAME}
 
 
+def test_it_says_whether_it_traces_and_the_version_it_reported(server: TritonServer) -> None:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2", timeout=5) as answer:
+        metadata = json.load(answer)
+    assert (server.traced, server.version) == (True, metadata["version"])
+    url = "http://127.0.0.1:9/v1/traces"
+    assert not TritonServer(MODELS).traced
+    assert not TritonServer(MODELS, trace_url=url, trace_level="OFF").traced
+    # at rate 0 Triton still traces each request that carries a context
+    assert TritonServer(MODELS, trace_url=url, trace_rate=0).traced
+    assert TritonServer(MODELS, trace_url=url).version is None  # nothing reported before a start
+
+
 def test_port_already_in_use_is_named(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -269,12 +282,14 @@ def test_a_server_that_dies_by_itself_says_how(tmp_path: Path) -> None:
 
     with server:
         assert server.failure() is None
+        version = server.version
         os.kill(server.pid or 0, signal.SIGSEGV)  # what tritonserver 2.51's tracing bug does
         failure = failed()
         assert "after logging 'Signal (11) received.'" in failure, failure
         assert f"(log: {tmp_path / 'triton.log'})" in failure
         server.stop(timeout=5)
         assert server.failure() is None  # stopped on purpose: no failure
+        assert version is not None and server.version == version  # which build crashed
 
         server.start()  # a new log: the crash above is not reported again
         assert server.failure() is None

@@ -7,8 +7,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from otelkit.study import Load, Point, Remote, Study, StudyResults, Tracing, Tri
 from otelkit.study._counters import ModelFigures
 from otelkit.study._point import LatencyHistogram
 from otelkit.study._traces import ComponentStat, PointTraces
+from otelkit.testing import answers, wait_until
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS, ROOT, TESTS
 
@@ -113,15 +112,8 @@ def kserve_app(module: str, log: Path, env: Mapping[str, str] | None = None) -> 
             env=environ,
         )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
-                    break
-            except OSError:
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, f"{module} did not start: {log}"
-                time.sleep(0.1)
+        ready = answers(f"http://127.0.0.1:{port}/v2/health/ready", proc)
+        wait_until(ready, 60, f"{module} started", interval=0.1, explain=log.read_text)
         yield f"127.0.0.1:{port}"
     finally:
         proc.terminate()

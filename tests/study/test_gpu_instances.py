@@ -8,8 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import pytest
 
 from otelkit.study import Load, Study, read_results
+from otelkit.testing import answers, wait_until
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import ROOT, TESTS
 from tests.study.conftest import remote
@@ -59,14 +58,7 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, di
     )
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=1):
-                    break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "no exporter"
-                time.sleep(0.2)
+        wait_until(answers(url, proc), 60, "the GPU exporter", interval=0.2)
         yield url, recording
     finally:
         proc.terminate()

@@ -1,7 +1,9 @@
 """The truth table of ``otelkit study``'s verdicts: deployments on a real Triton whose limit is
 known by construction (tests/study/truth/behaviour.py), each swept from light load to past its
-limit. Each asserts the verdict's kind and the resource it names, and that the plateau the
-bottleneck law predicts from the lowest point (m / D_low) is within 15 % of the one measured.
+limit. Each asserts the verdict's kind and the resource it names, that the plateau the
+bottleneck law predicts from the lowest point (m / D_low) is within 15 % of the one measured,
+and both plateaus against the limit the deployment has by construction, read from its models'
+configurations (tests/study/truth/capacity.py), within bounds that say where they come from.
 
 One tritonserver serves every model of tests/study/truth/models for the whole module; its
 traces and the models' stage spans go to a fixed port that each study's receiver takes in turn.
@@ -25,6 +27,15 @@ from otelkit.study._verdicts import Verdict, verdicts
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import TESTS
 from tests.study.conftest import kserve_app
+from tests.study.truth.capacity import (
+    TICKS,
+    Capacity,
+    host_cores,
+    model,
+    python_process,
+    replicas,
+    triton,
+)
 from tests.study.truth.work import spin
 from tests.support import LocalRay
 
@@ -100,6 +111,72 @@ def assert_predicted(verdict: Verdict, results: StudyResults) -> None:
     assert verdict.predicted_per_s == pytest.approx(measured, rel=WITHIN), verdict.sentence
 
 
+def assert_constructed(
+    capacity: Capacity, results: StudyResults, verdict: Verdict | None = None
+) -> None:
+    """The plateau measured, and the one ``verdict`` predicted, against the limit the deployment
+    has by construction (tests/study/truth/capacity.py), so that an error moving both alike
+    fails.
+
+    The sweep must first reach past the limit: a closed loop of c requests in flight, each taking
+    at least ``capacity.request_s``, can carry c / request_s (Little's law), and an open loop its
+    rate; at twice the limit the resource at the limit is kept busy, so the plateau is its own
+    and not the load's.
+
+    Above, a measured plateau counts the requests that complete within its window of T
+    seconds: those begun there were wholly served there, at most the limit times T of them, so
+    it exceeds the limit only by the requests begun before, over T. The predicted may exceed
+    it by /proc's ticks (``TICKS``). Below, each case's floor says where it comes from
+    (``capacity.least_why``)."""
+    loads = [p.params for p in results.points]
+    if "rate" in loads[0]:
+        offered = max(load["rate"] for load in loads)
+        reach = f"{offered:g}/s offered"
+        assert capacity.partway is not None, "an open loop's backlog has no bound"
+        # those in service at the limit when the window opened, and as many served just before
+        # whose responses were still on their way (their transit varies by less than a service)
+        begun = 2 * capacity.partway
+    else:
+        begun = max(load["concurrency"] for load in loads)
+        offered = begun / capacity.request_s
+        reach = f"{begun} in flight of {capacity.request_s * 1e3:g} ms each: {offered:.0f}/s"
+    limit = f"{capacity.why}: {capacity.per_s:.1f}/s by construction"
+    assert offered >= 2 * capacity.per_s, f"the sweep reaches {reach}, not twice {limit}"
+    peak = max(results.points, key=lambda p: p.throughput)
+    most = capacity.per_s + begun / peak.seconds
+    floor = f"at least {capacity.least_per_s:.1f}/s, {capacity.least_why}"
+    assert capacity.least_per_s <= peak.throughput <= most, (
+        f"measured {peak.throughput:.1f}/s at {peak.label}; {limit}, so at most {most:.1f}/s "
+        f"(with {begun} requests begun before its {peak.seconds:.1f} s window), {floor}"
+    )
+    if verdict is None:
+        return
+    predicted = verdict.predicted_per_s
+    assert predicted is not None, verdict.sentence
+    assert capacity.least_per_s <= predicted <= capacity.per_s * (1 + TICKS), (
+        f"predicted {predicted:.1f}/s; {limit}, so at most {capacity.per_s * (1 + TICKS):.1f}/s "
+        f"(CPU times in /proc's ticks), {floor}: {verdict.sentence}"
+    )
+
+
+def test_the_limits_by_construction_are_the_configurations() -> None:
+    """What capacity.py reads from the models' config.pbtxt is what their comments state."""
+    cores = host_cores()
+    limits = {
+        name: (round(c.per_s, 1), round(c.least_per_s, 1), c.partway, round(c.request_s * 1e3))
+        for name, c in (
+            (name, triton(name)) for name in ("saturated", "pipeline", "locked", "cores")
+        )
+    }
+    assert limits == {
+        "saturated": (100.0, 83.3, 1, 10),
+        "pipeline": (66.7, 58.8, 1, 18),  # step_slow's 1 / 15 ms, not step_fast's 2 / 3 ms
+        "locked": (166.7, 142.9, 1, 8),  # match's 1 / 6 ms hold, not 4 instances / 8 ms
+        # the host's cores / 10 ms, or its 4 instances' 4 / 10 ms on 4 cores or more
+        "cores": (min(100.0 * cores, 400.0), min(60.0 * cores, 240.0), 4, 10),
+    }
+
+
 def test_a_models_busy_instance_is_saturated(truth: TruthServer, tmp_path: Path) -> None:
     results = study(truth, tmp_path, model="saturated", sweep={"concurrency": [1, 4]})
     verdict = only(results)
@@ -109,7 +186,7 @@ def test_a_models_busy_instance_is_saturated(truth: TruthServer, tmp_path: Path)
         "saturated",
     )
     assert_predicted(verdict, results)
-    assert verdict.predicted_per_s == pytest.approx(100, rel=0.1)  # 1 instance / 10 ms
+    assert_constructed(triton("saturated"), results, verdict)
 
 
 def test_the_slow_step_of_an_ensemble_is_saturated(truth: TruthServer, tmp_path: Path) -> None:
@@ -121,6 +198,7 @@ def test_the_slow_step_of_an_ensemble_is_saturated(truth: TruthServer, tmp_path:
         "step_slow",
     )
     assert_predicted(verdict, results)
+    assert_constructed(triton("pipeline"), results, verdict)
 
 
 def test_a_stage_under_a_lock_every_instance_shares_is_named(
@@ -131,6 +209,7 @@ def test_a_stage_under_a_lock_every_instance_shares_is_named(
     assert (verdict.kind, verdict.resource, verdict.limit) == ("contended", "lock", "match")
     assert "more instances will not help" in verdict.change
     assert_predicted(verdict, results)
+    assert_constructed(triton("locked"), results, verdict)
 
 
 def test_more_busy_instances_than_cores_names_the_cores(truth: TruthServer, tmp_path: Path) -> None:
@@ -139,6 +218,10 @@ def test_more_busy_instances_than_cores_names_the_cores(truth: TruthServer, tmp_
     assert (verdict.kind, verdict.resource) == ("contended", "cores")
     assert "more instances will not help" in verdict.change
     assert_predicted(verdict, results)
+    assert_constructed(triton("cores"), results, verdict)
+
+
+CLIENT_WORK_S = 0.015
 
 
 class BusyClient(Workload):
@@ -156,7 +239,7 @@ class BusyClient(Workload):
         self.calls.open(params, endpoint, traced=traced, ready_s=ready_s)
 
     def __call__(self, index: int) -> None:
-        spin(0.015)
+        spin(CLIENT_WORK_S)
         self.calls(index)
 
     def close(self) -> None:
@@ -169,6 +252,8 @@ def test_a_client_limited_by_its_own_cpu_is_named(truth: TruthServer, tmp_path: 
     assert (verdict.kind, verdict.resource) == ("client", "client")
     assert "more threads" in verdict.change
     assert_predicted(verdict, results)
+    alone_s = CLIENT_WORK_S + triton("light").request_s
+    assert_constructed(python_process(CLIENT_WORK_S, "the client's", alone_s), results, verdict)
 
 
 @pytest.fixture
@@ -235,6 +320,7 @@ def test_an_open_loop_offered_beyond_capacity_is_saturated(
     assert (verdict.kind, verdict.limit) == ("saturated", "saturated")
     assert "offered" in verdict.sentence
     assert_predicted(verdict, results)
+    assert_constructed(triton("saturated"), results, verdict)
 
 
 def test_dynamic_batching_under_light_load_is_the_batchers_wait(
@@ -243,7 +329,8 @@ def test_dynamic_batching_under_light_load_is_the_batchers_wait(
     results = study(truth, tmp_path, model="batched", sweep={"concurrency": [1, 2]})
     verdict = only(results)
     assert verdict.kind == "batching"
-    assert "20 ms max_queue_delay" in verdict.sentence
+    delay_ms = model("batched").max_queue_delay_s * 1e3
+    assert f"{delay_ms:g} ms max_queue_delay" in verdict.sentence
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +341,8 @@ def gil_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_a_python_servers_own_gil_is_named(gil_server: str, tmp_path: Path) -> None:
+    from tests.study.truth.gil_app import WORK_S
+
     results = Study(
         model="busy",
         server=Remote(gil_server),
@@ -266,6 +355,7 @@ def test_a_python_servers_own_gil_is_named(gil_server: str, tmp_path: Path) -> N
     assert (verdict.kind, verdict.resource) == ("contended", "gil")
     assert "more server processes" in verdict.change
     assert_predicted(verdict, results)
+    assert_constructed(python_process(WORK_S, "the server's"), results, verdict)
 
 
 class Posts(Workload):
@@ -292,7 +382,7 @@ def test_ray_serve_replicas_of_a_cpu_bound_deployment_are_saturated(
     ray_local: LocalRay, tmp_path: Path
 ) -> None:
     from otelkit.study import RayServe
-    from tests.study.truth.ray_busy import busy_app
+    from tests.study.truth.ray_busy import WORK_S, busy_app
 
     results = Study(
         request=Posts(),
@@ -308,6 +398,7 @@ def test_ray_serve_replicas_of_a_cpu_bound_deployment_are_saturated(
     assert (verdict.kind, verdict.resource, verdict.limit) == ("saturated", "instances", "Busy")
     assert results.points[-1].parallelism == {"Busy": 1}
     assert_predicted(verdict, results)
+    assert_constructed(replicas(1, WORK_S, "Busy"), results, verdict)
 
 
 def test_without_traces_a_busy_instance_is_still_saturated(
@@ -317,6 +408,7 @@ def test_without_traces_a_busy_instance_is_still_saturated(
     verdict = only(results)
     assert (verdict.kind, verdict.limit) == ("saturated", "saturated")
     assert_predicted(verdict, results)
+    assert_constructed(triton("saturated"), results, verdict)
 
 
 def test_without_traces_a_lock_is_named_as_a_wait_inside_the_model(
@@ -329,3 +421,4 @@ def test_without_traces_a_lock_is_named_as_a_wait_inside_the_model(
     # point without the stages' split (docs/study.md)
     assert (verdict.kind, verdict.limit) == ("contended", "locked")
     assert "more instances will not help" in verdict.change
+    assert_constructed(triton("locked"), results)

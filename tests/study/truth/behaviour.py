@@ -28,19 +28,8 @@ import triton_python_backend_utils as pb_utils
 
 import otelkit
 from otelkit.server import triton_backend
+from tests.study.truth.stages import parse
 from tests.study.truth.work import spin
-
-
-def parse(text):
-    """``prep=sleep:2;match=lock:6`` as [(name, kind, seconds)]."""
-    stages = []
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        name, _, rest = part.partition("=")
-        kind, _, ms = rest.partition(":")
-        if kind not in ("sleep", "spin", "lock", "rows"):
-            raise ValueError(f"stage {name}: no kind {kind!r}")
-        stages.append((name, kind, float(ms) / 1e3))
-    return stages
 
 
 class TritonPythonModel:

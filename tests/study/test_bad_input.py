@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from otelkit._errors import StudyError
 from otelkit.cli import main
 from otelkit.study import Load, Study, Triton, read_results
+from otelkit.testing import wait_until
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS
 
@@ -138,13 +138,12 @@ def _sweep_killed_during_its_second_point(out: Path, restarts: int) -> Study:
     )
 
     def kill_during_the_second_point() -> None:
-        while not out.exists() or _points_written(out) < 1:
-            time.sleep(0.05)
+        # the server starts (up to its startup_timeout, 120 s), then the point's 3.2 s
+        wait_until(lambda: out.exists() and _points_written(out), 180, "the first point")
         triton = server.server
         assert triton is not None and triton.pid is not None
         first = _answered(triton.http_url)  # the first point's requests, every one returned
-        while _answered(triton.http_url) == first:
-            time.sleep(0.05)
+        wait_until(lambda: _answered(triton.http_url) > first, 60, "the second point's requests")
         os.killpg(triton.pid, signal.SIGKILL)
 
     threading.Thread(target=kill_during_the_second_point, daemon=True).start()

@@ -10,7 +10,8 @@
 The SERVER span joins the caller's trace (its ``traceparent``); the stages nest under it.
 Spans go to ``$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (``otelkit receive`` listens on the URL
 above) or ``$OTEL_EXPORTER_OTLP_ENDPOINT`` (a Collector); with neither, to OTLP-JSON lines
-under ``./otelkit-traces``.
+under ``./otelkit-traces``. Stops on Ctrl-C or SIGTERM (uvicorn's handlers): the requests in
+flight get ``GRACE_S`` to finish, the spans otelkit's ``exit_timeout_s`` (5 s) to leave.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import otelkit
 
 Array = NDArray[np.float64]
 MODEL = "hit_features"  # the label of the stages' metrics
+GRACE_S = 2  # for the requests in flight at Ctrl-C (uvicorn's default: as long as they take)
 otelkit.configure(service_name="hit-features-fastapi")  # OTEL_* env vars too
 app = otelkit.instrument(FastAPI(title="hit features"))
 
@@ -58,4 +60,4 @@ if __name__ == "__main__":
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8010)
     args = parser.parse_args()
-    uvicorn.run(app, host=args.host, port=args.port)
+    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=GRACE_S)

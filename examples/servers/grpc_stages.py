@@ -10,12 +10,14 @@ The KServe v2 gRPC service itself is the reference deployment's
 here); what this script adds is ``otelkit.server.grpc.server_interceptor()`` and the stages.
 Spans go to ``$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (``otelkit receive`` listens on the URL
 above) or ``$OTEL_EXPORTER_OTLP_ENDPOINT`` (a Collector); with neither, to OTLP-JSON lines
-under ``./otelkit-traces``. Stops on Ctrl-C.
+under ``./otelkit-traces``. Stops on Ctrl-C or SIGTERM: the RPCs in flight get ``GRACE_S`` to
+finish, the spans otelkit's ``exit_timeout_s`` (5 s) to leave.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -32,6 +34,7 @@ from gnn_tracking.serving.kserve import ModelSpec, TensorSpec
 from gnn_tracking.serving.kserve_grpc import KServeServicer, grpc_server
 
 MODEL = "hit_features"  # the label of the stages' metrics
+GRACE_S = 2.0  # for the RPCs in flight at Ctrl-C
 Arrays = dict[str, NDArray[Any]]
 
 
@@ -54,6 +57,12 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args()
+    # Handled here, not left to KeyboardInterrupt: a script's background job
+    # (`python grpc_stages.py &`) starts with SIGINT ignored, where Python raises none. Set
+    # before configure(), which then leaves SIGTERM alone; otelkit.shutdown() below flushes.
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     otelkit.configure(service_name="hit-features-grpc")  # OTEL_* env vars too
     spec = ModelSpec(
         MODEL,
@@ -66,11 +75,9 @@ def main() -> None:
     server = grpc_server(servicer, args.port, host=args.host, interceptors=[interceptor])
     print(f"serving {MODEL} over KServe v2 gRPC on {args.host}:{args.port}", flush=True)
     try:
-        threading.Event().wait()  # until Ctrl-C
-    except KeyboardInterrupt:
-        pass
+        stop.wait()
     finally:
-        server.stop(5).wait(5)
+        server.stop(GRACE_S).wait()  # set once the RPCs in flight end, or are cancelled at GRACE_S
         otelkit.shutdown()
 
 

@@ -5,15 +5,18 @@ HTTP or gRPC.
 SERVER span must join that trace with the stages under it; so must ``grpc_stages.py``'s, called
 by the client example ``infer_sync.py`` over gRPC. ``examples/servers/pytriton_stages.py``
 is called by the client example ``infer_sync.py``: one trace from the client's job span through
-Triton and PyTriton's proxy to the stages, across three processes.
+Triton and PyTriton's proxy to the stages, across three processes. Each server exits 0 soon
+after Ctrl-C (the gRPC and PyTriton ones after SIGTERM too), its child processes with it.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import signal
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -77,19 +80,28 @@ def test_fastapi_stages_nest_under_the_server_span_in_the_callers_trace(
     assert {s.attributes[semconv.MODEL_NAME] for s in stages} == {MODEL}
 
 
-@pytest.fixture(scope="module")
-def grpc_url(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """grpc_stages.py on a free port, tracing to the session's receiver."""
+@contextmanager
+def grpc_example(
+    receiver: Receiver, log: Path, stop: signal.Signals = signal.SIGINT
+) -> Iterator[str]:
+    """grpc_stages.py on a free port, tracing to the session's receiver: its address."""
     port = free_port()
     with serving(
         SERVERS / "grpc_stages.py",
         "--port",
         str(port),
         ready_url=f"grpc://127.0.0.1:{port}",
-        log=tmp_path_factory.mktemp("grpc-example") / "server.log",
+        log=log,
         env=environment(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.traces_url),
+        stop=stop,
     ):
         yield f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def grpc_url(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with grpc_example(receiver, tmp_path_factory.mktemp("grpc-example") / "server.log") as url:
+        yield url
 
 
 def test_grpc_stages_nest_under_the_server_span_in_the_clients_trace(
@@ -114,9 +126,12 @@ def test_grpc_stages_nest_under_the_server_span_in_the_clients_trace(
     assert tree(build_traces(spans)[trace_id]) == node("reconstruct event", CLIENT_SERVICE, call)
 
 
-@pytest.fixture(scope="module")
-def pytriton_url(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """pytriton_stages.py on free ports, Triton and otelkit tracing to the session's receiver."""
+@contextmanager
+def pytriton_example(
+    receiver: Receiver, log: Path, stop: signal.Signals = signal.SIGINT
+) -> Iterator[str]:
+    """pytriton_stages.py on free ports, Triton and otelkit tracing to the session's receiver:
+    its HTTP address."""
     http, grpc, metrics = (free_port() for _ in range(3))
     ports = ("--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics))
     with serving(
@@ -125,10 +140,18 @@ def pytriton_url(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -
         "--traces-url",
         receiver.traces_url,
         ready_url=f"http://127.0.0.1:{http}/v2/models/{MODEL}/ready",
-        log=tmp_path_factory.mktemp("pytriton-example") / "server.log",
+        log=log,
         env=environment(),
+        stop=stop,
     ):
         yield f"127.0.0.1:{http}"
+
+
+@pytest.fixture(scope="module")
+def pytriton_url(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("pytriton-example") / "server.log"
+    with pytriton_example(receiver, log) as url:
+        yield url
 
 
 @pytest.mark.triton
@@ -167,3 +190,13 @@ def test_pytriton_stages_nest_under_proxy_inference_callable_in_the_clients_trac
         node("InferRequest", "pytriton", model),
     )
     assert tree(build_traces(spans)[trace_id]) == node("reconstruct event", CLIENT_SERVICE, call)
+
+
+@pytest.mark.parametrize(
+    "example", [grpc_example, pytest.param(pytriton_example, marks=pytest.mark.triton)]
+)
+def test_an_example_server_stops_on_sigterm_as_on_ctrl_c(
+    example: Callable[..., AbstractContextManager[str]], receiver: Receiver, tmp_path: Path
+) -> None:
+    with example(receiver, tmp_path / "server.log", stop=signal.SIGTERM):
+        pass  # serving() checks the exit: 0, within EXIT_S, no process of the example left

@@ -13,13 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from otelkit.analysis import Span, Trace
+from otelkit.testing import answers, wait_until
 from tests.paths import EXAMPLES, ROOT
 
 CLIENTS = EXAMPLES / "clients"
@@ -191,19 +190,13 @@ def _stat(pid: str) -> str | None:
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if url.startswith("grpc://") and _grpc_ready(url.removeprefix("grpc://")):
-            return
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-            pass
+    def ready() -> bool:
         assert proc.poll() is None, f"the server exited {proc.returncode}:\n{log.read_text()}"
-        assert time.monotonic() < deadline, f"not ready after {timeout} s:\n{log.read_text()}"
-        time.sleep(0.2)
+        if url.startswith("grpc://"):
+            return _grpc_ready(url.removeprefix("grpc://"))
+        return answers(url)()
+
+    wait_until(ready, timeout, f"the server at {url} ready", interval=0.2, explain=log.read_text)
 
 
 def _grpc_ready(address: str) -> bool:

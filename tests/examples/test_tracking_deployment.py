@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ import otelkit
 from otelkit import semconv
 from otelkit.analysis import Span, breakdown, build_traces, load_spans
 from otelkit.receiver import Receiver
+from otelkit.testing import wait_until
 from otelkit.tritonserver import TritonServer, free_port
 from tests.support import TrackingServer, wait_for_trace
 
@@ -247,10 +247,7 @@ def twin_url(models: Models) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(create_twin(models), port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
+    wait_until(lambda: server.started, 30, "the twin's uvicorn started")
     yield f"127.0.0.1:{port}"
     server.should_exit = True
     thread.join(10)

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from gnn_tracking.driving.demo import Restart, after_failure, failed_checks
 from gnn_tracking.driving.http_parse import keep_response_heads
 from gnn_tracking.driving.options import OPTIONS, Remote
 
+from otelkit.testing import wait_until
 from otelkit.tritonserver import TritonServer
 from tests.paths import MODELS, ROOT
 from tests.triton_crashes import forgive_elsewhere
@@ -144,10 +144,7 @@ def test_only_the_known_crash_restarts_triton(
     with server:
         assert server.pid is not None and server.version == "2.51.0"
         os.kill(server.pid, signum)
-        deadline = time.monotonic() + 30
-        while (failed := server.failure()) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert failed is not None
+        failed = wait_until(server.failure, 30, f"tritonserver's end after signal {signum}")
         gave_up = after_failure(server, failed, "option 3 at 8 threads", tmp_path, restarts)
     assert not server.running
     kept = tmp_path / "triton-crash-1.log"

@@ -24,6 +24,7 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
 
 from otelkit import tritonserver  # noqa: E402
+from otelkit.testing import wait_until  # noqa: E402
 from otelkit.tritonserver import TritonServer, TritonStartError, free_port, triton_install  # noqa: E402
 from otelkit.tritonserver import _install as _triton_install  # noqa: E402
 from tests.paths import MODELS  # noqa: E402
@@ -279,11 +280,7 @@ def test_a_server_that_dies_by_itself_says_how(tmp_path: Path) -> None:
     server = TritonServer(MODELS, log_path=tmp_path / "triton.log")
 
     def failed(timeout: float = 15.0) -> str:
-        deadline = time.monotonic() + timeout
-        while (failure := server.failure()) is None:
-            assert time.monotonic() < deadline, "the dead server was not noticed"
-            time.sleep(0.05)
-        return failure
+        return wait_until(server.failure, timeout, "the dead server noticed")
 
     with server:
         assert server.failure() is None

@@ -25,12 +25,27 @@ module only states each resource at one point.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from otelkit.study._point import Point
+from otelkit.study._counters import ModelFigures
+from otelkit.study._point import Point, Window
+from otelkit.study._stats import mean_interval
 
-__all__ = ["Resource", "ResourceKind", "resources"]
+__all__ = [
+    "Resource",
+    "ResourceKind",
+    "Separation",
+    "Spread",
+    "Summary",
+    "resources",
+    "separation",
+    "spread",
+    "summary",
+]
 
 #: instances: a model's (or a deployment's) instances; client: the client process's CPU under
 #: its GIL; gil: a Python server process's CPU under its GIL; cores: the serving host's cores;
@@ -207,3 +222,245 @@ def resources(point: Point) -> dict[str, Resource]:
                 busy,
             )
     return found
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A figure of one point with its spread over the point's windows: ``value`` is the point's
+    own (as ``resources`` gives it), ``median`` the windows' median, and ``low`` to ``high``
+    the interval of the point's figure, centred on it."""
+
+    value: float
+    median: float
+    low: float
+    high: float
+    windows: int  # the windows that held the figure
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summary(value: float, samples: Sequence[float], confidence: float = 0.95) -> Summary | None:
+    """``value`` with the interval of the mean of its windows' ``samples``; ``None`` without
+    samples (an interval needs two: with one, it is unbounded).
+
+    The windows are batch means of one steady run, and the question a verdict asks of them is
+    how far the point's own figure may be from the one a rerun would give: the t-interval of
+    the mean of the batch means (``compare``'s machinery, ``_stats.py``) answers that, its width
+    shrinking as the window grows. A percentile range of the windows (10th to 90th) would
+    answer how much one tenth of the window varies, wider by about √10 whatever the window's
+    length, and with ten windows its ends are single order statistics: no steadier than
+    the extreme windows themselves.
+
+    >>> s = summary(2.0, [1.9, 2.1, 2.0, 2.0])
+    >>> s.median, round(s.low, 3), round(s.high, 3)
+    (2.0, 1.87, 2.13)
+    """
+    if not samples:
+        return None
+    low, high = mean_interval(samples, confidence)
+    half = (high - low) / 2
+    return Summary(value, statistics.median(samples), value - half, value + half, len(samples))
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One resource of one point over the point's windows: its demand, utilisation and limit
+    in each (``None`` where a window lacks the figure), and each summarised.
+
+    ``reason`` says why a resource has no windows: its figure is read over the whole point
+    only."""
+
+    key: str
+    servers: float | None
+    throughputs: tuple[float, ...]  # of the windows that held the resource
+    demands_ms: tuple[float | None, ...]  # every window's, in order
+    utilisations: tuple[float | None, ...]
+    throughput: Summary | None
+    demand_ms: Summary | None
+    utilisation: Summary | None
+    limit_per_s: Summary | None
+    reason: str = ""
+
+    def load(self, peak_per_s: float, confidence: float = 0.95) -> Summary | None:
+        """U* = X_peak · D / m with this point's demand (the lowest point's, as verdicts weigh
+        it) and its spread over this point's windows."""
+        if not self.servers or self.demand_ms is None:
+            return None
+        scale = peak_per_s / 1e3 / self.servers
+        samples = [d * scale for d in self.demands_ms if d is not None]
+        return summary(self.demand_ms.value * scale, samples, confidence)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: Why a resource has no windows, by what its figure comes from.
+_WHOLE_POINT = {
+    "gpu": "Triton refreshes its GPU gauges every 2 s (--metrics-interval-ms): one read at the "
+    "point's end, not one per part",
+    "stage": "its demand comes from the traces, which are not cut into the window's parts",
+}
+
+
+def spread(point: Point, confidence: float = 0.95) -> dict[str, Spread]:
+    """Every resource ``resources(point)`` names, with its figures in each of the point's
+    windows: each window is read as a point of its own (its requests, length and what was read
+    at its edges, with the point's configuration) through ``resources``, so a window's demand
+    and utilisation are the point's, computed alike.
+
+    A resource whose figure comes from a read of the whole point only (the traces' stages, the
+    GPUs' gauges) has no windows and a ``reason``; so have all of them in a point whose windows
+    lack their reads (a file from before they were read, a point measured to a count of
+    ``requests``, a merged point's server-side figures).
+    """
+    found = resources(point)
+    parts = [(w, _window_point(point, w)) for w in point.windows]
+    measured = [(w, resources(p)) for w, p in parts if p is not None]
+    spreads = {}
+    for key, resource in found.items():
+        reason = _WHOLE_POINT.get(resource.kind, "")
+        if resource.source == "its stages in the traces":
+            reason = _WHOLE_POINT["stage"]
+        if not measured:
+            reason = reason or "the point's windows were not read at their edges"
+        rows = [(w, found_.get(key)) for w, found_ in measured] if not reason else []
+        held = [(w, r) for w, r in rows if r is not None]
+        demands = [r.demand_ms if r is not None else None for _, r in rows]
+        uses = [r.utilisation if r is not None else None for _, r in rows]
+        limits = [r.limit_per_s for _, r in held if r.limit_per_s is not None]
+        spreads[key] = Spread(
+            key,
+            resource.servers,
+            tuple(w.throughput for w, _ in held),
+            tuple(demands),
+            tuple(uses),
+            summary(point.throughput, [w.throughput for w, _ in held], confidence),
+            summary(resource.demand_ms, [d for d in demands if d is not None], confidence),
+            _summary_of(resource.utilisation, uses, confidence),
+            _summary_of(resource.limit_per_s, limits, confidence),
+            reason or ("no window held it" if not held else ""),
+        )
+    return spreads
+
+
+def _summary_of(
+    value: float | None, samples: Sequence[float | None], confidence: float
+) -> Summary | None:
+    if value is None:
+        return None
+    return summary(value, [s for s in samples if s is not None], confidence)
+
+
+def _window_point(point: Point, window: Window) -> Point | None:
+    """A window as a point of its own, for ``resources``: its throughput, requests, length and
+    reads, with the point's configuration (instances, parallelism, the host's cores and idle
+    use, payloads) and its traces (a Ray deployment's stages, the floor of its demand)."""
+    if window.requests is None or not window.seconds:
+        return None
+    part = Point(
+        point.index,
+        point.params,
+        requests=window.requests,
+        seconds=window.seconds,
+        batch_size=point.batch_size,
+        cpu_s=window.cpu_s or 0.0,
+        parts=point.parts,
+        traces=point.traces,
+        parallelism=point.parallelism,
+        process_cores=window.process_cores,
+        payload_bytes=point.payload_bytes,
+        link_gbps=point.link_gbps,
+    )
+    part.part_throughputs = [window.throughput]
+    part.triton = {
+        model: _configured(figures, point.triton.get(model))
+        for model, figures in window.triton.items()
+    }
+    if point.host is not None:
+        part.host = replace(
+            point.host,
+            busy_cores=window.busy_cores,
+            python_cores=window.python_cores,
+            balancer_cores=window.balancer_cores,
+            seconds=window.seconds,
+        )
+    return part
+
+
+def _configured(figures: ModelFigures, point: ModelFigures | None) -> ModelFigures:
+    """A window's figures of a model with what the model's configuration said at the point."""
+    if point is None:
+        return figures
+    return replace(
+        figures,
+        instances=point.instances,
+        ensemble=point.ensemble,
+        max_batch_size=point.max_batch_size,
+        batch_delay_ms=point.batch_delay_ms,
+    )
+
+
+@dataclass(frozen=True)
+class Separation:
+    """Two resources' utilisations at one point: ``difference`` (a's less b's, the point's own
+    figures) and the interval of it from their windows."""
+
+    a: str
+    b: str
+    difference: float
+    low: float
+    high: float
+    windows: int  # the windows both held
+
+    @property
+    def separable(self) -> bool:
+        """Whether the interval leaves 0 out: one is busier than the other beyond the noise."""
+        return self.low > 0 or self.high < 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "separable": self.separable}
+
+
+def separation(
+    a: Spread, b: Spread, *, peak_per_s: float | None = None, confidence: float = 0.95
+) -> Separation:
+    """Whether ``a``'s and ``b``'s utilisations at their point differ beyond its windows' noise.
+
+    The windows of one point are read over the same parts for every resource, and both
+    resources' utilisations follow each part's throughput: the interval is of their
+    difference part by part (paired), which a Welch interval of two independent samples would
+    widen by the throughput's own spread, counted twice. With ``peak_per_s``, the figure is U*
+    = X_peak · D / m, and ``a`` and ``b`` are the lowest point's spreads (whose demands U*
+    weighs). Unbounded (not separable) where fewer than two windows held both, or where a
+    resource's parallelism is unknown.
+    """
+    pairs: list[tuple[float, float]] = []
+    if peak_per_s is None:
+        value_a = a.utilisation.value if a.utilisation is not None else None
+        value_b = b.utilisation.value if b.utilisation is not None else None
+        series_a, series_b = a.utilisations, b.utilisations
+    else:
+        scale_a = peak_per_s / 1e3 / a.servers if a.servers else None
+        scale_b = peak_per_s / 1e3 / b.servers if b.servers else None
+        value_a = _scaled(a.demand_ms, scale_a)
+        value_b = _scaled(b.demand_ms, scale_b)
+        series_a = tuple(d * scale_a if d is not None and scale_a else None for d in a.demands_ms)
+        series_b = tuple(d * scale_b if d is not None and scale_b else None for d in b.demands_ms)
+    if value_a is None or value_b is None:
+        return Separation(a.key, b.key, math.nan, -math.inf, math.inf, 0)
+    for one, other in zip(series_a, series_b, strict=False):
+        if one is not None and other is not None:
+            pairs.append((one, other))
+    low, high = mean_interval([x - y for x, y in pairs], confidence)
+    half = (high - low) / 2
+    difference = value_a - value_b
+    return Separation(a.key, b.key, difference, difference - half, difference + half, len(pairs))
+
+
+def _scaled(figure: Summary | None, scale: float | None) -> float | None:
+    return figure.value * scale if figure is not None and scale else None

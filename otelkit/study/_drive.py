@@ -57,6 +57,7 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_TASKS",
     "AsyncCall",
+    "EdgeRead",
     "Load",
     "LoadRun",
     "drive",
@@ -196,6 +197,10 @@ class LoadRun:
     # the host's busy time when the window opened and when it closed (read beside the
     # process's CPU time, outside the hooks whose middle marks the server's counters)
     host: tuple[CpuSample, CpuSample] | None = None
+    # the reads at each edge of the window's parts (``Load.windows`` + 1 of them when every
+    # part was read: fewer with ``requests``, whose end is known only when it comes, or when
+    # the load stopped early)
+    edges: list[EdgeRead] = field(default_factory=list)
 
     @property
     def failed(self) -> int:
@@ -242,6 +247,18 @@ class RequestLog:
         self.failures.append((begin, end, measured, error_kind(error), str(error)[:300]))
 
 
+@dataclass(frozen=True)
+class EdgeRead:
+    """What the client read at one edge of the window's parts: when its hook ran (the middle
+    of it; ``time.perf_counter()``, or seconds from the window's opening in a ``LoadRun``), its
+    own CPU seconds so far, less the study's hooks' and the threads left out (``None`` where
+    those were unreadable), and the host's busy time."""
+
+    at: float
+    cpu_s: float | None
+    host: CpuSample
+
+
 class WindowClock:
     """The measured window and its hooks, run on the driving thread."""
 
@@ -252,9 +269,11 @@ class WindowClock:
         on_end: Callable[[], None],
         progress: Callable[[float, int], None] | None,
         other_cpu_s: Callable[[], float | None] | None = None,
+        on_part: Callable[[int], None] = lambda part: None,
     ) -> None:
         self.load = load
         self._on_start, self._on_end, self._progress = on_start, on_end, progress
+        self._on_part = on_part
         self._other_cpu_s = other_cpu_s
         self.opened = self.closed = False
         self.cpu0 = self.cpu1 = 0.0
@@ -262,6 +281,9 @@ class WindowClock:
         self.host1: CpuSample | None = None
         self._other0: float | None = None
         self.cpu_s = 0.0  # the client's CPU over the window, once closed
+        # the reads at each edge of the window's parts, the window's own two edges too
+        self.edges: list[EdgeRead] = []
+        self._hooks_cpu_s = 0.0  # the hooks' own CPU so far: the study's, not the client's
         self.begin()
         self.opened_epoch = 0.0
         self._last_progress = 0.0
@@ -278,8 +300,37 @@ class WindowClock:
         self.cpu0 = time.process_time()
         self.host0 = host_sample()
         self._other0 = self._other_cpu_s() if self._other_cpu_s is not None else None
-        self.opened_at = self._hook(self._on_start)
+        self.opened_at = self._edge(self._on_start, self.cpu0, self.host0, self._other0)
         self.opened_epoch = time.time() - (time.perf_counter() - self.opened_at)
+
+    def _edge(
+        self, hook: Callable[[], None], cpu: float, host: CpuSample, other: float | None
+    ) -> float:
+        """Run an edge's hook and keep what the client read just before it: its CPU so far,
+        less the hooks' (the study's scrapes) and the other threads' (None where those were
+        unreadable), and the host's busy time."""
+        client: float | None = cpu - self._hooks_cpu_s
+        if self._other0 is not None:  # else the process's, as the window's total then is
+            client = None if other is None else cpu - self._hooks_cpu_s - (other - self._other0)
+        spent = time.thread_time()
+        at = self._hook(hook)
+        self._hooks_cpu_s += time.thread_time() - spent
+        self.edges.append(EdgeRead(at, client, host))
+        return at
+
+    def _part_edge(self) -> None:
+        """The reads at the next edge between two parts of the window."""
+        other = self._other_cpu_s() if self._other_cpu_s is not None else None
+        part = len(self.edges)
+        self._edge(lambda: self._on_part(part), time.process_time(), host_sample(), other)
+
+    def _next_part(self) -> float:
+        """When the next edge between two parts is due; inf when none is (with ``requests``
+        the window's end, and so its parts, are known only once it has come)."""
+        parts = self.load.windows
+        if self.closed or self.load.seconds is None or not 0 < len(self.edges) < parts:
+            return math.inf
+        return self.start + len(self.edges) * (self.end - self.start) / parts
 
     @staticmethod
     def _hook(hook: Callable[[], None]) -> float:
@@ -293,6 +344,8 @@ class WindowClock:
         now = time.perf_counter()
         if not self.opened and now >= self.start:
             self._open()
+        while not self.closed and now >= self._next_part() and self._next_part() < self.end:
+            self._part_edge()
         if self.opened and not self.closed and now >= self.end:
             self.close()
         if self._progress is not None and now - self._last_progress >= _PROGRESS_EVERY_S:
@@ -306,17 +359,17 @@ class WindowClock:
         self.cpu1 = time.process_time()
         self.host1 = host_sample()
         other1 = self._other_cpu_s() if self._other_cpu_s is not None else None
-        self.cpu_s = self.cpu1 - self.cpu0
+        self.cpu_s = self.cpu1 - self.cpu0 - self._hooks_cpu_s
         if self._other0 is not None and other1 is not None:
             self.cpu_s -= other1 - self._other0
         elif self._other_cpu_s is not None:
             _log.debug("the CPU time of the threads to leave out is unreadable: the process's")
-        self.closed_at = self._hook(self._on_end)
+        self.closed_at = self._edge(self._on_end, self.cpu1, self.host1, other1)
 
     def next_event(self) -> float:
         """Seconds until the window opens or closes, or until the next progress report."""
         now = time.perf_counter()
-        marks = [self.start if not self.opened else self.end]
+        marks = [self.start if not self.opened else min(self.end, self._next_part())]
         if self._progress is not None:
             marks.append(self._last_progress + _PROGRESS_EVERY_S)
         return max(0.0, min(marks) - now)
@@ -330,21 +383,23 @@ def drive(
     on_window_end: Callable[[], None] = lambda: None,
     progress: Callable[[float, int], None] | None = None,
     other_cpu_s: Callable[[], float | None] | None = None,
+    on_part: Callable[[int], None] = lambda part: None,
 ) -> LoadRun:
     """Run ``load`` with ``call(index, measured)`` per request; returns the measured window.
 
     ``on_window_start`` and ``on_window_end`` run on the calling thread when the window opens
-    and closes (a scrape of the server's counters, say); ``progress(elapsed_s, done)`` runs
-    twice a second. ``other_cpu_s()``: the CPU seconds so far of this process's threads that
-    are not the client's (an embedded receiver's), left out of the client's CPU figure; the
-    whole process's figure where it returns ``None``. Ctrl-C stops every thread once its
-    request returns, then re-raises.
+    and closes (a scrape of the server's counters, say), ``on_part(k)`` at the edge between
+    parts ``k - 1`` and ``k`` of the window (``Load.windows`` parts, with ``seconds``);
+    ``progress(elapsed_s, done)`` runs twice a second. ``other_cpu_s()``: the CPU seconds so
+    far of this process's threads that are not the client's (an embedded receiver's), left out
+    of the client's CPU figure; the whole process's figure where it returns ``None``. Ctrl-C
+    stops every thread once its request returns, then re-raises.
     """
     problems = load.problems()
     if problems:
         raise ValueError("; ".join(problems))
     stop = threading.Event()
-    window = WindowClock(load, on_window_start, on_window_end, progress, other_cpu_s)
+    window = WindowClock(load, on_window_start, on_window_end, progress, other_cpu_s, on_part)
     records: list[RequestLog] = []
     try:
         if load.mode == "closed":
@@ -533,6 +588,7 @@ def collect_run(records: list[RequestLog], window: WindowClock) -> LoadRun:
     )
     if window.host0 is not None and window.host1 is not None:
         run.host = (window.host0, window.host1)
+    run.edges = [replace(e, at=e.at - opened) for e in window.edges]
     for record in records:
         for begin, end, measured in zip(record.begins, record.ends, record.measured, strict=True):
             if opened <= end <= ends_at:
@@ -564,14 +620,15 @@ def drive_tasks(
     progress: Callable[[float, int], None] | None = None,
     finish: Callable[[], Awaitable[None]] | None = None,
     other_cpu_s: Callable[[], float | None] | None = None,
+    on_part: Callable[[int], None] = lambda part: None,
 ) -> LoadRun:
     """Run ``load``'s closed loop as asyncio tasks; ``finish`` is awaited on the loop at the
-    end (closing asyncio clients bound to it); ``other_cpu_s`` as ``drive`` takes it. Ctrl-C
-    cancels the tasks and re-raises."""
+    end (closing asyncio clients bound to it); ``other_cpu_s`` and ``on_part`` as ``drive``
+    takes them. Ctrl-C cancels the tasks and re-raises."""
     problems = load.problems()
     if problems:
         raise ValueError("; ".join(problems))
-    window = WindowClock(load, on_window_start, on_window_end, progress, other_cpu_s)
+    window = WindowClock(load, on_window_start, on_window_end, progress, other_cpu_s, on_part)
     records = [RequestLog() for _ in range(load.concurrency)]
     stopped = asyncio.run(_run(call, load, window, records, finish))
     run = collect_run(records, window)

@@ -3,7 +3,9 @@
 Every request runs under a root span (when the study traces) that says which run, point and
 phase it belongs to; the rate-limiting sampler decides which are sampled, and only those send
 a trace context to the server. Triton's counters are scraped when the measured window opens
-and when it closes, so they cover the same requests as the client's throughput.
+and when it closes, so they cover the same requests as the client's throughput; they and the
+processes' CPU are read at each edge of the window's parts too, so that each part holds its own
+figures (the spread of a resource's utilisation over the parts is its noise, ``capacity.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import logging
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from otelkit.study._counters import (
     server_sample,
 )
 from otelkit.study._drive import Load, LoadRun, drive, drive_tasks, scheduled_at
-from otelkit.study._point import Point
+from otelkit.study._point import Point, Window
 from otelkit.study._servers import Endpoint
 from otelkit.study._traces import collect
 from otelkit.study._workload import Workload
@@ -85,7 +87,7 @@ def measure_point(
     sampled = itertools.count()
     attributes = _root_attributes(run_id, index, params)
     call = _traced_call(workload, attributes, sampled) if traced else _bare_call(workload)
-    snapshots: dict[str, Snapshot] = {}
+    snapshots: list[Snapshot | None] = []  # at each edge of the window's parts
     problems: list[str] = []
     # the host's cores are the server's only when it runs here; its own processes' CPU is
     # read wherever the study started them
@@ -97,27 +99,25 @@ def measure_point(
     # the whole load would count the warm-up's start and the drain, when the server idles, and
     # give less CPU per request the longer those take (a loaded CI host: 4.70 instead of 5.33
     # ms)
-    edges: dict[str, _Edge] = {}
+    edges: list[_Edge] = []
     pages = endpoint.metrics_urls or ((endpoint.metrics_url,) if endpoint.metrics_url else ())
 
-    def scraper(moment: str) -> Callable[[], None]:
-        def take() -> None:
-            edges[moment] = _Edge(
+    def take() -> None:
+        edges.append(
+            _Edge(
                 server_sample(pythons, children=False),
                 server_sample(endpoint.balancer_pids, children=False),
                 {m: server_sample(p, children=False) for m, p in endpoint.processes.items()},
             )
-            read = []
-            for page in pages:
-                try:
-                    read.append(scrape(page))
-                except Exception as error:  # the figures are missing, the point is not lost
-                    problems.append(f"metrics at {page}: {error}")
-                    return
-            if read:
-                snapshots[moment] = combine(read)
-
-        return take
+        )
+        read = []
+        for page in pages:
+            try:
+                read.append(scrape(page))
+            except Exception as error:  # the figures are missing, the point is not lost
+                problems.append(f"metrics at {page}: {error}")
+                break
+        snapshots.append(combine(read) if read and len(read) == len(pages) else None)
 
     point_load = load.at(params)
     server_cpu = [server_sample(pids)]
@@ -130,25 +130,27 @@ def measure_point(
             run = drive_tasks(
                 acall,
                 point_load,
-                on_window_start=scraper("before"),
-                on_window_end=scraper("after"),
+                on_window_start=take,
+                on_window_end=take,
                 progress=progress,
                 finish=workload.aclose,
                 other_cpu_s=other_cpu_s,
+                on_part=lambda part: take(),
             )
         else:
             run = drive(
                 call,
                 point_load,
-                on_window_start=scraper("before"),
-                on_window_end=scraper("after"),
+                on_window_start=take,
+                on_window_end=take,
                 progress=progress,
                 other_cpu_s=other_cpu_s,
+                on_part=lambda part: take(),
             )
     finally:
         workload.close()
     server_cpu.append(server_sample(pids))
-    first, last = edges["before"], edges["after"]
+    first, last = edges[0], edges[-1]
     batch_size = int(params.get("batch_size", workload.batch_size))
     point = Point.from_run(index, params, run, load.windows, batch_size)
     point.sampled = next(sampled)
@@ -158,9 +160,10 @@ def measure_point(
         cores = begun.rate(last.models[model])
         if cores is not None:
             point.process_cores[model] = cores
-    if "before" in snapshots and "after" in snapshots:
-        point.triton = difference(snapshots["before"], snapshots["after"])
-        point.gpus = snapshots["after"].gpus
+    before, after = snapshots[0], snapshots[-1]
+    if before is not None and after is not None:
+        point.triton = difference(before, after)
+        point.gpus = after.gpus
         point.triton = {m: _with_config(f, endpoint, m) for m, f in point.triton.items()}
     if run.host is not None:
         server = (server_cpu[0], server_cpu[1])
@@ -175,6 +178,8 @@ def measure_point(
         point.host = (
             replace(usage, idle_cores=idle) if local else replace(usage, cores=0, busy_cores=None)
         )
+    if len(edges) == len(point.windows) + 1 == len(run.edges):
+        point.windows = _parts_figures(point, run, edges, snapshots, local=local)
     if gpu_metrics_url is not None:
         try:
             point.gpu_instances = scrape_instances(gpu_metrics_url)
@@ -277,6 +282,38 @@ class _Edge:
     python: CpuSample
     balancer: CpuSample
     models: dict[str, CpuSample]
+
+
+def _parts_figures(
+    point: Point,
+    run: LoadRun,
+    edges: Sequence[_Edge],
+    snapshots: Sequence[Snapshot | None],
+    *,
+    local: bool,
+) -> list[Window]:
+    """The point's windows with what each part's edges read: the host's busy cores (when it
+    serves), the server's Python processes', the balancer's, each model's processes' and
+    Triton's counters; a part whose edge lacks a read lacks that figure."""
+    cores = host_cores()
+    host, balancer = point.host, point.host is not None and point.host.balancer_workers > 0
+    parts = []
+    for k, window in enumerate(point.windows):
+        begun, ended = edges[k], edges[k + 1]
+        busy = run.edges[k].host.rate(run.edges[k + 1].host) if local else None
+        before, after = snapshots[k], snapshots[k + 1]
+        models = {m: c.rate(ended.models[m]) for m, c in begun.models.items()}
+        parts.append(
+            replace(
+                window,
+                busy_cores=min(busy, cores) if busy is not None else None,
+                python_cores=begun.python.rate(ended.python) if host else None,
+                balancer_cores=begun.balancer.rate(ended.balancer) if balancer else None,
+                process_cores={m: c for m, c in models.items() if c is not None},
+                triton=difference(before, after) if before and after else {},
+            )
+        )
+    return parts
 
 
 def _with_config(figures: ModelFigures, endpoint: Endpoint, model: str) -> ModelFigures:

@@ -38,9 +38,10 @@ minimum and mean are kept exactly.
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otelkit._errors import StudyError
@@ -155,12 +156,86 @@ def point_label(params: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Window:
-    """One equal part of the measured window: the throughput and latency percentiles of the
-    requests that completed within it, whatever their start."""
+    """One part of the measured window: the throughput and latency percentiles of the requests
+    that completed within it, whatever their start, and what was read at its two edges.
+
+    The parts are equal, each the window's tenth, up to the moments their edges' reads ran
+    (``seconds``: the part's own length). The figures read at the edges are each ``None`` (or
+    empty) where an edge's read failed, where the point does not have them (a remote host's
+    cores), and in files written before they were read: the client's CPU seconds, the cores
+    the host kept busy, the server's Python processes', the load balancer's, each model's own
+    processes' (Ray Serve's replicas), and Triton's figures per model over the part.
+
+    >>> part = Window(100.0, 5.0, 9.0, requests=50, seconds=0.5, cpu_s=0.1)
+    >>> Window.from_dict(part.to_dict()) == part, part.cpu_cores
+    (True, 0.2)
+    """
 
     throughput: float
     p50_ms: float
     p99_ms: float
+    requests: int | None = None  # completed within the part
+    seconds: float | None = None
+    cpu_s: float | None = None  # the client's (its processes' in a merged point)
+    busy_cores: float | None = None  # the host's, from /proc/stat
+    python_cores: float | None = None
+    balancer_cores: float | None = None
+    process_cores: dict[str, float] = field(default_factory=dict)
+    triton: dict[str, ModelFigures] = field(default_factory=dict)
+
+    @property
+    def cpu_cores(self) -> float | None:
+        """The client's CPU seconds over the part's length: cores it kept busy."""
+        return self.cpu_s / self.seconds if self.cpu_s is not None and self.seconds else None
+
+    def figures(self) -> dict[str, Any]:
+        """What was read at the part's edges, for the results file (``windows`` keeps the
+        three figures ``compare`` reads, as files always had them)."""
+        return {
+            "requests": self.requests,
+            "seconds": self.seconds,
+            "cpu_s": self.cpu_s,
+            "busy_cores": self.busy_cores,
+            "python_cores": self.python_cores,
+            "balancer_cores": self.balancer_cores,
+            "process_cores": self.process_cores,
+            "triton": {m: f.to_dict() for m, f in self.triton.items()},
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "throughput": self.throughput,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            **self.figures(),
+        }
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any] | Sequence[float], figures: Mapping[str, Any] | None = None
+    ) -> Window:
+        """A part from its three figures (a mapping, or the list files always held) and,
+        where the file has them, what was read at its edges."""
+        if isinstance(data, Mapping):
+            figures = data if figures is None else figures
+            first = (data["throughput"], data["p50_ms"], data["p99_ms"])
+        else:
+            first = (data[0], data[1], data[2])
+        throughput, p50, p99 = map(float, first)
+        read = figures or {}
+        return cls(
+            throughput,
+            p50,
+            p99,
+            _maybe(int, read.get("requests")),
+            _maybe(float, read.get("seconds")),
+            _maybe(float, read.get("cpu_s")),
+            _maybe(float, read.get("busy_cores")),
+            _maybe(float, read.get("python_cores")),
+            _maybe(float, read.get("balancer_cores")),
+            {m: float(c) for m, c in (read.get("process_cores") or {}).items()},
+            {m: ModelFigures.from_dict(f) for m, f in (read.get("triton") or {}).items()},
+        )
 
 
 @dataclass
@@ -320,6 +395,7 @@ class Point:
             "restarts": self.restarts,
             "host": self.host.to_dict() if self.host is not None else None,
             "windows": [[w.throughput, w.p50_ms, w.p99_ms] for w in self.windows],
+            "window_figures": [w.figures() for w in self.windows],
             "histogram": self.histogram.to_dict(),
             "latency_ms_all_requests": {
                 "p50": self.all_requests_ms(0.5),
@@ -348,7 +424,7 @@ class Point:
             histogram=LatencyHistogram.from_dict(data["histogram"]),
             errors={k: int(v) for k, v in data.get("errors", {}).items()},
             error_samples=dict(data.get("error_samples", {})),
-            windows=[Window(*map(float, w)) for w in data.get("windows", [])],
+            windows=_read_windows(data),
             cpu_s=float(data.get("client_cpu", {}).get("cpu_s", 0.0)),
             triton={m: ModelFigures.from_dict(f) for m, f in data.get("triton", {}).items()},
             gpus=dict(data.get("gpus", {})),
@@ -370,24 +446,46 @@ class Point:
         )
 
 
+def _read_windows(data: Mapping[str, Any]) -> list[Window]:
+    rows = data.get("windows", [])
+    figures = data.get("window_figures") or [None] * len(rows)
+    if len(figures) != len(rows):  # not this file's own: the figures cannot be matched
+        figures = [None] * len(rows)
+    return [Window.from_dict(row, read) for row, read in zip(rows, figures, strict=True)]
+
+
 def _windows(run: LoadRun, count: int) -> list[Window]:
-    """The window's ``count`` equal parts, each from the requests that completed within it."""
-    width = run.window_s / count
+    """The window's ``count`` parts, each from the requests that completed within it.
+
+    Where the driver read every edge of the parts, they run from one edge's read to the next
+    (the same moments as the server's counters) and carry the client's CPU between them;
+    otherwise (``requests``, or a load that stopped early) the parts are exact tenths, without
+    the edges' figures."""
+    read = len(run.edges) == count + 1
+    if read:
+        bounds = [e.at for e in run.edges]
+        bounds[0], bounds[-1] = 0.0, run.window_s
+    else:
+        bounds = [run.window_s * k / count for k in range(count + 1)]
     ends: list[list[float]] = [[] for _ in range(count)]
     for end, latency in zip(run.ends_s, run.end_latencies_s, strict=True):
-        slot = min(count - 1, max(0, int(end / width))) if width > 0 else 0  # the close: last
+        slot = min(count - 1, max(0, bisect.bisect_right(bounds, end) - 1))  # the close: last
         ends[slot].append(latency)
     windows = []
-    for latencies in ends:
+    for k, latencies in enumerate(ends):
         histogram = LatencyHistogram()
         histogram.add_many(latencies)
-        windows.append(
-            Window(
-                len(latencies) / width if width else 0.0,
-                histogram.quantile(0.5) * 1e3,
-                histogram.quantile(0.99) * 1e3,
-            )
+        width = bounds[k + 1] - bounds[k]
+        window = Window(
+            len(latencies) / width if width > 0 else 0.0,
+            histogram.quantile(0.5) * 1e3,
+            histogram.quantile(0.99) * 1e3,
         )
+        if read:
+            first, last = run.edges[k].cpu_s, run.edges[k + 1].cpu_s
+            cpu = last - first if first is not None and last is not None else None
+            window = replace(window, requests=len(latencies), seconds=width, cpu_s=cpu)
+        windows.append(window)
     return windows
 
 
@@ -452,9 +550,30 @@ def merge_parts(
                     total,
                     sum(w * r.p50_ms for w, r in zip(weights, rows, strict=True)),
                     sum(w * r.p99_ms for w, r in zip(weights, rows, strict=True)),
+                    **_merged_reads(rows),
                 )
             )
     return merged
+
+
+def _merged_reads(rows: Sequence[Window]) -> dict[str, Any]:
+    """The parts' requests and client CPU add up over the longest part, as the point's do; the
+    server's figures are left out, as the merged point leaves out its host's: the processes
+    may each have read another host, and their parts' edges differ by up to the skew."""
+    requests = [r.requests for r in rows]
+    seconds = [r.seconds for r in rows]
+    cpu = [r.cpu_s for r in rows]
+    if any(n is None for n in requests) or any(s is None for s in seconds):
+        return {}
+    return {
+        "requests": sum(n for n in requests if n is not None),
+        "seconds": max(s for s in seconds if s is not None),
+        "cpu_s": None if any(c is None for c in cpu) else sum(c for c in cpu if c is not None),
+    }
+
+
+def _maybe(kind: Callable[[Any], Any], value: Any) -> Any:
+    return None if value is None else kind(value)
 
 
 def _pair(value: Any) -> tuple[int, int] | None:

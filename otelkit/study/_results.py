@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from otelkit.study._counters import per_model
 from otelkit.study._derived import Row
 from otelkit.study._point import Point
 from otelkit.study._predict import Prediction, parse_changes, predict
+from otelkit.study._stats import interval
 from otelkit.study._verdicts import Verdict, verdicts
 
 __all__ = [
@@ -270,77 +270,6 @@ def read_results(path: str | Path) -> StudyResults:
             elif kind == "end":
                 results.status, results.message = record["status"], record.get("message", "")
     return results
-
-
-def _beta_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    result = d
-    for m in range(1, 300):
-        for numerator in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            result *= d * c
-        if abs(d * c - 1.0) < 1e-12:
-            break
-    return result
-
-
-def _t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom (``df`` need not be whole)."""
-    if t == 0:
-        return 0.5
-    x = df / (df + t * t)
-    a, b = df / 2, 0.5
-    front = math.exp(
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    if x < (a + 1) / (a + b + 2):
-        tail = front * _beta_fraction(a, b, x) / a
-    else:
-        tail = 1.0 - front * _beta_fraction(b, a, 1 - x) / b
-    return 1.0 - tail / 2 if t >= 0 else tail / 2
-
-
-def _t_quantile(p: float, df: float) -> float:
-    """Student's t quantile, by bisection on its distribution function."""
-    if math.isinf(df) or df > 1e6:
-        return statistics.NormalDist().inv_cdf(p)
-    low, high = -1e3, 1e3
-    for _ in range(200):
-        middle = (low + high) / 2
-        if _t_cdf(middle, df) < p:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2
-
-
-def interval(
-    before: Sequence[float], after: Sequence[float], confidence: float = 0.95
-) -> tuple[float, float]:
-    """The interval of mean(after) − mean(before), from each side's samples (Welch)."""
-    if len(before) < 2 or len(after) < 2:
-        return (-math.inf, math.inf)
-    var_b, var_a = statistics.variance(before), statistics.variance(after)
-    se2_b, se2_a = var_b / len(before), var_a / len(after)
-    se = math.sqrt(se2_b + se2_a)
-    diff = statistics.fmean(after) - statistics.fmean(before)
-    if se == 0:
-        return (diff, diff)
-    df = (se2_b + se2_a) ** 2 / (
-        (se2_b**2 / (len(before) - 1) if se2_b else 0.0)
-        + (se2_a**2 / (len(after) - 1) if se2_a else 0.0)
-    )
-    half = _t_quantile(0.5 + confidence / 2, df) * se
-    return (diff - half, diff + half)
 
 
 @dataclass(frozen=True)

@@ -300,20 +300,33 @@ def _parts_figures(
     parts = []
     for k, window in enumerate(point.windows):
         begun, ended = edges[k], edges[k + 1]
-        busy = run.edges[k].host.rate(run.edges[k + 1].host) if local else None
+        seconds = window.seconds or 0.0
+        busy = _cores(run.edges[k].host, run.edges[k + 1].host, seconds) if local else None
         before, after = snapshots[k], snapshots[k + 1]
-        models = {m: c.rate(ended.models[m]) for m, c in begun.models.items()}
+        models = {m: _cores(c, ended.models[m], seconds) for m, c in begun.models.items()}
         parts.append(
             replace(
                 window,
                 busy_cores=min(busy, cores) if busy is not None else None,
-                python_cores=begun.python.rate(ended.python) if host else None,
-                balancer_cores=begun.balancer.rate(ended.balancer) if balancer else None,
+                python_cores=_cores(begun.python, ended.python, seconds) if host else None,
+                balancer_cores=_cores(begun.balancer, ended.balancer, seconds)
+                if balancer
+                else None,
                 process_cores={m: c for m, c in models.items() if c is not None},
                 triton=difference(before, after) if before and after else {},
             )
         )
     return parts
+
+
+def _cores(first: CpuSample, last: CpuSample, seconds: float) -> float | None:
+    """The cores kept busy over a part: its CPU over the part's own length (not the reads'
+    span), so that a part's CPU per request is its CPU over its requests, and the parts' CPU
+    adds up to the point's."""
+    if first.seconds is None or last.seconds is None or seconds <= 0:
+        return None
+    grown = last.seconds - first.seconds
+    return grown / seconds if grown >= 0 else None
 
 
 def _with_config(figures: ModelFigures, endpoint: Endpoint, model: str) -> ModelFigures:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from otelkit._errors import StudyError
@@ -98,7 +99,8 @@ def schedule_start(now: float, lead_s: float) -> float:
 
 def merge_files(paths: Sequence[str | Path], out: str | Path) -> StudyResults:
     """One results file at ``out`` from the parts at ``paths``: point by point, throughputs
-    summed and histograms merged; Triton's figures and the traces are the first part's.
+    summed and histograms merged; Triton's figures (its windows' too) and the traces are the
+    first part's.
 
     A part that failed or was interrupted makes the merged file say so (with its message).
     """
@@ -118,6 +120,11 @@ def merge_files(paths: Sequence[str | Path], out: str | Path) -> StudyResults:
         combined = merge_parts(same, max_error_share=max_error_share)
         combined.triton, combined.gpus, combined.traces = point.triton, point.gpus, point.traces
         combined.gpu_instances = point.gpu_instances
+        if len(combined.windows) == len(point.windows):  # the server's parts, as its point's
+            combined.windows = [
+                replace(w, triton=p.triton)
+                for w, p in zip(combined.windows, point.windows, strict=True)
+            ]
         merged.points.append(combined)
     bad = [p for p in parts if p.status != "complete"]
     if bad:

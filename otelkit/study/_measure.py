@@ -294,8 +294,11 @@ def _parts_figures(
 ) -> list[Window]:
     """The point's windows with what each part's edges read: the host's busy cores (when it
     serves), the server's Python processes', the balancer's, each model's processes' and
-    Triton's counters; a part whose edge lacks a read lacks that figure."""
-    cores = host_cores()
+    Triton's counters; a part whose edge lacks a read lacks that figure.
+
+    The host's cores are not capped at its count in a part, as they are in the point: a part
+    of 0.2 s on a busy host may read a tick (10 ms) of each core more than it had, which is
+    noise its spread should show, and the parts add up to the point's busy time."""
     host, balancer = point.host, point.host is not None and point.host.balancer_workers > 0
     parts = []
     for k, window in enumerate(point.windows):
@@ -307,7 +310,7 @@ def _parts_figures(
         parts.append(
             replace(
                 window,
-                busy_cores=min(busy, cores) if busy is not None else None,
+                busy_cores=busy,
                 python_cores=_cores(begun.python, ended.python, seconds) if host else None,
                 balancer_cores=_cores(begun.balancer, ended.balancer, seconds)
                 if balancer

@@ -266,7 +266,9 @@ def test_a_real_tritons_windows_add_up_to_their_point_and_a_saturated_model_is_s
         assert sum(w.seconds or 0 for w in windows) == pytest.approx(point.seconds, abs=1e-9)
         assert sum(w.cpu_s or 0 for w in windows) == pytest.approx(point.cpu_s, abs=1e-9)
         # Triton's counters telescope: the parts' differences add up to the point's exactly
-        parts = [w.triton["fixed_fp32"] for w in windows]
+        # a part in which no request completed (a host busy with other work) has no figures
+        parts = [w.triton["fixed_fp32"] for w in windows if "fixed_fp32" in w.triton]
+        assert len(parts) == sum(1 for w in windows if w.requests)
         whole = point.triton["fixed_fp32"]
         assert sum(f.requests for f in parts) == whole.requests
         assert sum(f.compute_ms * f.requests for f in parts) == pytest.approx(
@@ -283,15 +285,16 @@ def test_a_real_tritons_windows_add_up_to_their_point_and_a_saturated_model_is_s
     spreads = spread(saturated)
     model = spreads["model fixed_fp32"]
     assert model.reason == "" and model.utilisation is not None and model.demand_ms is not None
-    # One instance sleeping 10 ms a request with 4 in flight is busy all the time. A part's
-    # demand is the mean of its 18 or so requests' compute: the sleep plus the wake-up of a
-    # shared 2-core host (1 to 2 ms on average here, with spikes): the ten parts' mean was
-    # within ±4 to 6 % in runs here, and 10 % allows twice the widest. U is that demand times
-    # the part's throughput, 1 in every part of an instance always busy up to a request's
-    # worth at either edge (the client's completions and Triton's counters at one moment:
-    # ±1 of 18 at most), so its interval is within ±0.08 (±0.02 to 0.035 seen here); parts
-    # whose edges were not the counters' moments would be off by several requests.
-    assert model.demand_ms.half_width < 0.10 * model.demand_ms.value
+    # One instance sleeping 10 ms a request with 4 in flight is busy all the time, however
+    # long the host makes each sleep: a part's U is its compute over its length, 1 up to the
+    # request that straddles each of its edges (Triton counts a request's compute when it
+    # ends, as the client counts it): ±10 ms of a 0.2 s part, ±0.05, of which the mean of
+    # ten parts keeps about a third. ±0.02 to 0.035 was seen here, and ±0.08 allows twice
+    # the widest; the demand alone is not steady on a shared host (each sleep's wake-up).
+    # Under other processes' load far past the cores (a load average of 70 to 200, other
+    # suites' 1,000-thread benchmarks) a stub paused for longer than a part makes one part
+    # hold a 0.5 s request: its U reads 2.5, the interval ±0.3 to ±1.5, and this fails, as
+    # it should: the point could then separate nothing.
     assert model.utilisation.half_width < 0.08
     assert 0.9 < model.utilisation.value <= 1.02
     assert model.throughputs == tuple(w.throughput for w in saturated.windows)

@@ -133,6 +133,14 @@ def test_a_busy_load_balancer_is_named_and_its_plateau_predicted(
     low = results.points[0]
     demand = resources(low)["load balancer"].demand_ms
     assert SPIN_S * 1e3 <= demand <= SPIN_S * 1e3 * 1.3  # the spin, and Envoy's own
+    # Envoy's CPU in each part of the window adds up to the point's: the same reads of /proc,
+    # over the parts' lengths where the point's rate is over its reads' span, which differ by
+    # the time from the first read of an edge to the middle of its hook (a few ms each end)
+    assert low.host is not None and low.host.balancer_cores is not None
+    parts = [(w.balancer_cores, w.seconds) for w in low.windows]
+    assert all(cores is not None and seconds for cores, seconds in parts)
+    envoy_s = sum((cores or 0.0) * (seconds or 0.0) for cores, seconds in parts)
+    assert envoy_s == pytest.approx(low.host.balancer_cores * low.seconds, abs=0.05)
     # Envoy's span less the server's, in the breakdown: the spin, by the clock
     assert low.traces is not None and low.traces.traces >= 10
     assert SPIN_S * 1e3 <= (low.component_ms(LOAD_BALANCER) or 0.0) <= SPIN_S * 1e3 * 2

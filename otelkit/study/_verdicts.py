@@ -31,6 +31,8 @@ the plateau from the lowest point alone, m / D_low.
 - **underloaded** (along instances, or servers): more do not pay and none is busy: the load
   does not keep them busy;
 - **unknown**: throughput stops while no measured resource is at its limit and no demand grew;
+- **overload**: the server refused requests past its capacity (``_overload``): the capacity,
+  where refusals start, and whether goodput holds or collapses past it;
 - **failed**: the curve holds points that failed or erred: no verdict on it.
 
 >>> from otelkit.study._point import Point
@@ -50,6 +52,7 @@ from typing import Any, Literal
 from otelkit.analysis._breakdown import NETWORK, SERVER_QUEUE
 from otelkit.study._capacity import resources
 from otelkit.study._derived import LOAD_AXES, along, knee
+from otelkit.study._overload import overload
 from otelkit.study._point import Point
 
 __all__ = ["Evidence", "Kind", "Verdict", "judge", "verdicts"]
@@ -63,6 +66,7 @@ Kind = Literal[
     "rising",
     "underloaded",
     "unknown",
+    "overload",
     "failed",
 ]
 _Make = Callable[..., "Verdict"]  # (kind, resource evidence, sentence, change)
@@ -301,6 +305,18 @@ def judge(
             "failed",
             None,
             f"no verdict: {len(bad)} of {len(ordered)} points did not measure cleanly: {named}",
+        )
+    shed = overload(ordered, axis, unit=unit, tolerance=tolerance)
+    if shed is not None:
+        return Verdict(
+            curve,
+            axis,
+            "overload",
+            shed.model,
+            shed.sentence,
+            "queue",
+            shed.capacity_per_s,
+            change=shed.change,
         )
     found = knee([(p.params[axis], p.throughput) for p in ordered], tolerance)
     assert found is not None

@@ -1,4 +1,5 @@
-"""The plots of a study's results: scaling, latency, utilisation, attribution, saturation, GPUs.
+"""The plots of a study's results: scaling, latency, utilisation, attribution, saturation, GPUs,
+and a refusing server's offered, served and refused requests.
 
 Read through ``otelkit.study``'s results API (``StudyResults``: its points, derived rows and
 verdicts), so the page says what ``otelkit study show`` says. A plot appears only when its data
@@ -64,6 +65,7 @@ def study_charts(results: StudyResults, prefix: str = "study") -> list[Chart]:
     charts: list[Chart] = []
     for axis in swept(ok):
         charts += _throughput_and_latency(results, ok, axis, unit, prefix)
+        charts += _overload(ok, axis, unit, prefix)
     charts += _derived(results, prefix)
     charts += _throughput_by_batch(results, prefix)
     load_axis = next(iter(swept(ok)), None)
@@ -116,6 +118,36 @@ def _throughput_and_latency(
             ("ms", "latency (ms)"),
             dash="percentile",
         ),
+    ]
+
+
+def _overload(ok: list[Point], axis: str, unit: str, prefix: str) -> list[Chart]:
+    """Offered, served (goodput) and refused a second along a load axis where the server
+    refused requests: whether goodput holds or collapses past the refusals' onset."""
+    if axis not in ("rate", "concurrency") or not any(p.refused for p in ok):
+        return []
+    rows = []
+    for curve, members in curves(ok, axis).items():
+        for p in members:
+            for what, value in (
+                ("offered", p.offered),
+                ("served", p.throughput),
+                ("refused", p.refused_per_s),
+            ):
+                rows.append(
+                    {axis: p.params[axis], f"{unit}s/s": round(value, 3), "series": what}
+                    | ({"curve": curve} if curve else {})
+                )
+    return [
+        line_chart(
+            f"{prefix}-overload-{axis}",
+            f"Offered, served and refused against {axis}",
+            rows,
+            (axis, axis_title(axis)),
+            (f"{unit}s/s", f"{unit}s/s"),
+            dash="curve" if any("curve" in row for row in rows) else None,
+            note="Served is goodput: past the refusals' onset it holds or collapses.",
+        )
     ]
 
 

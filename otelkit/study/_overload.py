@@ -103,12 +103,11 @@ def overload(
 
 
 def _offered(point: Point, axis: str, named: bool) -> str:
-    """``80/s offered``, or a closed loop's ``8 threads (sending 400/s)``; ``named`` adds
+    """``80/s offered``, or a closed loop's ``8 threads, sending 400/s``; ``named`` adds
     the word ``offered`` to an open loop's rate."""
     if axis == "rate":
         return f"{point.offered:.0f}/s offered" if named else f"{point.offered:.0f}/s"
-    threads = point.params[axis]
-    return f"{threads} threads (sending {point.offered:.0f}/s)"
+    return f"{point.params[axis]} threads, sending {point.offered:.0f}/s"
 
 
 def _model(points: Sequence[Point]) -> str | None:
@@ -125,26 +124,32 @@ def _model(points: Sequence[Point]) -> str | None:
 
 
 def _client(point: Point, axis: str, collapses: bool, tolerance: float) -> str:
-    """The client's CPU at the most offered load: on a host whose cores are busy, the refused
-    calls' cost to the client is part of what the server no longer serves."""
+    """The client's CPU at the most offered load. On a host whose cores are busy, the client's
+    cost of the refused calls is part of a collapse where it holds a share of the cores beyond
+    the tolerance; otherwise it is too little to explain it, and is said as such."""
     sent = point.offered * point.seconds
     if not point.cpu_s or not sent:
         return ""
-    per_call_ms = point.cpu_s / sent * 1e3
     said = (
-        f"; the client's CPU at {_offered(point, axis, True)}: U {point.cpu_cores:.2f} of a core, "
-        f"{per_call_ms:.2f} ms a call"
+        f"; the client's CPU at {_offered(point, axis, True)}: U {point.cpu_cores:.2f} of a "
+        f"core, {point.cpu_s / sent * 1e3:.2f} ms a call"
     )
     host = point.host
-    if host is None or host.busy_cores is None or not host.cores:
+    if not collapses or host is None or host.busy_cores is None or not host.cores:
         return said
     busy = host.busy_cores / host.cores
-    if collapses and busy >= 1 - 2 * tolerance:
-        said += (
-            f", on a host whose {host.cores} cores were U {busy:.2f} busy: part of the collapse "
-            "may be the client's cost of the refused calls (measure from another host to tell)"
+    if busy < 1 - 2 * tolerance:
+        return said
+    if point.cpu_cores >= 2 * tolerance * host.cores:
+        return (
+            f"{said}, of a host whose {host.cores} cores were U {busy:.2f} busy: part of the "
+            "collapse may be the client's own cost of the refused calls (drive it from another "
+            "host to tell)"
         )
-    return said
+    return (
+        f"{said}, of a host whose {host.cores} cores were U {busy:.2f} busy: too little to "
+        "explain the collapse"
+    )
 
 
 def settle(point: Point, http_url: str | None) -> None:

@@ -372,6 +372,8 @@ def _done_text(point: Point, unit: str) -> str:
     if point.status == "failed":
         return f"failed: {point.error}"
     errors = f", {point.failed} errors" if point.failed else ""
+    if point.refused:
+        errors += f", {point.refused_per_s:.1f}/s refused ({', '.join(sorted(point.refused))})"
     if point.status == "errors":
         errors = f"; too many errors: {point.error}"
     return (

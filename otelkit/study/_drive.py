@@ -222,20 +222,19 @@ def error_kind(error: BaseException) -> str:
     return f"{name} {code}" if code not in (None, "") else name
 
 
-#: What a server says when it sheds load, lowercase, and the reason a refusal is counted under:
-#: Triton's queue policy (HTTP 503 or gRPC UNAVAILABLE with these messages) whatever the status.
-_QUEUE = (
+#: What a server says when it sheds load, lowercase, and the reason a refusal is counted under,
+#: whatever the status: Triton's queue policy (HTTP 503 or gRPC UNAVAILABLE), a gRPC server's
+#: ``maximum_concurrent_rpcs`` (RESOURCE_EXHAUSTED).
+_SHED = (
     ("exceeds maximum queue size", "queue full"),
     ("request timeout expired", "queue timeout"),
+    ("concurrent rpc limit exceeded", "rpc limit"),
 )
 #: Envoy's 503s: its circuit breaker, and an upstream that refused the connection behind it.
 _PROXY = (("overflow", "proxy overflow"), ("upstream connect", "proxy upstream"))
-#: Statuses that say "not now" whatever the message: HTTP's, and gRPC's.
-_REFUSING = {
-    "429": "429 too many requests",
-    "503": "503 unavailable",
-    "StatusCode.RESOURCE_EXHAUSTED": "resource exhausted",
-}
+#: HTTP statuses that say "not now" whatever the message (gRPC's UNAVAILABLE and
+#: RESOURCE_EXHAUSTED also mean a failed connection or a message too large: by message only).
+_REFUSING = {"429": "429 too many requests", "503": "503 unavailable"}
 
 
 def refusal(error: BaseException) -> str | None:
@@ -255,7 +254,7 @@ def refusal(error: BaseException) -> str | None:
     True
     """
     message = str(error).lower()
-    for words, reason in _QUEUE:
+    for words, reason in _SHED:
         if words in message:
             return reason
     status = _status(error) or ""

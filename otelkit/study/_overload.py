@@ -107,7 +107,8 @@ def _offered(point: Point, axis: str, named: bool) -> str:
     the word ``offered`` to an open loop's rate."""
     if axis == "rate":
         return f"{point.offered:.0f}/s offered" if named else f"{point.offered:.0f}/s"
-    return f"{point.params[axis]} threads, sending {point.offered:.0f}/s"
+    threads = point.params[axis]
+    return f"{threads} thread{'s' if threads != 1 else ''}, sending {point.offered:.0f}/s"
 
 
 def _model(points: Sequence[Point]) -> str | None:
@@ -172,10 +173,25 @@ def settle(point: Point, http_url: str | None) -> None:
     point.status, point.error = "ok", ""
 
 
+#: How clients say a connection was refused, or closed under a request in flight (a server
+#: killed while it answered): tritonclient's HTTP and gRPC, Python's own.
+_CONNECTION = (
+    "connection refused",
+    "failed to connect",
+    "connectionclosed",
+    "connection closed",
+    "connection reset",
+    "connection aborted",
+    "remote end closed",
+    "broken pipe",
+)
+
+
 def _connections_refused(point: Point) -> bool:
-    messages = [point.error_samples.get(kind, kind).lower() for kind in point.errors]
-    words = ("connection refused", "failed to connect")
-    return bool(messages) and all(any(w in m for w in words) for m in messages)
+    # a point stopped in its warm-up has its failures' kinds, and no measured ones
+    kinds = point.errors or point.error_samples
+    said = [f"{kind} {point.error_samples.get(kind, '')}".lower() for kind in kinds]
+    return bool(said) and all(any(words in s for words in _CONNECTION) for s in said)
 
 
 def ready(http_url: str | None, timeout_s: float = 2.0) -> bool:

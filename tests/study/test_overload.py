@@ -44,6 +44,7 @@ from otelkit.study._results import ResultsWriter
 from otelkit.study._verdicts import Verdict, verdicts
 from otelkit.testing import wait_until
 from otelkit.tritonserver import TritonServer, free_port
+from tests.study.conftest import answered, points_written
 from tests.study.truth.capacity import MODELS, triton
 
 REFUSING = "refusing"
@@ -406,9 +407,11 @@ def test_a_refusing_server_killed_mid_sweep_ends_the_study(tmp_path: Path) -> No
         sweep = _study(own, out, {"rate": [320, 320, 320]}, max_errors=50)
 
         def kill_during_the_second_point() -> None:
-            wait_until(lambda: out.exists() and _points(out) == 1, 60, "the first point")
-            first = _answered(own.http_url)
-            wait_until(lambda: _answered(own.http_url) > first, 30, "the second point's requests")
+            wait_until(lambda: out.exists() and points_written(out) == 1, 60, "the first point")
+            first = answered(own.http_url, REFUSING)
+            wait_until(
+                lambda: answered(own.http_url, REFUSING) > first, 30, "the second point's requests"
+            )
             assert own.pid is not None
             os.killpg(own.pid, signal.SIGKILL)
 
@@ -424,15 +427,3 @@ def test_a_refusing_server_killed_mid_sweep_ends_the_study(tmp_path: Path) -> No
     assert [p.status for p in results.points] == ["ok", "failed"]
     assert sum(results.points[0].refused.values()) > 50  # refusals past max_errors: measured
     assert results.status == "failed" and _end(out)["status"] == "failed"
-
-
-def _points(path: Path) -> int:
-    lines = path.read_text().split("\n")[:-1]
-    return sum(json.loads(line)["record"] == "point" for line in lines)
-
-
-def _answered(http_url: str) -> int:
-    url = f"http://{http_url}/v2/models/{REFUSING}/stats"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        (stats,) = json.load(response)["model_stats"]
-    return int(stats["inference_stats"]["success"]["count"])

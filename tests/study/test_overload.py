@@ -36,6 +36,7 @@ from tritonclient.utils import InferenceServerException
 
 from otelkit._errors import StudyError
 from otelkit.cli import main
+from otelkit.report._study_charts import study_charts
 from otelkit.study import Load, Remote, Study, StudyResults, read_results
 from otelkit.study._drive import drive, refusal
 from otelkit.study._overload import settle
@@ -184,6 +185,24 @@ def test_a_point_with_refusals_round_trips_and_shows(
     row = shown.splitlines()[2].split()
     assert row[:4] == ["rate=160", "160.0", "20.0", "139.5"], shown
     assert "refused: 270 queue full, 9 queue timeout" in shown
+
+
+def test_the_report_plots_offered_served_and_refused() -> None:
+    low = replace(_shed_point(0, 40), refused={}, refusal_samples={})
+    results = StudyResults({"unit": "request"}, [low, _shed_point(1, 160)])
+    results.derive()
+    (chart,) = [c for c in study_charts(results) if c.name == "study-overload-rate"]
+    assert chart.title == "Offered, served and refused against rate"
+    values = chart.spec["layer"][0]["data"]["values"]
+    assert [(v["rate"], v["series"], v["requests/s"]) for v in values] == [
+        (40, "offered", 40.0),
+        (40, "served", 20.0),
+        (40, "refused", 0.0),
+        (160, "offered", 160.0),
+        (160, "served", 20.0),
+        (160, "refused", 139.5),
+    ]
+    assert not [c for c in study_charts(StudyResults({}, [low])) if "overload" in c.name]
 
 
 def test_no_refusals_no_overload_columns() -> None:

@@ -32,6 +32,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from otelkit._errors import StudyError
@@ -210,6 +212,18 @@ def test_no_refusals_no_overload_columns() -> None:
     summary = StudyResults({"unit": "request"}, [low], path=None).summary()
     assert summary.splitlines()[0].split()[:2] == ["point", "requests/s"]
     assert "refused" not in summary
+
+
+def test_the_refusing_models_limit_by_construction() -> None:
+    """What the capacity checks below take from the refusing model's config.pbtxt."""
+    config = text_format.Parse(
+        (MODELS / REFUSING / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    assert config.max_batch_size == MAX_BATCH
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 4
+    limit = triton(REFUSING)
+    # each request's 10 ms runs in turn within a batch: 100/s, batched or not
+    assert (round(limit.per_s, 1), limit.partway, round(limit.request_s * 1e3)) == (100.0, 1, 10)
 
 
 @pytest.fixture(scope="module")

@@ -402,6 +402,7 @@ def test_a_closed_loop_beyond_the_queue_is_refused(server: TritonServer, tmp_pat
     assert_capacity(results.points)
 
 
+@pytest.mark.triton
 def test_refused_connections_from_a_ready_server_are_refusals(server: TritonServer) -> None:
     point = _failed_by_refused_connections()
     settle(point, server.http_url)

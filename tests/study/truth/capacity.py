@@ -9,6 +9,7 @@ is the least of:
 
 - a model's instances: m / (its stages' time a request), an instance serving one at a time;
 - the lock every instance shares: 1 / (the time a request holds it);
+- a pool of k tokens a model's instances share: k / (the time a request holds one);
 - the host's cores: cores / (the CPU a request spins);
 - one Python process's GIL: 1 / (the CPU its Python spends a request).
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tests.study.truth.stages import parse
+from tests.study.truth.stages import parse, pool_size
 
 MODELS = Path(__file__).parent / "models"
 
@@ -163,6 +164,14 @@ def triton(name: str, rows: int = 1) -> Capacity:
         why = f"{holders} under a lock all {every} instances share: 1 / {_ms(hold)}"
         least_why = f"1 / ({_ms(hold)} + {_ms(HANDOFF_S)} passing it on) (HANDOFF_S)"
         limits.append(Capacity(1 / hold, why, 1 / (hold + HANDOFF_S), least_why, 1, request_s))
+    for m, stages in timed:
+        for stage, kind, s in stages:
+            k = pool_size(kind)
+            if k is None:
+                continue
+            why = f"{stage} ({_ms(s)}) holding one of {m.name}'s {k} tokens: {k} / {_ms(s)}"
+            least_why = f"{k} / ({_ms(s)} + {_ms(HANDOFF_S)} passing a token on) (HANDOFF_S)"
+            limits.append(Capacity(k / s, why, k / (s + HANDOFF_S), least_why, k, request_s))
     cpu_s = sum(s for _, stages in timed for _, kind, s in stages if kind == "spin")
     if cpu_s:
         cores = host_cores()

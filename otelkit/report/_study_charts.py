@@ -185,8 +185,7 @@ def _utilisation(results: StudyResults, ok: list[Point], prefix: str) -> list[Ch
             else "no plateau within the sweep"
         )
         predicted = (
-            f"; predicted m/D {verdict.predicted_per_s:.0f} "
-            f"{unit}s/s (derived)"
+            f"; predicted m/D {verdict.predicted_per_s:.0f} {unit}s/s (derived)"
             if verdict.predicted_per_s
             else ""
         )

@@ -118,7 +118,9 @@ def _more_instances(point: Point, points: Sequence[Point]) -> list[Point]:
     ]
 
 
-def _gain(verdict: Verdict, points: Sequence[Point], tolerance: float) -> tuple[Point, Point] | None:
+def _gain(
+    verdict: Verdict, points: Sequence[Point], tolerance: float
+) -> tuple[Point, Point] | None:
     """A point of the curve and one alike with more instances that served more, beyond the
     tolerance and both points' noise."""
     members = [p for p in along(points, verdict.axis).get(verdict.curve, []) if p.status == "ok"]
@@ -162,15 +164,15 @@ def contradictions(
                         f"{named.name} allows at most {capacity:.0f}/s, and "
                         f"{point.throughput:.0f}/s were measured",
                     )
-        if named is not None and named.utilisation is not None:
-            if named.utilisation > 1 + tolerance:
-                at = _read_at(verdict, ok)
-                say(
-                    "parallelism",
-                    at if at is not None else ok[0],
-                    f"{named.name} is named at U {named.utilisation:.2f}, above its "
-                    f"{named.servers:g}",
-                )
+        over = named is not None and (named.utilisation or 0.0) > 1 + tolerance
+        if named is not None and over:
+            at = _read_at(verdict, ok)
+            say(
+                "parallelism",
+                at if at is not None else ok[0],
+                f"{named.name} is named at U {named.utilisation or 0.0:.2f}, above its "
+                f"{named.servers or 0:g}",
+            )
         members = [p for p in along(ok, verdict.axis).get(verdict.curve, [])]
         if "plateaus at" in verdict.sentence and len(members) > 1:
             shape = knee([(p.params[verdict.axis], p.throughput) for p in members], tolerance)

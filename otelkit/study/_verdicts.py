@@ -399,9 +399,7 @@ def judge(
     rows += _held(rows, tolerance, floor)
     # a resource measured busier than its parallelism is not what the model takes it for (a
     # client whose work leaves the GIL is not one core): it is not named
-    refuted = [
-        r for r in rows if r.utilisation is not None and r.utilisation > 1 + tolerance
-    ]
+    refuted = [r for r in rows if r.utilisation is not None and r.utilisation > 1 + tolerance]
     candidates = sorted(
         (r for r in rows if r.load is not None and r.kind != "stage" and r not in refuted),
         key=lambda r: r.load or 0.0,

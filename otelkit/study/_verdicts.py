@@ -64,6 +64,7 @@ Kind = Literal[
     "rising",
     "underloaded",
     "unknown",
+    "undecided",
     "failed",
 ]
 _Make = Callable[..., "Verdict"]  # (kind, resource evidence, sentence, change)
@@ -422,6 +423,7 @@ def judge(
         *,
         predicted: bool = True,
         resource: str | None = None,
+        named: str | None = None,
     ) -> Verdict:
         """``predicted``: the bottleneck law's plateau from ``top``'s demand holds."""
         # a resource at its limit stops throughput whatever the curve's shape says yet
@@ -432,7 +434,7 @@ def judge(
             curve,
             axis,
             kind,
-            top.name if top else None,
+            named or (top.name if top else None),
             sentence + "".join(_refuted_words(r) for r in facts.refuted),
             kind_of,
             plateau,
@@ -475,7 +477,70 @@ def judge(
         return verdict(
             "rising", top, (f"{facts.throughput()} and no resource is at its limit{nearest}")
         )
+    rivals = _rivals(candidates, facts, busy)
+    if len(rivals) > 1:
+        return _undecided(facts, rivals, verdict)
     return _at_limit(facts, top, verdict)
+
+
+def _spread(row: Evidence, facts: _Curve) -> float:
+    """The relative half-width of a resource's U*: the noise of the two points its figures come
+    from (its demand from the lowest point, the throughput at the peak)."""
+    return noise(facts.low) + noise(facts.peak)
+
+
+def _rivals(candidates: Sequence[Evidence], facts: _Curve, busy: float) -> list[Evidence]:
+    """The resources at their limit that the figures cannot tell from the busiest one: each
+    one's U* within the two's spreads of the busiest's."""
+    if not candidates:
+        return []
+    top = candidates[0]
+    low = (top.load or 0.0) * (1 - _spread(top, facts))
+    return [top] + [
+        c
+        for c in candidates[1:]
+        if (c.load or 0.0) >= busy and (c.load or 0.0) * (1 + _spread(c, facts)) >= low
+    ]
+
+
+def _what_if(row: Evidence) -> str:
+    """The change that lifts ``row`` alone, as ``otelkit study predict`` takes it."""
+    more = int(round(row.servers or 1)) + 1
+    if row.kind == "instances":
+        return f"--set {row.name}.instances={more} --confirm"
+    if row.kind == "cores":
+        return f"--set host.cores={more}"
+    if row.kind == "client":
+        return f"--set client.processes={more}"
+    if row.kind == "balancer":
+        return f"--set balancer.workers={more}"
+    if row.kind in _HYPOTHESES:
+        return f"--set {row.name}.parallelism={more}"
+    return ""
+
+
+def _undecided(facts: _Curve, rivals: Sequence[Evidence], verdict: _Make) -> Verdict:
+    """Two resources or more at their limit, within their noise of each other."""
+    named = " and ".join(
+        f"{_resource_words(r)} (U* {r.load:.2f} ± {(r.load or 0.0) * _spread(r, facts):.2f}, "
+        f"at most {facts.per_s(r.limit_per_s or 0.0)})"
+        for r in rivals
+    )
+    changes = [f"otelkit study predict STUDY {w}" for w in map(_what_if, rivals) if w]
+    separate = f"; what would separate them: {'; or '.join(changes)}" if changes else ""
+    first = min(rivals, key=lambda r: r.limit_per_s or float("inf"))
+    return verdict(
+        "undecided",
+        first,
+        (
+            f"cannot separate {named} at {facts.peak.label}: each is at its limit within the "
+            f"point's noise; {facts.throughput()}{separate}"
+        ),
+        "measure the change that lifts one of them alone: "
+        + ", ".join(_what_if(r) or _resource_words(r) for r in rivals),
+        resource="undecided",
+        named=" or ".join(r.name for r in rivals),
+    )
 
 
 def _refuted_words(row: Evidence) -> str:

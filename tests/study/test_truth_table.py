@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind
 
 import otelkit
 from otelkit.study import Endpoint, Load, ModelCalls, Remote, Study, StudyResults, Tracing, Workload
+from otelkit.study._falsify import contradictions
 from otelkit.study._verdicts import Verdict, verdicts
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import TESTS
@@ -101,6 +102,8 @@ def study(
 def only(results: StudyResults) -> Verdict:
     (verdict,) = results.verdicts
     print(results.summary())  # what a failure needs to be read
+    # no printed claim contradicts a measured point
+    assert contradictions(results.verdicts, results.points) == []
     return verdict
 
 

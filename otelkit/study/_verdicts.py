@@ -505,7 +505,7 @@ def _rivals(candidates: Sequence[Evidence], facts: _Curve, busy: float) -> list[
 
 def _what_if(row: Evidence) -> str:
     """The change that lifts ``row`` alone, as ``otelkit study predict`` takes it."""
-    more = int(round(row.servers or 1)) + 1
+    more = round(row.servers or 1) + 1
     if row.kind == "instances":
         return f"--set {row.name}.instances={more} --confirm"
     if row.kind == "cores":

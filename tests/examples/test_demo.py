@@ -24,8 +24,7 @@ from gnn_tracking.driving.demo import Restart, after_failure, failed_checks
 from gnn_tracking.driving.http_parse import keep_response_heads
 from gnn_tracking.driving.options import OPTIONS, Remote
 
-from otelkit.study._falsify import contradictions
-from otelkit.study._results import read_results
+from otelkit.study import read_results
 from otelkit.testing import wait_until
 from otelkit.tritonserver import TritonServer
 from tests.paths import MODELS, ROOT
@@ -88,8 +87,7 @@ def test_make_demo_runs_end_to_end_and_passes_its_checks(
     verdicts = [r for r in records if r["record"] == "verdict"]
     assert len(verdicts) == 1 and verdicts[0]["kind"] not in ("failed", "unknown")
     # no claim the demo prints (a capacity, a plateau, a parallelism) refutes its own points
-    study = read_results(out / "study.jsonl")
-    assert contradictions(study.verdicts, study.points) == [], verdicts[0]["sentence"]
+    assert read_results(out / "study.jsonl").contradictions() == [], verdicts[0]["sentence"]
     assert f"{verdicts[0]['kind']}: {verdicts[0]['sentence']}" in done.stdout
     for number, r in enumerate(restarts, start=1):
         print(f"restart {number}, {r['run']}: {r['cause']}\n{r['log_excerpt']}")

@@ -23,7 +23,6 @@ from opentelemetry.trace import SpanKind
 
 import otelkit
 from otelkit.study import Endpoint, Load, ModelCalls, Remote, Study, StudyResults, Tracing, Workload
-from otelkit.study._falsify import contradictions
 from otelkit.study._verdicts import Verdict, verdicts
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import TESTS
@@ -103,7 +102,7 @@ def only(results: StudyResults) -> Verdict:
     (verdict,) = results.verdicts
     print(results.summary())  # what a failure needs to be read
     # no printed claim contradicts a measured point
-    assert contradictions(results.verdicts, results.points) == []
+    assert results.contradictions() == []
     return verdict
 
 

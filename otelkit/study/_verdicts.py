@@ -79,6 +79,8 @@ _AXIS_WORDS = {
 #: a demand at the peak below this share of the lowest point's fell with load; above, the two
 #: differ by no more than a point's windows do at a steady load (docs/study.md)
 _FALLS = 0.95
+#: a demand's relative spread where a point's windows do not carry their own
+_DEMAND_SPREAD = 0.05
 #: the axes along which more of the deployment serves the same load: the question is why the
 #: most of it does not pay, read where there is the most of it
 _SCALE_AXES = ("instances", "servers")
@@ -400,7 +402,11 @@ def judge(
     rows += _held(rows, tolerance, floor)
     # a resource measured busier than its parallelism is not what the model takes it for (a
     # client whose work leaves the GIL is not one core): it is not named
-    refuted = [r for r in rows if r.utilisation is not None and r.utilisation > 1 + tolerance]
+    refuted = [
+        r
+        for r in rows
+        if r.kind != "stage" and r.utilisation is not None and r.utilisation > 1 + tolerance
+    ]
     candidates = sorted(
         (r for r in rows if r.load is not None and r.kind != "stage" and r not in refuted),
         key=lambda r: r.load or 0.0,
@@ -484,9 +490,9 @@ def judge(
 
 
 def _spread(row: Evidence, facts: _Curve) -> float:
-    """The relative half-width of a resource's U*: the noise of the two points its figures come
-    from (its demand from the lowest point, the throughput at the peak)."""
-    return noise(facts.low) + noise(facts.peak)
+    """The relative half-width of a resource's U* beside another's at the same peak: their
+    throughput is the same, so only the demands' own spread separates them."""
+    return _DEMAND_SPREAD
 
 
 def _rivals(candidates: Sequence[Evidence], facts: _Curve, busy: float) -> list[Evidence]:

@@ -30,6 +30,7 @@ from tests.study.conftest import kserve_app
 from tests.study.truth.capacity import (
     TICKS,
     Capacity,
+    batches,
     host_cores,
     model,
     python_process,
@@ -362,6 +363,26 @@ def test_an_open_loop_offered_beyond_capacity_is_saturated(
     assert "offered" in verdict.sentence
     assert_predicted(verdict, results)
     assert_constructed(triton("saturated"), results, verdict)
+
+
+def test_a_demand_that_falls_as_batches_fill_is_read_at_the_peak(
+    truth: TruthServer, tmp_path: Path
+) -> None:
+    """An execution costs 8 ms whatever its batch: a request's demand falls from 8 ms alone to
+    2 ms in full batches of 4. The capacity from the lowest point (1 / 8 ms) would lie below the
+    throughput measured; the one from the peak's demand is the batches' (4 / 8 ms)."""
+    results = study(truth, tmp_path, model="amortised", sweep={"concurrency": [1, 8]})
+    verdict = only(results)
+    assert (verdict.kind, verdict.resource, verdict.limit) == (
+        "saturated",
+        "instances",
+        "amortised",
+    )
+    assert "the demand at the peak: it fell from" in verdict.sentence
+    (row,) = [e for e in verdict.evidence if e.key == "model amortised"]
+    assert row.peak_ms < 0.5 * row.low_ms  # batches of 3 or more at the peak
+    assert_predicted(verdict, results)
+    assert_constructed(batches("amortised"), results, verdict)
 
 
 def test_dynamic_batching_under_light_load_is_the_batchers_wait(

@@ -83,6 +83,7 @@ class Model:
     steps: tuple[str, ...]  # an ensemble's models, in order
     per_execution: bool
     max_queue_delay_s: float  # the dynamic batcher's, 0 without one
+    max_batch_size: int = 0
 
 
 def model(name: str) -> Model:
@@ -98,6 +99,7 @@ def model(name: str) -> Model:
         tuple(step.model_name for step in config.ensemble_scheduling.step),
         parameters.get("per_execution") == "true",
         config.dynamic_batching.max_queue_delay_microseconds / 1e6,
+        config.max_batch_size,
     )
 
 
@@ -179,6 +181,22 @@ def triton(name: str, rows: int = 1) -> Capacity:
         spinning = sum(m.instances for m, stages in timed if any(k == "spin" for _, k, _ in stages))
         limits.append(_by_cpu(cores / cpu_s, why, spinning, request_s))
     return min(limits, key=lambda limit: limit.per_s)
+
+
+def batches(name: str) -> Capacity:
+    """The limit of Triton model ``name`` whose stages run once an execution (a batch of up to
+    its ``max_batch_size`` requests, one row each): m x batch / (its stages' time)."""
+    found = model(name)
+    if not found.per_execution or found.max_batch_size < 2:
+        raise ValueError(f"{name}'s stages run once a request: triton({name!r}) is its limit")
+    busy = sum(s for _, _, s in found.stages)
+    full = found.instances * found.max_batch_size
+    why = (
+        f"{_plural(found.instances, 'instance')} executing batches of up to "
+        f"{found.max_batch_size} in {_ms(busy)}: {full} / {_ms(busy)}"
+    )
+    least_why = f"{full} / ({_ms(busy)} + Triton's {_ms(TRITON_OVERHEAD_S)}) (TRITON_OVERHEAD_S)"
+    return Capacity(full / busy, why, full / (busy + TRITON_OVERHEAD_S), least_why, full, busy)
 
 
 def python_process(cpu_s: float, whose: str, request_s: float | None = None) -> Capacity:

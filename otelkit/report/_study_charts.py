@@ -183,7 +183,7 @@ def _utilisation(results: StudyResults, ok: list[Point], prefix: str) -> list[Ch
     unit = str(results.header.get("unit", "request"))
     for n, verdict in enumerate(results.verdicts):
         members = curves(ok, verdict.axis).get(verdict.curve, [])
-        locks = [e for e in verdict.evidence if e.kind == "lock"]
+        locks = [e for e in verdict.evidence if e.kind in ("lock", "pool")]
         rows: list[dict[str, Any]] = []
         for p in members:
             at = p.params[verdict.axis]
@@ -196,27 +196,28 @@ def _utilisation(results: StudyResults, ok: list[Point], prefix: str) -> list[Ch
                             "resource": resource.name,
                         }
                     )
-            for lock in locks:  # one at a time: its hold, the low-load time, at this X
+            for lock in locks:  # k at a time: its hold, the low-load time, at this X
+                k = lock.servers or 1
                 rows.append(
                     {
                         verdict.axis: at,
-                        "U": round(p.throughput * lock.low_ms / 1e3, 4),
-                        "resource": f"{lock.name} (one at a time)",
+                        "U": round(p.throughput * lock.low_ms / 1e3 / k, 4),
+                        "resource": f"{lock.name} ({_at_once(k)} at a time)",
                     }
                 )
         if not rows:
             continue
         limit = verdict.limit
-        if verdict.resource == "lock":
-            limit = f"{limit} (one at a time)"
+        held = next((e for e in locks if e.name == verdict.limit), None)
+        if verdict.resource in ("lock", "pool") and held is not None:
+            limit = f"{limit} ({_at_once(held.servers or 1)} at a time)"
         measured = (
             f"plateau measured {verdict.plateau_per_s:.0f} {unit}s/s"
             if verdict.plateau_per_s
             else "no plateau within the sweep"
         )
         predicted = (
-            f"; predicted m/D from the lowest point {verdict.predicted_per_s:.0f} "
-            f"{unit}s/s (derived)"
+            f"; predicted m/D {verdict.predicted_per_s:.0f} {unit}s/s (derived)"
             if verdict.predicted_per_s
             else ""
         )
@@ -375,3 +376,7 @@ def _saturation_and_gpus(ok: list[Point], axis: str, prefix: str) -> list[Chart]
             )
         )
     return charts
+
+
+def _at_once(k: float) -> str:
+    return "one" if k == 1 else f"{k:g}"

@@ -38,6 +38,7 @@ from otelkit.analysis._breakdown import TOTAL
 from otelkit.study import _derived as derived
 from otelkit.study._counters import per_model
 from otelkit.study._derived import Row
+from otelkit.study._falsify import Contradiction, contradictions
 from otelkit.study._point import Point
 from otelkit.study._predict import Prediction, parse_changes, predict
 from otelkit.study._verdicts import Verdict, verdicts
@@ -94,6 +95,15 @@ class StudyResults:
             *derived.knees(ok, tolerance),
         ]
         self.verdicts = verdicts(self.points, unit=unit, tolerance=tolerance)
+
+    def contradictions(self) -> list[Contradiction]:
+        """Each claim of the verdicts that a measured point refutes beyond its noise: none for
+        the verdicts ``derive`` makes; a file written by an older otelkit may hold some.
+
+        >>> [str(c) for c in results.contradictions()]  # doctest: +SKIP
+        """
+        tolerance = float(self.header.get("tolerance", 0.1))
+        return contradictions(self.verdicts, self.points, tolerance)
 
     def predict(
         self,

@@ -382,6 +382,7 @@ def test_an_open_loop_past_a_refusing_server(server: TritonServer, tmp_path: Pat
     assert verdict.kind == "overload" and verdict.limit == REFUSING
     assert verdict.sentence.startswith(f"{REFUSING} refuses requests past its capacity")
     assert_claims(verdict, points, "rate")
+    assert results.contradictions() == []  # the study's own falsification agrees
     assert_capacity(points)
     assert read_results(out).verdicts == results.verdicts
 
@@ -399,6 +400,7 @@ def test_a_closed_loop_beyond_the_queue_is_refused(server: TritonServer, tmp_pat
     (verdict,) = verdicts(results.points)
     assert verdict.kind == "overload" and verdict.limit == REFUSING
     assert_claims(verdict, results.points, "concurrency")
+    assert results.contradictions() == []
     assert_capacity(results.points)
 
 

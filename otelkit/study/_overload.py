@@ -42,7 +42,7 @@ _LOAD = ("rate", "concurrency")
 class Overload:
     """The facts of a curve along which the server refused requests, and their sentence."""
 
-    model: str | None  # the model that refused, where the server's counters name it
+    model: str | None  # the model served, where the server's counters name it
     capacity_per_s: float  # the highest goodput measured
     onset: tuple[float | None, float]  # offered: the last load without refusals, the first with
     collapses: bool  # goodput at the most offered is below the capacity beyond noise
@@ -112,16 +112,15 @@ def _offered(point: Point, axis: str, named: bool) -> str:
 
 
 def _model(points: Sequence[Point]) -> str | None:
-    """The model the server's counters show failing most (Triton counts its refusals as
-    failures), or the one serving most; ``None`` without counters."""
-    counts: dict[str, tuple[int, int]] = {}
+    """The model the server's counters show serving most (a refusal reaches no counter:
+    Triton 2.51 counts its full queue's refusals neither as requests nor as failures);
+    ``None`` without counters. An ensemble spans its steps: a step is named."""
+    served: dict[str, int] = {}
     for point in points:
         for name, figures in point.triton.items():
-            if figures.ensemble:
-                continue
-            failures, requests = counts.get(name, (0, 0))
-            counts[name] = (failures + figures.failures, requests + figures.requests)
-    return max(counts, key=lambda name: counts[name], default=None)
+            if not figures.ensemble:
+                served[name] = served.get(name, 0) + figures.requests
+    return max(served, key=lambda name: served[name], default=None)
 
 
 def _client(point: Point, axis: str, collapses: bool, tolerance: float) -> str:

@@ -40,6 +40,7 @@ from otelkit._errors import StudyError
 from otelkit.cli import main
 from otelkit.report._study_charts import study_charts
 from otelkit.study import Load, Remote, Study, StudyResults, read_results
+from otelkit.study._counters import HostUsage
 from otelkit.study._drive import drive, refusal
 from otelkit.study._overload import settle
 from otelkit.study._point import LatencyHistogram, Point, merge_parts
@@ -187,6 +188,47 @@ def test_a_point_with_refusals_round_trips_and_shows(
     row = shown.splitlines()[2].split()
     assert row[:4] == ["rate=160", "160.0", "20.0", "139.5"], shown
     assert "refused: 270 queue full, 9 queue timeout" in shown
+
+
+def _at_rate(rate: int, served: float, refused: float, client_cores: float = 0.0) -> Point:
+    seconds = 2.0
+    return Point(
+        rate,
+        {"rate": rate},
+        requests=round(served * seconds),
+        seconds=seconds,
+        refused={"queue full": round(refused * seconds)} if refused else {},
+        cpu_s=client_cores * seconds,
+        host=HostUsage(2, 1.9, 0.5, seconds),
+    )
+
+
+def test_goodput_that_holds_past_the_onset() -> None:
+    points = [_at_rate(40, 40, 0), _at_rate(160, 96, 60), _at_rate(320, 92, 230)]
+    (verdict,) = verdicts(points)
+    assert verdict.kind == "overload" and verdict.plateau_per_s == 96
+    assert verdict.sentence == (
+        "the server refuses requests past its capacity of 96 requests/s (served at 160/s "
+        "offered); refusals start between 40/s offered (none refused) and 160/s (60/s refused, "
+        "queue full); goodput holds past it: served 96/s at 160/s offered, 92/s at 320/s"
+    )
+    assert_claims(verdict, points, "rate")
+
+
+def test_refusals_from_the_lowest_load_and_the_clients_share_of_a_collapse() -> None:
+    # the client spends 0.9 of a core on the 320/s, most of them refused, on a busy host
+    points = [_at_rate(80, 50, 30), _at_rate(320, 20, 300, client_cores=0.9)]
+    (verdict,) = verdicts(points)
+    assert "refusals start at or below 80/s offered (30/s refused, queue full)" in verdict.sentence
+    assert verdict.sentence.endswith(
+        "goodput collapses past it: served 50/s at 80/s offered, 20/s at 320/s; the client's "
+        "CPU at 320/s offered: U 0.90 of a core, 2.81 ms a call, of a host whose 2 cores were "
+        "U 0.95 busy: part of the collapse may be the client's own cost of the refused calls "
+        "(drive it from another host to tell)"
+    )
+    assert_claims(verdict, points, "rate")
+    light = [_at_rate(80, 50, 30), _at_rate(320, 20, 300, client_cores=0.1)]
+    assert verdicts(light)[0].sentence.endswith("too little to explain the collapse")
 
 
 def test_the_report_plots_offered_served_and_refused() -> None:

@@ -1,4 +1,5 @@
-"""The plots of a study's results: scaling, latency, utilisation, attribution, saturation, GPUs.
+"""The plots of a study's results: scaling, latency, utilisation, attribution, saturation, GPUs,
+and a refusing server's offered, served and refused requests.
 
 Read through ``otelkit.study``'s results API (``StudyResults``: its points, derived rows and
 verdicts), so the page says what ``otelkit study show`` says. A plot appears only when its data
@@ -64,6 +65,7 @@ def study_charts(results: StudyResults, prefix: str = "study") -> list[Chart]:
     charts: list[Chart] = []
     for axis in swept(ok):
         charts += _throughput_and_latency(results, ok, axis, unit, prefix)
+        charts += _overload(ok, axis, unit, prefix)
     charts += _derived(results, prefix)
     charts += _throughput_by_batch(results, prefix)
     load_axis = next(iter(swept(ok)), None)
@@ -119,6 +121,36 @@ def _throughput_and_latency(
     ]
 
 
+def _overload(ok: list[Point], axis: str, unit: str, prefix: str) -> list[Chart]:
+    """Offered, served (goodput) and refused a second along a load axis where the server
+    refused requests: whether goodput holds or collapses past the refusals' onset."""
+    if axis not in ("rate", "concurrency") or not any(p.refused for p in ok):
+        return []
+    rows = []
+    for curve, members in curves(ok, axis).items():
+        for p in members:
+            for what, value in (
+                ("offered", p.offered),
+                ("served", p.throughput),
+                ("refused", p.refused_per_s),
+            ):
+                rows.append(
+                    {axis: p.params[axis], f"{unit}s/s": round(value, 3), "series": what}
+                    | ({"curve": curve} if curve else {})
+                )
+    return [
+        line_chart(
+            f"{prefix}-overload-{axis}",
+            f"Offered, served and refused against {axis}",
+            rows,
+            (axis, axis_title(axis)),
+            (f"{unit}s/s", f"{unit}s/s"),
+            dash="curve" if any("curve" in row for row in rows) else None,
+            note="Served is goodput: past the refusals' onset it holds or collapses.",
+        )
+    ]
+
+
 def _derived(results: StudyResults, prefix: str) -> list[Chart]:
     charts = []
     specs = (
@@ -151,7 +183,7 @@ def _utilisation(results: StudyResults, ok: list[Point], prefix: str) -> list[Ch
     unit = str(results.header.get("unit", "request"))
     for n, verdict in enumerate(results.verdicts):
         members = curves(ok, verdict.axis).get(verdict.curve, [])
-        locks = [e for e in verdict.evidence if e.kind == "lock"]
+        locks = [e for e in verdict.evidence if e.kind in ("lock", "pool")]
         rows: list[dict[str, Any]] = []
         for p in members:
             at = p.params[verdict.axis]
@@ -164,27 +196,28 @@ def _utilisation(results: StudyResults, ok: list[Point], prefix: str) -> list[Ch
                             "resource": resource.name,
                         }
                     )
-            for lock in locks:  # one at a time: its hold, the low-load time, at this X
+            for lock in locks:  # k at a time: its hold, the low-load time, at this X
+                k = lock.servers or 1
                 rows.append(
                     {
                         verdict.axis: at,
-                        "U": round(p.throughput * lock.low_ms / 1e3, 4),
-                        "resource": f"{lock.name} (one at a time)",
+                        "U": round(p.throughput * lock.low_ms / 1e3 / k, 4),
+                        "resource": f"{lock.name} ({_at_once(k)} at a time)",
                     }
                 )
         if not rows:
             continue
         limit = verdict.limit
-        if verdict.resource == "lock":
-            limit = f"{limit} (one at a time)"
+        held = next((e for e in locks if e.name == verdict.limit), None)
+        if verdict.resource in ("lock", "pool") and held is not None:
+            limit = f"{limit} ({_at_once(held.servers or 1)} at a time)"
         measured = (
             f"plateau measured {verdict.plateau_per_s:.0f} {unit}s/s"
             if verdict.plateau_per_s
             else "no plateau within the sweep"
         )
         predicted = (
-            f"; predicted m/D from the lowest point {verdict.predicted_per_s:.0f} "
-            f"{unit}s/s (derived)"
+            f"; predicted m/D {verdict.predicted_per_s:.0f} {unit}s/s (derived)"
             if verdict.predicted_per_s
             else ""
         )
@@ -343,3 +376,7 @@ def _saturation_and_gpus(ok: list[Point], axis: str, prefix: str) -> list[Chart]
             )
         )
     return charts
+
+
+def _at_once(k: float) -> str:
+    return "one" if k == 1 else f"{k:g}"

@@ -63,6 +63,7 @@ __all__ = [
     "drive",
     "drive_tasks",
     "error_kind",
+    "refusal",
     "scheduled_at",
 ]
 
@@ -97,8 +98,9 @@ class Load:
     runs each request on a pool of at most ``max_in_flight`` threads. A point stops early
     after ``max_errors`` failed requests (a dead server), and is marked ``errors`` (left out of
     the figures across points) when more than ``max_error_share`` of its measured requests
-    failed. The measured window is cut into ``windows`` equal parts, whose spread gives the
-    intervals of ``otelkit study compare``.
+    failed. Requests the server refused (``refusal``) are outcomes, not failures: neither
+    rule counts them. The measured window is cut into ``windows`` equal parts, whose spread
+    gives the intervals of ``otelkit study compare``.
     """
 
     concurrency: int = 1
@@ -190,6 +192,9 @@ class LoadRun:
     errors: dict[str, int] = field(default_factory=dict)  # failed requests started in it, by kind
     failed_latencies_s: list[float] = field(default_factory=list)  # and their latencies
     error_samples: dict[str, str] = field(default_factory=dict)  # one message per kind
+    # requests started in it that the server declined to serve, by reason (``refusal``)
+    refused: dict[str, int] = field(default_factory=dict)
+    refusal_samples: dict[str, str] = field(default_factory=dict)  # one message per reason
     cpu_s: float = 0.0  # this process's CPU time over the window, less other_cpu_s's
     warmup_failed: int = 0  # failed requests of the warm-up (a server down from the start)
     opened_epoch: float = 0.0  # when the window opened, in seconds since the epoch
@@ -222,6 +227,62 @@ def error_kind(error: BaseException) -> str:
     return f"{name} {code}" if code not in (None, "") else name
 
 
+#: What a server says when it sheds load, lowercase, and the reason a refusal is counted under,
+#: whatever the status: Triton's queue policy (HTTP 503 or gRPC UNAVAILABLE), a gRPC server's
+#: ``maximum_concurrent_rpcs`` (RESOURCE_EXHAUSTED).
+_SHED = (
+    ("exceeds maximum queue size", "queue full"),
+    ("request timeout expired", "queue timeout"),
+    ("concurrent rpc limit exceeded", "rpc limit"),
+)
+#: Envoy's 503s: its circuit breaker, and an upstream that refused the connection behind it.
+_PROXY = (("overflow", "proxy overflow"), ("upstream connect", "proxy upstream"))
+#: HTTP statuses that say "not now" whatever the message (gRPC's UNAVAILABLE and
+#: RESOURCE_EXHAUSTED also mean a failed connection or a message too large: by message only).
+_REFUSING = {"429": "429 too many requests", "503": "503 unavailable"}
+
+
+def refusal(error: BaseException) -> str | None:
+    """Why the server declined ``error``'s request (a refusal, an outcome of overload), or
+    ``None`` for a failure. Decided by the status and message a server sends when it sheds
+    load; a gRPC UNAVAILABLE is a refusal only with such a message (without, it is most often
+    a connection that failed).
+
+    >>> class Triton(Exception):
+    ...     def status(self) -> str:
+    ...         return "StatusCode.UNAVAILABLE"
+    >>> refusal(Triton("[StatusCode.UNAVAILABLE] Exceeds maximum queue size"))
+    'queue full'
+    >>> refusal(Triton("[StatusCode.UNAVAILABLE] failed to connect to all addresses")) is None
+    True
+    >>> refusal(ConnectionRefusedError("[Errno 111] Connection refused")) is None
+    True
+    """
+    message = str(error).lower()
+    for words, reason in _SHED:
+        if words in message:
+            return reason
+    status = _status(error) or ""
+    if status == "503":
+        return next((reason for words, reason in _PROXY if words in message), _REFUSING[status])
+    return _REFUSING.get(status)
+
+
+def _status(error: BaseException) -> str | None:
+    """The status a client's exception carries: tritonclient's ``status()``, ``status_code``,
+    ``code`` or ``status`` (httpx, requests, aiohttp, urllib), or its response's."""
+    for owner in (error, getattr(error, "response", None)):
+        for name in ("status", "status_code", "code"):
+            value = getattr(owner, name, None)
+            try:
+                value = value() if callable(value) else value
+            except Exception:
+                continue
+            if isinstance(value, (int, str)) and not isinstance(value, bool) and value != "":
+                return str(value)
+    return None
+
+
 class RequestLog:
     """One thread's requests; only that thread writes it, so no lock is taken per request.
 
@@ -229,22 +290,29 @@ class RequestLog:
     decides, and two threads may take their tickets in another order than their start times.
     """
 
-    __slots__ = ("begins", "ends", "failures", "measured")
+    __slots__ = ("begins", "ends", "failures", "measured", "refusals")
 
     def __init__(self) -> None:
         self.begins: list[float] = []
         self.ends: list[float] = []
         self.measured: list[bool] = []
         self.failures: list[tuple[float, float, bool, str, str]] = []
+        self.refusals: list[tuple[bool, str, str]] = []  # (measured, reason, message)
 
     def done(self, begin: float, measured: bool) -> None:
         self.begins.append(begin)
         self.ends.append(time.perf_counter())
         self.measured.append(measured)
 
-    def fail(self, begin: float, measured: bool, error: BaseException) -> None:
+    def fail(self, begin: float, measured: bool, error: BaseException) -> bool:
+        """Log a request that raised; ``False`` when the server refused it (not a failure)."""
         end = time.perf_counter()
+        reason = refusal(error)
+        if reason is not None:
+            self.refusals.append((measured, reason, str(error)[:300]))
+            return False
         self.failures.append((begin, end, measured, error_kind(error), str(error)[:300]))
+        return True
 
 
 @dataclass(frozen=True)
@@ -604,6 +672,10 @@ def collect_run(records: list[RequestLog], window: WindowClock) -> LoadRun:
                 run.failed_latencies_s.append(end - begin)
             elif begin < start:
                 run.warmup_failed += 1
+        for measured, reason, message in record.refusals:
+            run.refusal_samples.setdefault(reason, message)
+            if measured:
+                run.refused[reason] = run.refused.get(reason, 0) + 1
     return run
 
 
@@ -657,8 +729,7 @@ async def _run(
             try:
                 await call(*ticket)
             except Exception as error:
-                record.fail(begin, ticket[1], error)
-                failures[0] += 1
+                failures[0] += record.fail(begin, ticket[1], error)
                 if failures[0] >= load.max_errors:
                     stop.set()
                 continue

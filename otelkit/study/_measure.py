@@ -360,8 +360,9 @@ def _with_config(figures: ModelFigures, endpoint: Endpoint, model: str) -> Model
 
 
 def _judge(point: Point, run: LoadRun) -> None:
-    """Mark the point failed when no request succeeded or errors stopped it."""
-    if run.completed > 0 and run.stopped is None:
+    """Mark the point failed when no request succeeded or errors stopped it; one whose
+    requests the server refused is a point with a goodput of 0, not a failed one."""
+    if (run.completed > 0 or run.refused) and run.stopped is None:
         return
     kinds: dict[str, int] = dict(run.errors)
     if run.warmup_failed and not kinds:

@@ -14,6 +14,15 @@ histogram (a timeout's 30 s is not a successful answer's time), and ``all_reques
 both. A point whose failed share of its measured requests is above ``Load.max_error_share`` is
 marked ``errors``: its figures are kept, and left out of those across points.
 
+Requests the server refused (its queue full, a proxy's limit) are counted apart, by reason: a
+point's ``offered`` rate is what was sent (an open loop's rate), ``throughput`` what was served
+(goodput) and ``refused_per_s`` what was declined; a point whose requests were all refused has a
+goodput of 0, and is not failed.
+
+>>> shed = Point(1, {"rate": 160}, requests=64, seconds=2.0, refused={"queue full": 256})
+>>> shed.offered, shed.throughput, shed.refused_per_s
+(160.0, 32.0, 128.0)
+
 >>> a = Point(0, {"concurrency": 4}, requests=400, seconds=4.0, histogram=LatencyHistogram())
 >>> a.throughput, a.label
 (100.0, 'concurrency=4')
@@ -279,6 +288,9 @@ class Point:
     # tensor bytes a request sends and receives, where the workload knows (the network's demand)
     payload_bytes: tuple[int, int] | None = None
     link_gbps: float | None = None  # the network link's rate, as the study was told (one way)
+    # measured requests the server declined to serve, by reason (``_drive.refusal``)
+    refused: dict[str, int] = field(default_factory=dict)
+    refusal_samples: dict[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -290,6 +302,20 @@ class Point:
         if self.part_throughputs:
             return sum(self.part_throughputs)
         return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def refused_per_s(self) -> float:
+        """Requests per second the server declined to serve."""
+        return sum(self.refused.values()) / self.seconds if self.seconds else 0.0
+
+    @property
+    def offered(self) -> float:
+        """Requests per second sent: an open loop's rate; a closed loop's measured requests,
+        served, failed and refused, over the window."""
+        if "rate" in self.params:
+            return float(self.params["rate"])
+        sent = self.histogram.count + self.failed + sum(self.refused.values())
+        return sent / self.seconds if self.seconds else 0.0
 
     @property
     def items_per_s(self) -> float:
@@ -306,8 +332,9 @@ class Point:
 
     @property
     def error_share(self) -> float:
-        """The failed share of the measured requests (those started in the window)."""
-        measured = self.histogram.count + self.failed
+        """The failed share of the measured requests (those started in the window); refused
+        requests are among those measured, and not among the failed."""
+        measured = self.histogram.count + self.failed + sum(self.refused.values())
         return self.failed / measured if measured else 0.0
 
     def check_errors(self, max_share: float) -> None:
@@ -320,7 +347,8 @@ class Point:
         self.status = "errors"
         self.error = (
             f"{self.error_share * 100:.1f} % of the measured requests failed "
-            f"({self.failed} of {self.histogram.count + self.failed}), most {kind}{sample}"
+            f"({self.failed} of {self.histogram.count + self.failed + sum(self.refused.values())})"
+            f", most {kind}{sample}"
         )
 
     @property
@@ -357,6 +385,8 @@ class Point:
             error_samples=dict(run.error_samples),
             cpu_s=run.cpu_s,
             started_at=run.opened_epoch,
+            refused=dict(run.refused),
+            refusal_samples=dict(run.refusal_samples),
         )
         point.windows = _windows(run, windows)
         point.failed_histogram = failed
@@ -408,6 +438,10 @@ class Point:
             "process_cores": self.process_cores,
             "payload_bytes": list(self.payload_bytes) if self.payload_bytes else None,
             "link_gbps": self.link_gbps,
+            "offered": self.offered,
+            "refused": self.refused,
+            "refused_per_s": self.refused_per_s,
+            "refusal_samples": self.refusal_samples,
         }
 
     @classmethod
@@ -443,6 +477,8 @@ class Point:
             process_cores={k: float(v) for k, v in data.get("process_cores", {}).items()},
             payload_bytes=_pair(data.get("payload_bytes")),
             link_gbps=data.get("link_gbps"),
+            refused={k: int(v) for k, v in data.get("refused", {}).items()},
+            refusal_samples=dict(data.get("refusal_samples", {})),
         )
 
 
@@ -513,7 +549,13 @@ def merge_parts(
     histogram, failed_histogram = LatencyHistogram(), LatencyHistogram()
     errors: dict[str, int] = {}
     samples: dict[str, str] = {}
+    refused: dict[str, int] = {}
+    refusal_samples: dict[str, str] = {}
     for part in parts:
+        for reason, n in part.refused.items():
+            refused[reason] = refused.get(reason, 0) + n
+        for reason, message in part.refusal_samples.items():
+            refusal_samples.setdefault(reason, message)
         histogram = histogram.merged(part.histogram)
         failed_histogram = failed_histogram.merged(part.failed_histogram)
         for kind, n in part.errors.items():
@@ -533,6 +575,8 @@ def merge_parts(
         sampled=sum(p.sampled for p in parts),
         parts=sum(p.parts for p in parts),
         started_at=min(starts, default=0.0),
+        refused=refused,
+        refusal_samples=refusal_samples,
     )
     merged.failed_histogram = failed_histogram
     merged.part_throughputs = [p.throughput for p in parts]

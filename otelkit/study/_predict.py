@@ -40,9 +40,19 @@ __all__ = ["Prediction", "Station", "closed_loop", "parse_changes", "predict"]
 #: what may be changed: a model's instances (replicas, for Ray Serve), the host's cores, the
 #: client's processes (each with a GIL of its own), a fleet's servers (``fleet.servers``: every
 #: model's instances scale with them), its load balancer's worker threads
-#: (``balancer.workers``) and the request's batch size (``request.batch_size``: demands fitted
-#: linear in the batch over the batch sizes measured)
-_SETTINGS = ("instances", "replicas", "cores", "processes", "servers", "workers", "batch_size")
+#: (``balancer.workers``), the request's batch size (``request.batch_size``: demands fitted
+#: linear in the batch over the batch sizes measured) and how many requests a stage's lock or
+#: pool serves at a time (``match.parallelism``)
+_SETTINGS = (
+    "instances",
+    "replicas",
+    "cores",
+    "processes",
+    "servers",
+    "workers",
+    "batch_size",
+    "parallelism",
+)
 
 
 @dataclass(frozen=True)
@@ -193,7 +203,7 @@ def _model(
     what the stations do not hold, nor a request waited for in their queues (``queued_ms``),
     is think time (the client's work, the network), which a change leaves as it is.
     ``fleet_servers``: the servers the point had behind its balancer."""
-    locks = {e.model: e for e in evidence if e.kind == "lock" and e.model}
+    locks = {e.model: e for e in evidence if e.kind in ("lock", "pool") and e.model}
     scale = _changed("fleet", "servers", fleet_servers, changes) / fleet_servers
     stations, bounds = [], []
     for row in evidence:
@@ -203,9 +213,9 @@ def _model(
             demand = row.low_ms - (held.low_ms if held else 0.0)
             stations.append(Station(row.name, max(demand, 0.0), servers))
             if held is not None:
-                stations.append(Station(f"{held.name} (one at a time)", held.low_ms, 1))
-        elif row.kind == "lock" and row.model not in {e.name for e in evidence}:
-            stations.append(Station(f"{row.name} (one at a time)", row.low_ms, 1))
+                stations.append(_held(held, changes))
+        elif row.kind in ("lock", "pool") and row.model not in {e.name for e in evidence}:
+            stations.append(_held(row, changes))
         elif row.kind == "cores":
             cores = _changed("host", "cores", row.servers or 1, changes)
             bounds.append(
@@ -229,6 +239,14 @@ def _model(
     return [s for s in stations if s.demand_ms > 0], bounds, think
 
 
+def _held(row: Evidence, changes: Mapping[str, Mapping[str, int]]) -> Station:
+    """A lock's or a pool's station: its hold, with the k it serves at a time (changed by
+    ``STAGE.parallelism=K``)."""
+    k = _changed(row.name, "parallelism", row.servers or 1, changes)
+    at_once = "one" if k == 1 else f"{k:g}"
+    return Station(f"{row.name} ({at_once} at a time)", row.low_ms, k)
+
+
 def predict(
     points: Sequence[Point],
     changes: Mapping[str, Mapping[str, int]],
@@ -240,6 +258,13 @@ def predict(
     at the curve's loads (or ``loads``)."""
     ok = [p for p in points if p.status == "ok"]
     known = {e for p in ok for e in p.triton} | set(p for q in ok for p in q.parallelism)
+    # a traced stage: what it holds may be changed (a lock's or a pool's parallelism)
+    known |= {
+        component.split(" ", 1)[1]
+        for p in ok
+        if p.traces is not None
+        for component in p.traces.stage_models
+    }
     for resource in changes:
         if resource not in known | {"host", "client", "request", "fleet", "balancer"}:
             raise StudyError(

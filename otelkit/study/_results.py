@@ -37,6 +37,7 @@ from otelkit.analysis._breakdown import TOTAL
 from otelkit.study import _derived as derived
 from otelkit.study._counters import per_model
 from otelkit.study._derived import Row
+from otelkit.study._falsify import Contradiction, contradictions
 from otelkit.study._point import Point
 from otelkit.study._predict import Prediction, parse_changes, predict
 from otelkit.study._stats import interval
@@ -95,6 +96,15 @@ class StudyResults:
         ]
         self.verdicts = verdicts(self.points, unit=unit, tolerance=tolerance)
 
+    def contradictions(self) -> list[Contradiction]:
+        """Each claim of the verdicts that a measured point refutes beyond its noise: none for
+        the verdicts ``derive`` makes; a file written by an older otelkit may hold some.
+
+        >>> [str(c) for c in results.contradictions()]  # doctest: +SKIP
+        """
+        tolerance = float(self.header.get("tolerance", 0.1))
+        return contradictions(self.verdicts, self.points, tolerance)
+
     def predict(
         self,
         changes: Mapping[str, Mapping[str, int]] | Sequence[str],
@@ -116,12 +126,15 @@ class StudyResults:
         """The terminal table: one line per point, the derived figures, the verdicts."""
         unit = str(self.header.get("unit", "request"))
         width = max([len(p.label) for p in self.points] + [5])
+        # a server that refused: what was offered, served (goodput) and refused, side by side
+        shed = any(p.refused for p in self.points)
+        rates = f"{'offered/s':>10} {'served/s':>10} {'refused/s':>10}" if shed else ""
         lines = [
-            f"{'point':<{width}} {unit + 's/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} "
-            f"{'max ms':>8} {'errors':>6} {'cores':>5}  server and traces"
+            f"{'point':<{width}} {rates or f'{unit}s/s':>10} {'p50 ms':>8} {'p90 ms':>8} "
+            f"{'p99 ms':>8} {'max ms':>8} {'errors':>6} {'cores':>5}  server and traces"
         ]
         for point in self.points:
-            lines.append(_point_line(point, width))
+            lines.append(_point_line(point, width, shed))
         if self.derived:
             lines.append("")
             lines += [_row_line(row) for row in self.derived]
@@ -136,12 +149,16 @@ class StudyResults:
         return "\n".join(lines)
 
 
-def _point_line(point: Point, width: int) -> str:
+def _point_line(point: Point, width: int, shed: bool = False) -> str:
     if point.status not in ("ok", "errors"):
         return f"{point.label:<{width}} failed: {point.error}"
     extra = []
     if point.status == "errors":
         extra.append(f"too many errors, left out of the figures below: {point.error}")
+    if point.refused:
+        extra.append(
+            "refused: " + ", ".join(f"{n} {reason}" for reason, n in sorted(point.refused.items()))
+        )
     if point.failed:
         p50, p99 = point.all_requests_ms(0.5), point.all_requests_ms(0.99)
         extra.append(f"all requests, the failed too: p50 {p50:.2f}, p99 {p99:.2f} ms")
@@ -169,8 +186,11 @@ def _point_line(point: Point, width: int) -> str:
             f"{model}: {gpu['instances']:.0f} on GPUs, "
             f"{gpu['memory_bytes'] / 2**30:.2f} GiB each{share}"
         )
+    offered = f"{point.offered:>10.1f} " if shed else ""
+    refused = f" {point.refused_per_s:>10.1f}" if shed else ""
     return (
-        f"{point.label:<{width}} {point.throughput:>10.1f} {point.latency_ms(0.5):>8.2f} "
+        f"{point.label:<{width}} {offered}{point.throughput:>10.1f}{refused} "
+        f"{point.latency_ms(0.5):>8.2f} "
         f"{point.latency_ms(0.9):>8.2f} {point.latency_ms(0.99):>8.2f} "
         f"{point.histogram.max_s * 1e3:>8.2f} {point.failed:>6} {point.cpu_cores:>5.2f}  "
         + "; ".join(extra)

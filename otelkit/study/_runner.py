@@ -64,6 +64,7 @@ from otelkit._resource import installed_version
 from otelkit.receiver import Receiver
 from otelkit.study._drive import Load
 from otelkit.study._measure import measure_point
+from otelkit.study._overload import settle
 from otelkit.study._point import Point, point_label
 from otelkit.study._results import ResultsWriter, StudyResults
 from otelkit.study._servers import Remote, Server, WireProtocol
@@ -295,6 +296,7 @@ class Study:
                 gpu_metrics_url=self.gpu_metrics_url,
                 other_cpu_s=receiver.cpu_s if receiver is not None else None,
             )
+            settle(point, endpoint.http_url)  # refused connections: overload, or a server gone
         except StudyError as error:  # every request failed, say: perhaps the server did
             point = Point(index, dict(params), status="failed", error=error.reason)
         dead = server.failure()
@@ -370,6 +372,8 @@ def _done_text(point: Point, unit: str) -> str:
     if point.status == "failed":
         return f"failed: {point.error}"
     errors = f", {point.failed} errors" if point.failed else ""
+    if point.refused:
+        errors += f", {point.refused_per_s:.1f}/s refused ({', '.join(sorted(point.refused))})"
     if point.status == "errors":
         errors = f"; too many errors: {point.error}"
     return (

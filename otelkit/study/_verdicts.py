@@ -31,6 +31,8 @@ the plateau from the lowest point alone, m / D_low.
 - **underloaded** (along instances, or servers): more do not pay and none is busy: the load
   does not keep them busy;
 - **unknown**: throughput stops while no measured resource is at its limit and no demand grew;
+- **overload**: the server refused requests past its capacity (``_overload``): the capacity,
+  where refusals start, and whether goodput holds or collapses past it;
 - **failed**: the curve holds points that failed or erred: no verdict on it.
 
 >>> from otelkit.study._point import Point
@@ -44,12 +46,14 @@ the plateau from the lowest point alone, m / D_low.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from otelkit.analysis._breakdown import NETWORK, SERVER_QUEUE
 from otelkit.study._capacity import resources
 from otelkit.study._derived import LOAD_AXES, along, knee
+from otelkit.study._falsify import least_demands, noise, revise
+from otelkit.study._overload import overload
 from otelkit.study._point import Point
 
 __all__ = ["Evidence", "Kind", "Verdict", "judge", "verdicts"]
@@ -63,15 +67,24 @@ Kind = Literal[
     "rising",
     "underloaded",
     "unknown",
+    "undecided",
+    "overload",
     "failed",
 ]
 _Make = Callable[..., "Verdict"]  # (kind, resource evidence, sentence, change)
+#: resources inferred from a wait rather than measured: one at a time, k at a time
+_HYPOTHESES = ("lock", "pool")
 _AXIS_WORDS = {
     "concurrency": "threads",
     "rate": "requests/s",
     "instances": "instances",
     "servers": "servers",
 }
+#: a demand at the peak below this share of the lowest point's fell with load; above, the two
+#: differ by no more than a point's windows do at a steady load (docs/study.md)
+_FALLS = 0.95
+#: a demand's relative spread where a point's windows do not carry their own
+_DEMAND_SPREAD = 0.05
 #: the axes along which more of the deployment serves the same load: the question is why the
 #: most of it does not pay, read where there is the most of it
 _SCALE_AXES = ("instances", "servers")
@@ -93,22 +106,40 @@ class Evidence:
     utilisation: float | None  # measured at the peak: X . D_peak / m, or read directly
     peak_per_s: float  # the throughput where it peaks
     model: str | None = None
+    # the least demand the study measured at this m, where the curve's own demand quotes a
+    # capacity below a throughput measured (``_falsify.least_demands``), and that point's label
+    least_ms: float | None = None
+    least_at: str | None = None
 
     @property
     def growth(self) -> float:
         return self.peak_ms / self.low_ms if self.low_ms > 0 else float("inf")
 
     @property
+    def falls(self) -> bool:
+        """The demand fell with load (overhead a request amortised, batches that fill): the
+        resource's own demand is the one at the peak, where the utilisation law reads it."""
+        return 0 < self.peak_ms < _FALLS * self.low_ms
+
+    @property
+    def demand_ms(self) -> float:
+        """The resource's own demand a request: the lowest point's, where nothing waits, or the
+        peak's where it fell with load (a demand that grew is a wait for something else)."""
+        own = self.peak_ms if self.falls else self.low_ms
+        return min(own, self.least_ms) if self.least_ms is not None else own
+
+    @property
     def load(self) -> float | None:
-        """U* = X_peak . D_low / m: the utilisation the resource's own demand gives at the peak."""
+        """U* = X_peak . D / m: the utilisation the resource's own demand gives at the peak."""
         if not self.servers:
             return None
-        return self.peak_per_s * self.low_ms / 1e3 / self.servers
+        return self.peak_per_s * self.demand_ms / 1e3 / self.servers
 
     @property
     def limit_per_s(self) -> float | None:
-        """The bottleneck law from the lowest point: m / D_low."""
-        return self.servers / (self.low_ms / 1e3) if self.servers and self.low_ms > 0 else None
+        """The bottleneck law: m / D, D the resource's own demand (``demand_ms``)."""
+        demand = self.demand_ms
+        return self.servers / (demand / 1e3) if self.servers and demand > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,7 +152,10 @@ class Evidence:
             "utilisation": self.utilisation,
             "peak_per_s": self.peak_per_s,
             "model": self.model,
+            "least_ms": self.least_ms,
+            "least_at": self.least_at,
             "load": self.load,
+            "demand_ms": self.demand_ms,
             "limit_per_s": self.limit_per_s,
         }
 
@@ -137,6 +171,8 @@ class Evidence:
             data.get("utilisation"),
             float(data["peak_per_s"]),
             data.get("model"),
+            data.get("least_ms"),
+            data.get("least_at"),
         )
 
 
@@ -196,7 +232,9 @@ class _Curve:
     low: Point
     peak: Point
     high: Point
-    stopped: bool  # throughput stopped rising (a plateau, a fall, an open loop falling behind)
+    stopped: bool  # throughput stopped rising (the knee's plateau, an open loop falling behind)
+    # resources measured busier than their parallelism: the hypothesis of their m is wrong
+    refuted: Sequence[Evidence] = ()
 
     def span(self) -> str:
         words = _AXIS_WORDS.get(self.axis, self.axis)
@@ -220,7 +258,9 @@ class _Curve:
                 f"{self.span()} offered, at most {top} are served: at "
                 f"{float(offered):.0f}/s the rest wait in the client's backlog"
             )
-        return f"throughput {'plateaus at' if self.stopped else 'reaches'} {top} {self.span()}"
+        if self.stopped:
+            return f"throughput plateaus at {top} {self.span()}"
+        return f"throughput reaches {top} {self.span()}, still rising"
 
 
 def _evidence(low: Point, peak: Point) -> list[Evidence]:
@@ -246,28 +286,77 @@ def _evidence(low: Point, peak: Point) -> list[Evidence]:
     return rows
 
 
-def _serial(rows: Sequence[Evidence], tolerance: float, floor_ms: float) -> list[Evidence]:
-    """A stage whose demand grew is, as a hypothesis, a resource serving one request at a time
-    (a lock, the GIL): its low-load time is the hold, and X_peak . hold is its utilisation."""
+def _at_least(rows: list[Evidence], study: Sequence[Point]) -> list[Evidence]:
+    """Each resource whose capacity from this curve's demand lies below a throughput the study
+    measured at the same m (beyond that point's noise), with the least demand it measured
+    there: the bottleneck law holds at every point, so that is the nearer to its own."""
+    if not study:
+        return rows
+    least = least_demands(study)
+    out = []
+    for row in rows:
+        found = least.get((row.key, round(row.servers or 0, 1)))
+        limit = row.limit_per_s
+        if found is not None and limit is not None and found[0] < row.demand_ms:
+            demand, where = found
+            beaten = [
+                p
+                for p in study
+                if p.status == "ok"
+                and p.throughput > limit * (1 + noise(p))
+                and row.key in resources(p)
+            ]
+            if beaten:
+                row = replace(row, least_ms=demand, least_at=where.label)
+        out.append(row)
+    return out
+
+
+def _held(rows: Sequence[Evidence], tolerance: float, floor_ms: float) -> list[Evidence]:
+    """A stage whose demand grew is, as a hypothesis, waiting for something that serves k
+    requests at a time (a lock or the GIL at k = 1; a GPU semaphore, a connection pool,
+    licences at k > 1): its low-load time is the hold, and X_peak . hold / k its utilisation.
+    Untraced (no stage of it in the traces), a model whose compute grew is read the same way,
+    its whole time the hold.
+
+    k is X_peak . hold rounded: a pool is only claimed where that figure lies within the
+    tolerance of a whole k below the model's instances (each instance serves one: k of them
+    or more could not make a request wait); at k = 1 any figure up to 1 is a lock's, which a
+    stage may share with other models."""
     found = []
+    traced = {row.model for row in rows if row.kind == "stage"}
     for row in rows:
         grew = row.peak_ms - row.low_ms
-        if row.kind == "stage" and row.growth > 1 + tolerance and grew > floor_ms:
-            found.append(
-                Evidence(
-                    f"lock {row.name}",
-                    "lock",
-                    row.name,
-                    1,
-                    row.low_ms,
-                    row.peak_ms,
-                    None,
-                    row.peak_per_s,
-                    row.model,
-                )
+        if row.kind not in ("stage", "instances") or row.growth <= 1 + tolerance:
+            continue
+        if row.kind == "instances" and row.name in traced:
+            continue  # its stages say which part of it waits, and their holds
+        if grew <= floor_ms:
+            continue
+        busy = row.peak_per_s * row.low_ms / 1e3
+        k = max(1, round(busy))
+        if k == 1 and busy > 1 + tolerance:
+            continue  # nothing that serves one at a time can do that
+        if k > 1 and abs(busy - k) > tolerance * k:
+            continue
+        if (k > 1 or row.kind == "instances") and row.servers and k >= row.servers:
+            continue
+        kind = "lock" if k == 1 else "pool"
+        model = row.model if row.kind == "stage" else row.name
+        found.append(
+            Evidence(
+                f"{kind} {row.name}",
+                kind,
+                row.name,
+                k,
+                row.low_ms,
+                row.peak_ms,
+                None,
+                row.peak_per_s,
+                model,
             )
-    # a figure above 1 refutes the hypothesis: nothing that serves one at a time can do that
-    return [e for e in found if (e.load or 0.0) <= 1 + tolerance]
+        )
+    return found
 
 
 def _batching(curve: _Curve) -> tuple[str, float, float] | None:
@@ -289,8 +378,10 @@ def judge(
     *,
     unit: str = "request",
     tolerance: float = 0.1,
+    study: Sequence[Point] = (),
 ) -> Verdict:
-    """The verdict on one curve: ``points`` along ``axis``, at least two of them."""
+    """The verdict on one curve: ``points`` along ``axis``, at least two of them; ``study``:
+    every point of the study, against which each resource's capacity is checked."""
     ordered = sorted(points, key=lambda p: p.params[axis])
     bad = [p for p in ordered if p.status != "ok"]
     if bad:
@@ -302,6 +393,18 @@ def judge(
             None,
             f"no verdict: {len(bad)} of {len(ordered)} points did not measure cleanly: {named}",
         )
+    shed = overload(ordered, axis, unit=unit, tolerance=tolerance)
+    if shed is not None:
+        return Verdict(
+            curve,
+            axis,
+            "overload",
+            shed.model,
+            shed.sentence,
+            "queue",
+            shed.capacity_per_s,
+            change=shed.change,
+        )
     found = knee([(p.params[axis], p.throughput) for p in ordered], tolerance)
     assert found is not None
     peak = max(ordered, key=lambda p: p.throughput)
@@ -310,19 +413,29 @@ def judge(
     behind = offered is not None and high.throughput < (1 - tolerance) * float(offered)
     low = ordered[0]
     # along instances the question is why the most instances do not pay: read them there
-    rows = _evidence(low, high if axis in _SCALE_AXES else peak)
+    rows = _at_least(_evidence(low, high if axis in _SCALE_AXES else peak), study)
     floor = tolerance * low.histogram.mean_s * 1e3
-    rows += _serial(rows, tolerance, floor)
+    rows += _held(rows, tolerance, floor)
+    # a resource measured busier than its parallelism is not what the model takes it for (a
+    # client whose work leaves the GIL is not one core): it is not named
+    refuted = [
+        r
+        for r in rows
+        if r.kind != "stage" and r.utilisation is not None and r.utilisation > 1 + tolerance
+    ]
     candidates = sorted(
-        (r for r in rows if r.load is not None and r.kind != "stage"),
+        (r for r in rows if r.load is not None and r.kind != "stage" and r not in refuted),
         key=lambda r: r.load or 0.0,
         reverse=True,
     )
+    busy = 1 - 2 * tolerance
+    if any((c.load or 0.0) >= busy for c in candidates if c.kind not in _HYPOTHESES):
+        # a pool is inferred from a wait; a measured resource at its limit explains the wait
+        candidates = [c for c in candidates if c.kind != "pool"]
     ranked = tuple(candidates + [r for r in rows if r not in candidates])
     top = candidates[0] if candidates else None
-    at_limit = top is not None and (top.load or 0.0) >= 1 - 2 * tolerance
-    # a resource at its limit stops throughput whatever the curve's shape says yet
-    facts = _Curve(axis, unit, tolerance, low, peak, high, found.plateau or behind or at_limit)
+    at_limit = top is not None and (top.load or 0.0) >= busy
+    facts = _Curve(axis, unit, tolerance, low, peak, high, found.plateau or behind, refuted)
 
     def verdict(
         kind: Kind,
@@ -332,17 +445,19 @@ def judge(
         *,
         predicted: bool = True,
         resource: str | None = None,
+        named: str | None = None,
     ) -> Verdict:
         """``predicted``: the bottleneck law's plateau from ``top``'s demand holds."""
-        plateau = peak.throughput if facts.stopped else None
+        # a resource at its limit stops throughput whatever the curve's shape says yet
+        plateau = peak.throughput if facts.stopped or at_limit else None
         limit = top.limit_per_s if top is not None and predicted else None
         kind_of = resource or (top.kind if top else None)
         return Verdict(
             curve,
             axis,
             kind,
-            top.name if top else None,
-            sentence,
+            named or (top.name if top else None),
+            sentence + "".join(_refuted_words(r) for r in facts.refuted),
             kind_of,
             plateau,
             limit,
@@ -351,12 +466,11 @@ def judge(
         )
 
     if axis in _SCALE_AXES:
-        busy = 1 - 2 * tolerance
         # along servers a model's instances grow with them: they are not what every one shares
         shared = [c for c in candidates if c.kind != "instances" and (c.load or 0.0) >= busy]
         return _instances(facts, shared[0] if shared else None, verdict)
     batcher = _batching(facts)
-    if batcher is not None and not facts.stopped:
+    if batcher is not None and not (facts.stopped or at_limit):
         model, queue, delay = batcher
         return verdict(
             "batching",
@@ -385,7 +499,83 @@ def judge(
         return verdict(
             "rising", top, (f"{facts.throughput()} and no resource is at its limit{nearest}")
         )
+    rivals = _rivals(candidates, facts, busy)
+    if len(rivals) > 1:
+        return _undecided(facts, rivals, verdict)
     return _at_limit(facts, top, verdict)
+
+
+def _spread(row: Evidence, facts: _Curve) -> float:
+    """The relative half-width of a resource's U* beside another's at the same peak: their
+    throughput is the same, so only the demands' own spread separates them."""
+    return _DEMAND_SPREAD
+
+
+def _rivals(candidates: Sequence[Evidence], facts: _Curve, busy: float) -> list[Evidence]:
+    """The resources at their limit that the figures cannot tell from the busiest one: each
+    one's U* within the two's spreads of the busiest's."""
+    if not candidates:
+        return []
+    top = candidates[0]
+    low = (top.load or 0.0) * (1 - _spread(top, facts))
+    return [top] + [
+        c
+        for c in candidates[1:]
+        if (c.load or 0.0) >= busy and (c.load or 0.0) * (1 + _spread(c, facts)) >= low
+    ]
+
+
+def _what_if(row: Evidence) -> str:
+    """The change that lifts ``row`` alone, as ``otelkit study predict`` takes it."""
+    more = round(row.servers or 1) + 1
+    if row.kind == "instances":
+        return f"--set {row.name}.instances={more} --confirm"
+    if row.kind == "cores":
+        return f"--set host.cores={more}"
+    if row.kind == "client":
+        return f"--set client.processes={more}"
+    if row.kind == "balancer":
+        return f"--set balancer.workers={more}"
+    if row.kind in _HYPOTHESES:
+        return f"--set {row.name}.parallelism={more}"
+    return ""
+
+
+def _undecided(facts: _Curve, rivals: Sequence[Evidence], verdict: _Make) -> Verdict:
+    """Two resources or more at their limit, within their noise of each other."""
+    named = " and ".join(
+        f"{_resource_words(r)} (U* {r.load:.2f} ± {(r.load or 0.0) * _spread(r, facts):.2f}, "
+        f"at most {facts.per_s(r.limit_per_s or 0.0)})"
+        for r in rivals
+    )
+    changes = [f"otelkit study predict STUDY {w}" for w in map(_what_if, rivals) if w]
+    separate = f"; what would separate them: {'; or '.join(changes)}" if changes else ""
+    first = min(rivals, key=lambda r: r.limit_per_s or float("inf"))
+    return verdict(
+        "undecided",
+        first,
+        (
+            f"cannot separate {named} at {facts.peak.label}: each is at its limit within the "
+            f"point's noise; {facts.throughput()}{separate}"
+        ),
+        "measure the change that lifts one of them alone: "
+        + ", ".join(_what_if(r) or _resource_words(r) for r in rivals),
+        resource="undecided",
+        named=" or ".join(r.name for r in rivals),
+    )
+
+
+def _refuted_words(row: Evidence) -> str:
+    """Why a resource measured beyond its parallelism is not named."""
+    why = (
+        "its work runs outside Python's GIL (native code, its own threads)"
+        if row.kind in ("client", "gil")
+        else "it serves more at a time than the study takes it to"
+    )
+    return (
+        f"; {row.name} is not named: it measured U {row.utilisation:.2f} of its "
+        f"{_m(row.servers)} at {row.peak_per_s:.0f}/s, which {why}"
+    )
 
 
 def _resource_words(row: Evidence) -> str:
@@ -393,10 +583,13 @@ def _resource_words(row: Evidence) -> str:
         return f"{row.name}'s {_m(row.servers)} instance{'s' if row.servers != 1 else ''}"
     if row.kind == "lock":
         return f"{row.name} (one at a time)"
+    if row.kind == "pool":
+        return f"what {row.name} waits for ({_m(row.servers)} at a time)"
     return row.name
 
 
 _TRANSFER = (NETWORK, "client serialize", "client deserialize")
+_COPY_BYTES_PER_S = 1e9
 
 
 def _transfer_growth(facts: _Curve) -> tuple[str, float] | None:
@@ -413,8 +606,14 @@ def _transfer_growth(facts: _Curve) -> tuple[str, float] | None:
             grew.append((name, before, after))
     if not grew:
         return None
+    added = sum(b - a for _, a, b in grew)
+    # the copies can only be what waits if moving the bytes takes a share of the time they
+    # added: at 1 GB/s (slower than a copy or loopback TCP here), a tenth of it at least;
+    # 64 bytes a request cannot make network + offload grow 1.7 ms (a wait for a core can)
+    if sum(low.payload_bytes) / _COPY_BYTES_PER_S * 1e3 < 0.1 * added:
+        return None
     words = ", ".join(f"{n} {a:.1f} → {b:.1f} ms" for n, a, b in grew)
-    return words, sum(b - a for _, a, b in grew)
+    return words, added
 
 
 def _payload(point: Point) -> str:
@@ -457,11 +656,21 @@ def _figures(row: Evidence, unit: str) -> str:
 
 
 def _law(row: Evidence, facts: _Curve, servers: str, what: str = "") -> str:
-    """The bottleneck law's bound from the lowest point, said as a prediction."""
+    """The bottleneck law's bound, said as a prediction with the demand it used."""
     limit = row.limit_per_s or 0.0
+    demand = row.demand_ms
+    which = ""
+    if row.least_ms is not None and row.least_ms <= demand:
+        which = (
+            f", the least it measured at this m, at {row.least_at}: this curve's "
+            f"{row.peak_ms if row.falls else row.low_ms:.1f} ms would allow less than the "
+            "study measured there"
+        )
+    elif row.falls:
+        which = f", the demand at the peak: it fell from {row.low_ms:.1f} ms with load"
     return (
-        f"{row.low_ms:.1f} ms{what} per {facts.unit} allows at most {facts.per_s(limit)} "
-        f"(predicted: {servers} / {row.low_ms:.1f} ms)"
+        f"{demand:.1f} ms{what} per {facts.unit} allows at most {facts.per_s(limit)} "
+        f"(predicted: {servers} / {demand:.1f} ms{which})"
     )
 
 
@@ -481,6 +690,30 @@ def _at_limit(facts: _Curve, top: Evidence, verdict: _Make) -> Verdict:
                 f"{top.peak_ms:.1f} ms waiting for it"
             ),
             f"shorten or split what {top.name} holds; more instances will not help",
+        )
+    if top.kind == "pool":
+        k = _m(top.servers)
+        where = f" in {top.model}" if top.model and top.model != top.name else ""
+        held = top.model != top.name  # a stage: its time is the hold
+        capacity = facts.per_s(top.limit_per_s or 0.0)
+        allows = (
+            f"held {top.low_ms:.1f} ms per {unit}, {k} allow at most {capacity} (predicted: "
+            f"{k} / {top.low_ms:.1f} ms)"
+            if held
+            else f"held at most {top.low_ms:.1f} ms per {unit} (the model's whole time: its "
+            f"stages are not traced), {k} allow at least {capacity}"
+        )
+        return verdict(
+            "contended",
+            top,
+            (
+                f"{top.name}{where} waits for something that serves {k} {unit}s at a time "
+                f"(a GPU semaphore, a connection pool, licences): {allows}; {seen}, while "
+                f"{top.name}'s time grows to {top.peak_ms:.1f} ms waiting for it"
+            ),
+            f"more of what {top.name} holds (predict with --set {top.name}.parallelism=N), "
+            f"or a shorter hold; more instances will not help",
+            predicted=held,
         )
     if top.kind == "cores":
         return verdict(
@@ -664,5 +897,7 @@ def verdicts(
     for axis in LOAD_AXES:
         for curve, members in along(points, axis).items():
             if len(members) > 1 and sum(p.status == "ok" for p in members) > 0:
-                found.append(judge(members, axis, curve, unit=unit, tolerance=tolerance))
-    return found
+                found.append(
+                    judge(members, axis, curve, unit=unit, tolerance=tolerance, study=points)
+                )
+    return revise(found, points, tolerance)

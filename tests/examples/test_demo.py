@@ -24,6 +24,7 @@ from gnn_tracking.driving.demo import Restart, after_failure, failed_checks
 from gnn_tracking.driving.http_parse import keep_response_heads
 from gnn_tracking.driving.options import OPTIONS, Remote
 
+from otelkit.study import read_results
 from otelkit.testing import wait_until
 from otelkit.tritonserver import TritonServer
 from tests.paths import MODELS, ROOT
@@ -85,6 +86,8 @@ def test_make_demo_runs_end_to_end_and_passes_its_checks(
     assert [r["params"]["concurrency"] for r in records if r["record"] == "point"] == [1, 2, 4, 8]
     verdicts = [r for r in records if r["record"] == "verdict"]
     assert len(verdicts) == 1 and verdicts[0]["kind"] not in ("failed", "unknown")
+    # no claim the demo prints (a capacity, a plateau, a parallelism) refutes its own points
+    assert read_results(out / "study.jsonl").contradictions() == [], verdicts[0]["sentence"]
     assert f"{verdicts[0]['kind']}: {verdicts[0]['sentence']}" in done.stdout
     for number, r in enumerate(restarts, start=1):
         print(f"restart {number}, {r['run']}: {r['cause']}\n{r['log_excerpt']}")

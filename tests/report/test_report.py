@@ -256,7 +256,7 @@ def test_the_utilisation_chart_marks_the_bottleneck_and_its_predicted_plateau() 
     at_peak = {r["resource"]: r["U"] for r in rows if r["concurrency"] == 16}
     assert at_peak == {"gnn": pytest.approx(0.98), "embed": pytest.approx(0.49)}
     assert chart.note.startswith(
-        "plateau measured 245 events/s; predicted m/D from the lowest point 250 events/s "
+        "plateau measured 245 events/s; predicted m/D 250 events/s "
         "(derived). saturated: gnn's 2 instances are busy all the time"
     )
     bold = chart.spec["layer"][0]["encoding"]["strokeWidth"]["condition"]["test"]

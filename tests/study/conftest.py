@@ -4,9 +4,11 @@ study on a Triton that otelkit launches (its points serve several tests)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,3 +175,17 @@ __all__ = [
     "make_point",
     "remote",
 ]
+
+
+def points_written(path: Path) -> int:
+    """The point records of a results file, not counting a line still being written."""
+    lines = path.read_text().split("\n")[:-1]
+    return sum(json.loads(line)["record"] == "point" for line in lines)
+
+
+def answered(http_url: str, model: str) -> int:
+    """The requests of ``model`` that tritonserver has answered so far."""
+    url = f"http://{http_url}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        (stats,) = json.load(response)["model_stats"]
+    return int(stats["inference_stats"]["success"]["count"])

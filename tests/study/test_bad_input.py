@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from otelkit.study import Load, Study, Triton, read_results
 from otelkit.testing import wait_until
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS
+from tests.study.conftest import answered, points_written
 
 pytestmark = pytest.mark.triton
 
@@ -139,29 +139,21 @@ def _sweep_killed_during_its_second_point(out: Path, restarts: int) -> Study:
 
     def kill_during_the_second_point() -> None:
         # the server starts (up to its startup_timeout, 120 s), then the point's 3.2 s
-        wait_until(lambda: out.exists() and _points_written(out), 180, "the first point")
+        wait_until(lambda: out.exists() and points_written(out), 180, "the first point")
         triton = server.server
         assert triton is not None and triton.pid is not None
-        first = _answered(triton.http_url)  # the first point's requests, every one returned
-        wait_until(lambda: _answered(triton.http_url) > first, 60, "the second point's requests")
+        first = answered(
+            triton.http_url, "identity_fp32"
+        )  # the first point's requests, every one returned
+        wait_until(
+            lambda: answered(triton.http_url, "identity_fp32") > first,
+            60,
+            "the second point's requests",
+        )
         os.killpg(triton.pid, signal.SIGKILL)
 
     threading.Thread(target=kill_during_the_second_point, daemon=True).start()
     return sweep
-
-
-def _points_written(path: Path) -> int:
-    """The point records of the results file, not counting a line still being written."""
-    lines = path.read_text().split("\n")[:-1]
-    return sum(json.loads(line)["record"] == "point" for line in lines)
-
-
-def _answered(http_url: str) -> int:
-    """The requests tritonserver has answered so far."""
-    url = f"http://{http_url}/v2/models/identity_fp32/stats"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        (stats,) = json.load(response)["model_stats"]
-    return int(stats["inference_stats"]["success"]["count"])
 
 
 def test_a_server_that_dies_mid_sweep(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from tests.study.conftest import kserve_app
 from tests.study.truth.capacity import (
     TICKS,
     Capacity,
+    batches,
     host_cores,
     model,
     python_process,
@@ -101,6 +102,8 @@ def study(
 def only(results: StudyResults) -> Verdict:
     (verdict,) = results.verdicts
     print(results.summary())  # what a failure needs to be read
+    # no printed claim contradicts a measured point
+    assert results.contradictions() == []
     return verdict
 
 
@@ -165,7 +168,8 @@ def test_the_limits_by_construction_are_the_configurations() -> None:
     limits = {
         name: (round(c.per_s, 1), round(c.least_per_s, 1), c.partway, round(c.request_s * 1e3))
         for name, c in (
-            (name, triton(name)) for name in ("saturated", "pipeline", "locked", "cores")
+            (name, triton(name))
+            for name in ("saturated", "pipeline", "locked", "cores", "pool2", "pool3")
         )
     }
     assert limits == {
@@ -174,6 +178,8 @@ def test_the_limits_by_construction_are_the_configurations() -> None:
         "locked": (166.7, 142.9, 1, 8),  # match's 1 / 6 ms hold, not 4 instances / 8 ms
         # the host's cores / 10 ms, or its 4 instances' 4 / 10 ms on 4 cores or more
         "cores": (min(100.0 * cores, 400.0), min(60.0 * cores, 240.0), 4, 10),
+        "pool2": (100.0, 95.2, 2, 20),  # 2 tokens / 20 ms, not 4 instances / 20 ms
+        "pool3": (150.0, 142.9, 3, 22),  # 3 tokens / 20 ms, not 6 instances / 22 ms
     }
 
 
@@ -210,6 +216,42 @@ def test_a_stage_under_a_lock_every_instance_shares_is_named(
     assert "more instances will not help" in verdict.change
     assert_predicted(verdict, results)
     assert_constructed(triton("locked"), results, verdict)
+
+
+@pytest.mark.parametrize(
+    ("name", "k", "sweep"), [("pool2", 2, [1, 8]), ("pool3", 3, [1, 12])], ids=["2", "3"]
+)
+def test_a_stage_that_holds_one_of_k_is_named_with_its_k(
+    truth: TruthServer, tmp_path: Path, name: str, k: int, sweep: list[int]
+) -> None:
+    """The stage's time grows with load while X . hold at the plateau is near k: something
+    serving k at a time, named with k and its capacity k / hold; the what-if of more tokens
+    lifts it to the next limit."""
+    results = study(truth, tmp_path, model=name, sweep={"concurrency": sweep})
+    verdict = only(results)
+    assert (verdict.kind, verdict.resource, verdict.limit) == ("contended", "pool", "gpu")
+    assert f"serves {k} requests at a time" in verdict.sentence
+    assert "more instances will not help" in verdict.change
+    assert "--set gpu.parallelism=" in verdict.change
+    assert_predicted(verdict, results)
+    assert_constructed(triton(name), results, verdict)
+    (more,) = results.predict([f"gpu.parallelism={k + 1}"])
+    (same,) = results.predict([])
+    assert same.points[-1].limit == f"gpu ({k} at a time)", same.points[-1]
+    # one more token: k + 1 / 20 ms, or what the instances or the host allow first
+    assert more.points[-1].throughput > (1 + WITHIN) * same.points[-1].throughput
+
+
+def test_without_traces_a_pool_is_named_on_its_model(truth: TruthServer, tmp_path: Path) -> None:
+    results = study(truth, tmp_path, model="pool2", sweep={"concurrency": [1, 8]}, traced=False)
+    verdict = only(results)
+    # its compute grows with load, X . compute near 2; the compute holds Triton's own time
+    # besides the hold, so it bounds the hold from above and the capacity from below only
+    assert (verdict.kind, verdict.resource, verdict.limit) == ("contended", "pool", "pool2")
+    assert "serves 2 requests at a time" in verdict.sentence
+    assert "2 allow at least" in verdict.sentence
+    assert verdict.predicted_per_s is None
+    assert_constructed(triton("pool2"), results)
 
 
 def test_more_busy_instances_than_cores_names_the_cores(truth: TruthServer, tmp_path: Path) -> None:
@@ -321,6 +363,26 @@ def test_an_open_loop_offered_beyond_capacity_is_saturated(
     assert "offered" in verdict.sentence
     assert_predicted(verdict, results)
     assert_constructed(triton("saturated"), results, verdict)
+
+
+def test_a_demand_that_falls_as_batches_fill_is_read_at_the_peak(
+    truth: TruthServer, tmp_path: Path
+) -> None:
+    """An execution costs 8 ms whatever its batch: a request's demand falls from 8 ms alone to
+    2 ms in full batches of 4. The capacity from the lowest point (1 / 8 ms) would lie below the
+    throughput measured; the one from the peak's demand is the batches' (4 / 8 ms)."""
+    results = study(truth, tmp_path, model="amortised", sweep={"concurrency": [1, 8]})
+    verdict = only(results)
+    assert (verdict.kind, verdict.resource, verdict.limit) == (
+        "saturated",
+        "instances",
+        "amortised",
+    )
+    assert "the demand at the peak: it fell from" in verdict.sentence
+    (row,) = [e for e in verdict.evidence if e.key == "model amortised"]
+    assert row.peak_ms < 0.5 * row.low_ms  # batches of 3 or more at the peak
+    assert_predicted(verdict, results)
+    assert_constructed(batches("amortised"), results, verdict)
 
 
 def test_dynamic_batching_under_light_load_is_the_batchers_wait(

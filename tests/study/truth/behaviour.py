@@ -11,7 +11,11 @@ by ``;``:
   with the batch size;
 - ``lock``: sleeps ``ms`` holding an exclusive ``flock`` on the file ``OTELKIT_TRUTH_LOCK``,
   which every instance (a process of its own) opens (a file in the temporary folder by
-  default): one request at a time across instances.
+  default): one request at a time across instances;
+- ``poolK`` (``pool2``, ``pool3``): sleeps ``ms`` holding one of k tokens that every instance
+  of the model shares (a GPU semaphore, a connection pool, licences): k requests at a time.
+  The tokens are bytes in a named pipe beside the lock file: a holder reads one (blocking
+  while none is left, woken by the kernel when one is written back) and writes it back.
 
 With ``per_execution`` set to ``true`` the stages run once per execution (a batch), not once
 per request. Each model's ``1/model.py`` imports ``TritonPythonModel`` from here (the server's
@@ -28,7 +32,7 @@ import triton_python_backend_utils as pb_utils
 
 import otelkit
 from otelkit.server import triton_backend
-from tests.study.truth.stages import parse
+from tests.study.truth.stages import parse, pool_size
 from tests.study.truth.work import spin
 
 
@@ -41,9 +45,15 @@ class TritonPythonModel:
         per_execution = parameters.get("per_execution", {}).get("string_value", "false")
         self.per_execution = per_execution == "true"
         self.lock = None
+        default = os.path.join(tempfile.gettempdir(), "otelkit-truth.lock")
+        lock_path = os.environ.get("OTELKIT_TRUTH_LOCK", default)
         if any(kind == "lock" for _, kind, _ in self.stages):
-            default = os.path.join(tempfile.gettempdir(), "otelkit-truth.lock")
-            self.lock = open(os.environ.get("OTELKIT_TRUTH_LOCK", default), "a")  # noqa: SIM115
+            self.lock = open(lock_path, "a")  # noqa: SIM115
+        self.pools = {
+            name: _pool(f"{lock_path}.{self.model}.{name}", pool_size(kind))
+            for name, kind, _ in self.stages
+            if pool_size(kind)
+        }
 
     def _run(self, name, kind, seconds, rows=1):
         with otelkit.stage(name):
@@ -53,6 +63,12 @@ class TritonPythonModel:
                 time.sleep(seconds * rows)
             elif kind == "spin":
                 spin(seconds)
+            elif name in self.pools:
+                token = os.read(self.pools[name], 1)
+                try:
+                    time.sleep(seconds)
+                finally:
+                    os.write(self.pools[name], token)
             else:
                 fcntl.flock(self.lock, fcntl.LOCK_EX)
                 try:
@@ -77,4 +93,21 @@ class TritonPythonModel:
     def finalize(self):
         if self.lock is not None:
             self.lock.close()
+        for fd in self.pools.values():
+            os.close(fd)
         otelkit.shutdown()
+
+
+def _pool(path, k):
+    """The named pipe of a pool of ``k``, opened for reading and writing (so that it never
+    reads an end of file); the first instance to take the pipe's lock makes it and puts the k
+    tokens in, and every instance keeps it open, so the tokens live as long as the server."""
+    with open(f"{path}.init", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        fresh = not os.path.exists(path)
+        if fresh:
+            os.mkfifo(path)
+        fd = os.open(path, os.O_RDWR)
+        if fresh:
+            os.write(fd, b"t" * k)
+    return fd

@@ -9,6 +9,7 @@ is the least of:
 
 - a model's instances: m / (its stages' time a request), an instance serving one at a time;
 - the lock every instance shares: 1 / (the time a request holds it);
+- a pool of k tokens a model's instances share: k / (the time a request holds one);
 - the host's cores: cores / (the CPU a request spins);
 - one Python process's GIL: 1 / (the CPU its Python spends a request).
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tests.study.truth.stages import parse
+from tests.study.truth.stages import parse, pool_size
 
 MODELS = Path(__file__).parent / "models"
 
@@ -82,6 +83,7 @@ class Model:
     steps: tuple[str, ...]  # an ensemble's models, in order
     per_execution: bool
     max_queue_delay_s: float  # the dynamic batcher's, 0 without one
+    max_batch_size: int = 0
 
 
 def model(name: str) -> Model:
@@ -97,6 +99,7 @@ def model(name: str) -> Model:
         tuple(step.model_name for step in config.ensemble_scheduling.step),
         parameters.get("per_execution") == "true",
         config.dynamic_batching.max_queue_delay_microseconds / 1e6,
+        config.max_batch_size,
     )
 
 
@@ -163,6 +166,14 @@ def triton(name: str, rows: int = 1) -> Capacity:
         why = f"{holders} under a lock all {every} instances share: 1 / {_ms(hold)}"
         least_why = f"1 / ({_ms(hold)} + {_ms(HANDOFF_S)} passing it on) (HANDOFF_S)"
         limits.append(Capacity(1 / hold, why, 1 / (hold + HANDOFF_S), least_why, 1, request_s))
+    for m, stages in timed:
+        for stage, kind, s in stages:
+            k = pool_size(kind)
+            if k is None:
+                continue
+            why = f"{stage} ({_ms(s)}) holding one of {m.name}'s {k} tokens: {k} / {_ms(s)}"
+            least_why = f"{k} / ({_ms(s)} + {_ms(HANDOFF_S)} passing a token on) (HANDOFF_S)"
+            limits.append(Capacity(k / s, why, k / (s + HANDOFF_S), least_why, k, request_s))
     cpu_s = sum(s for _, stages in timed for _, kind, s in stages if kind == "spin")
     if cpu_s:
         cores = host_cores()
@@ -170,6 +181,22 @@ def triton(name: str, rows: int = 1) -> Capacity:
         spinning = sum(m.instances for m, stages in timed if any(k == "spin" for _, k, _ in stages))
         limits.append(_by_cpu(cores / cpu_s, why, spinning, request_s))
     return min(limits, key=lambda limit: limit.per_s)
+
+
+def batches(name: str) -> Capacity:
+    """The limit of Triton model ``name`` whose stages run once an execution (a batch of up to
+    its ``max_batch_size`` requests, one row each): m x batch / (its stages' time)."""
+    found = model(name)
+    if not found.per_execution or found.max_batch_size < 2:
+        raise ValueError(f"{name}'s stages run once a request: triton({name!r}) is its limit")
+    busy = sum(s for _, _, s in found.stages)
+    full = found.instances * found.max_batch_size
+    why = (
+        f"{_plural(found.instances, 'instance')} executing batches of up to "
+        f"{found.max_batch_size} in {_ms(busy)}: {full} / {_ms(busy)}"
+    )
+    least_why = f"{full} / ({_ms(busy)} + Triton's {_ms(TRITON_OVERHEAD_S)}) (TRITON_OVERHEAD_S)"
+    return Capacity(full / busy, why, full / (busy + TRITON_OVERHEAD_S), least_why, full, busy)
 
 
 def python_process(cpu_s: float, whose: str, request_s: float | None = None) -> Capacity:

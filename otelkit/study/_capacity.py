@@ -328,7 +328,7 @@ def spread(point: Point, confidence: float = 0.95) -> dict[str, Spread]:
             reason = _WHOLE_POINT["stage"]
         if not measured:
             reason = reason or "the point's windows were not read at their edges"
-        rows = [(w, found_.get(key)) for w, found_ in measured] if not reason else []
+        rows = [(w, read.get(key)) for w, read in measured] if not reason else []
         held = [(w, r) for w, r in rows if r is not None]
         demands = [r.demand_ms if r is not None else None for _, r in rows]
         uses = [r.utilisation if r is not None else None for _, r in rows]

@@ -15,7 +15,6 @@ never below what a point's start and end add to its count.
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from collections.abc import Sequence
@@ -25,14 +24,13 @@ from typing import TYPE_CHECKING
 from otelkit.study._capacity import resources
 from otelkit.study._derived import along, knee
 from otelkit.study._point import Point
+from otelkit.study._stats import mean_interval
 
 if TYPE_CHECKING:  # _verdicts reads the least demands and the noise from here
     from otelkit.study._verdicts import Evidence, Verdict
 
 __all__ = ["Contradiction", "contradictions", "least_demands", "noise", "revise"]
 
-# Student's t at 95 %, two-sided, by degrees of freedom (a point has ten windows: 9)
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 #: claims that more of something would not raise throughput, by the axis that tests them
 _WILL_NOT_HELP = {
     "instances": re.compile(
@@ -64,9 +62,8 @@ def noise(point: Point, floor: float = 0.02) -> float:
     mean = statistics.fmean(values)
     if mean <= 0:
         return floor
-    t = _T95.get(len(values) - 1, 1.96)
-    half = t * statistics.stdev(values) / math.sqrt(len(values))
-    return max(floor, half / mean)
+    low, high = mean_interval(values)
+    return max(floor, (high - low) / 2 / mean)
 
 
 def least_demands(points: Sequence[Point]) -> dict[tuple[str, float], tuple[float, Point]]:

@@ -45,12 +45,13 @@ the plateau from the lowest point alone, m / D_low.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from otelkit.analysis._breakdown import NETWORK, SERVER_QUEUE
-from otelkit.study._capacity import resources
+from otelkit.study._capacity import Spread, resources, separation, spread
 from otelkit.study._derived import LOAD_AXES, along, knee
 from otelkit.study._falsify import least_demands, noise, revise
 from otelkit.study._overload import overload
@@ -83,7 +84,9 @@ _AXIS_WORDS = {
 #: a demand at the peak below this share of the lowest point's fell with load; above, the two
 #: differ by no more than a point's windows do at a steady load (docs/study.md)
 _FALLS = 0.95
-#: a demand's relative spread where a point's windows do not carry their own
+#: a demand's relative spread where a point's windows do not carry their own (a stage's from
+#: the traces, a results file from before windows were read): what they gave a steady
+#: instance's demand on this 2-core host, ±4-6 % (tests/study/test_windows.py)
 _DEMAND_SPREAD = 0.05
 #: the axes along which more of the deployment serves the same load: the question is why the
 #: most of it does not pay, read where there is the most of it
@@ -235,6 +238,13 @@ class _Curve:
     stopped: bool  # throughput stopped rising (the knee's plateau, an open loop falling behind)
     # resources measured busier than their parallelism: the hypothesis of their m is wrong
     refuted: Sequence[Evidence] = ()
+    _spreads: dict[int, dict[str, Spread]] = field(default_factory=dict, compare=False)
+
+    def spreads(self, point: Point) -> dict[str, Spread]:
+        """Each resource of ``point`` over its windows, read once a point."""
+        if id(point) not in self._spreads:
+            self._spreads[id(point)] = spread(point)
+        return self._spreads[id(point)]
 
     def span(self) -> str:
         words = _AXIS_WORDS.get(self.axis, self.axis)
@@ -505,23 +515,53 @@ def judge(
     return _at_limit(facts, top, verdict)
 
 
+def _demand_point(row: Evidence, facts: _Curve) -> Point | None:
+    """The point whose windows measured the demand ``row`` weighs (None: another curve's)."""
+    if row.least_ms is not None and row.least_ms <= row.demand_ms:
+        return None
+    return facts.peak if row.falls else facts.low
+
+
+def _windows_of(row: Evidence, facts: _Curve) -> Spread | None:
+    point = _demand_point(row, facts)
+    if point is None:
+        return None
+    found = facts.spreads(point).get(row.key)
+    return found if found is not None and found.demand_ms is not None else None
+
+
 def _spread(row: Evidence, facts: _Curve) -> float:
-    """The relative half-width of a resource's U* beside another's at the same peak: their
-    throughput is the same, so only the demands' own spread separates them."""
-    return _DEMAND_SPREAD
+    """The half-width of a resource's U* over its demand point's windows (the t-interval of
+    their batch means); a demand no windows carry (a stage's, from the traces; a file from
+    before windows were read) is given ``_DEMAND_SPREAD`` of its U*."""
+    found = _windows_of(row, facts)
+    summary = found.load(facts.peak.throughput) if found is not None else None
+    if summary is not None and math.isfinite(summary.half_width):
+        return summary.half_width
+    return (row.load or 0.0) * _DEMAND_SPREAD
+
+
+def _separable(a: Evidence, b: Evidence, facts: _Curve) -> bool:
+    """Whether ``a``'s U* and ``b``'s differ beyond their noise: paired window by window where
+    one point's windows measured both demands (they share its throughput's ups and downs),
+    else each one's interval on its own."""
+    first, second = _windows_of(a, facts), _windows_of(b, facts)
+    if (
+        first is not None
+        and second is not None
+        and _demand_point(a, facts) is _demand_point(b, facts)
+    ):
+        return separation(first, second, peak_per_s=facts.peak.throughput).separable
+    return abs((a.load or 0.0) - (b.load or 0.0)) > _spread(a, facts) + _spread(b, facts)
 
 
 def _rivals(candidates: Sequence[Evidence], facts: _Curve, busy: float) -> list[Evidence]:
-    """The resources at their limit that the figures cannot tell from the busiest one: each
-    one's U* within the two's spreads of the busiest's."""
+    """The resources at their limit that the figures cannot tell from the busiest one."""
     if not candidates:
         return []
     top = candidates[0]
-    low = (top.load or 0.0) * (1 - _spread(top, facts))
     return [top] + [
-        c
-        for c in candidates[1:]
-        if (c.load or 0.0) >= busy and (c.load or 0.0) * (1 + _spread(c, facts)) >= low
+        c for c in candidates[1:] if (c.load or 0.0) >= busy and not _separable(top, c, facts)
     ]
 
 
@@ -544,7 +584,7 @@ def _what_if(row: Evidence) -> str:
 def _undecided(facts: _Curve, rivals: Sequence[Evidence], verdict: _Make) -> Verdict:
     """Two resources or more at their limit, within their noise of each other."""
     named = " and ".join(
-        f"{_resource_words(r)} (U* {r.load:.2f} ± {(r.load or 0.0) * _spread(r, facts):.2f}, "
+        f"{_resource_words(r)} (U* {r.load:.2f} ± {_spread(r, facts):.2f}, "
         f"at most {facts.per_s(r.limit_per_s or 0.0)})"
         for r in rivals
     )

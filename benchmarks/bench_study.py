@@ -41,11 +41,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gevent
 import numpy as np
 import tritonclient.http as httpclient
 from medians import median_interval, verdict  # benchmarks/, this script's directory
 
-from otelkit.study import Load, Remote, Study
+from otelkit.study import Load, Remote, Study, StudyError
 from otelkit.tritonserver import TritonServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,6 +86,9 @@ def bare(
                 client.infer(MODEL, [tensor])
             counts[slot] += 1
         client.close()
+        # tritonclient.http's gevent hub: its event loop's two file descriptors outlive the
+        # thread unless destroyed (the study's ModelCalls does it too)
+        gevent.get_hub().destroy(destroy_loop=True)
 
     threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in range(concurrency)]
     for thread in threads:
@@ -118,26 +122,46 @@ def study(url: str, concurrency: int, seconds: float, warmup_s: float) -> tuple[
 
 def turn(
     kind: str, url: str, concurrency: int, seconds: float, warmup_s: float
-) -> tuple[float, float]:
-    """One driver's turn: requests a second and CPU microseconds a request."""
+) -> tuple[float, float] | None:
+    """One driver's turn: requests a second and CPU microseconds a request; ``None`` when it
+    measured no request (on a host loaded far past its cores, a thousand threads may take
+    longer to start than the warm-up and the window)."""
     if kind == "study":
-        throughput, cpu_s = study(url, concurrency, seconds, warmup_s)
+        try:
+            throughput, cpu_s = study(url, concurrency, seconds, warmup_s)
+        except StudyError as error:
+            if "no request completed" not in str(error):
+                raise
+            return None
     else:
         throughput, cpu_s = bare(url, concurrency, seconds, warmup_s, bookkeeping=kind == "floor")
-    return throughput, 1e6 * cpu_s / max(throughput * seconds, 1e-9)
+    if throughput <= 0:
+        return None
+    return throughput, 1e6 * cpu_s / (throughput * seconds)
 
 
 def side_by_side(
     url: str, kinds: tuple[str, ...], concurrency: int, rounds: int, seconds: float, warmup_s: float
-) -> list[dict[str, tuple[float, float]]]:
+) -> tuple[list[dict[str, tuple[float, float]]], int]:
     """``rounds`` rounds of a turn each of ``kinds``, in an order that rotates round by round
-    (each kind goes first as often): per round, each kind's (requests/s, CPU us a request)."""
+    (each kind goes first as often): per round, each kind's (requests/s, CPU us a request);
+    and how many rounds were lost, a turn of theirs having measured nothing."""
     found = []
+    lost = 0
     for round_ in range(rounds):
         shift = round_ % len(kinds)
         order = kinds[shift:] + kinds[:shift]
-        found.append({kind: turn(kind, url, concurrency, seconds, warmup_s) for kind in order})
-    return found
+        got = {kind: turn(kind, url, concurrency, seconds, warmup_s) for kind in order}
+        measured = {kind: value for kind, value in got.items() if value is not None}
+        if len(measured) == len(kinds):
+            found.append(measured)
+            continue
+        lost += 1
+        empty = ", ".join(kind for kind in kinds if kind not in measured)
+        print(f"  round {round_ + 1} lost: {empty} measured no request", flush=True)
+    if len(found) < rounds / 2:
+        raise RuntimeError(f"{lost} of {rounds} rounds at {concurrency} measured nothing")
+    return found, lost
 
 
 MIN_ROUNDS = 6  # fewer: the rounds' range covers the median less than 95 % of the time
@@ -235,7 +259,7 @@ def main() -> int:
     parser.add_argument("--thread-rounds", type=int, default=10)
     parser.add_argument("--thread-seconds", type=float, default=1.5, help="measured per turn")
     # a thousand threads ramp up for a second or two: their connections, gevent's hubs
-    parser.add_argument("--thread-warmup", type=float, default=2.0)
+    parser.add_argument("--thread-warmup", type=float, default=3.0)
     parser.add_argument("--footprint", choices=["bare", "study"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -252,10 +276,10 @@ def main() -> int:
             flush=True,
         )
         for concurrency in args.concurrency:
-            rounds = side_by_side(
+            rounds, lost = side_by_side(
                 url, ("bare", "study"), concurrency, args.rounds, args.seconds, args.warmup
             )
-            entry = _compare(rounds, "study")
+            entry = {**_compare(rounds, "study"), "lost_rounds": lost}
             entry["verdict"] = at_least(entry["throughput_ratio"], BOUND)
             summary["concurrency"][str(concurrency)] = entry
             print(f"concurrency {concurrency:>4}: {_line(entry, 'study')}", flush=True)
@@ -266,7 +290,7 @@ def main() -> int:
                 f"{args.thread_warmup:g} s; load average {_load()}",
                 flush=True,
             )
-            rounds = side_by_side(
+            rounds, lost = side_by_side(
                 url,
                 DRIVERS,
                 args.threads,
@@ -276,7 +300,12 @@ def main() -> int:
             )
             entry = {kind: _compare(rounds, kind) for kind in ("floor", "study")}
             entry["study"]["verdict"] = at_most(entry["study"]["cpu_ratio"], CPU_BOUND)
-            summary["threads"] = {"threads": args.threads, "cpu_bound": CPU_BOUND, **entry}
+            summary["threads"] = {
+                "threads": args.threads,
+                "cpu_bound": CPU_BOUND,
+                "lost_rounds": lost,
+                **entry,
+            }
             for kind in ("floor", "study"):
                 print(f"{kind:>5} at {args.threads} threads: {_line(entry[kind], kind)}")
             print(f"load average {_load()}", flush=True)

@@ -358,8 +358,8 @@ def _line(entry: dict[str, Any], kind: str) -> str:
         f"bare {entry['bare_per_s']:7.1f}/s {entry['bare_cpu_us']:6.0f} us, {kind} "
         f"{entry[f'{kind}_per_s']:7.1f}/s {entry[f'{kind}_cpu_us']:6.0f} us a request "
         f"(medians); ratios {kind}/bare, median [95 % interval]: throughput "
-        f"{ratio('throughput_ratio')}, CPU a request {ratio('cpu_ratio')}: "
-        f"{entry.get('verdict', '')}"
+        f"{ratio('throughput_ratio')}, CPU a request {ratio('cpu_ratio')}"
+        + (f": {entry['verdict']}" if "verdict" in entry else "")
     )
 
 

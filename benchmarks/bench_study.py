@@ -15,7 +15,7 @@ rounds (the order rotates): the bare loop, the *floor* (the bare loop doing the 
 no driver can leave out: a request's index, its start and end times kept per thread) and
 the study; each turn's CPU time per request over its measured window. Bound (issue 46): the
 study's CPU per request at most 1.2 times the bare loop's (the median of the rounds' paired
-ratios). A round's ratio on a busy 2-core host spreads widely (0.4 to 2.8 at 1,000 threads):
+ratios). A round's ratio on a busy 2-core host spreads widely (0.01 to 166 at 1,000 threads):
 each median is printed with its 95 % interval (``medians.median_interval``, the binomial
 law's order statistics), and a verdict is ``met`` or ``missed`` only where the whole
 interval is on one side of its bound, ``undecided`` otherwise. Then each of bare and study

@@ -9,6 +9,7 @@ but it does not say how the next run, in another state of the host, will come ou
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -52,6 +53,22 @@ def ratio_interval(
     ratios = np.median(after_values[index], axis=1) / np.median(before_values[index], axis=1)
     low, high = np.percentile(ratios, [2.5, 97.5])
     return float(low), float(high)
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free interval of at least 95 % for the median of ``values`` (independent
+    rounds, each a paired ratio, say): the ``k``-th smallest and largest values, for the
+    largest ``k`` with P(B < k) <= 2.5 %, B binomial (n, 1/2): fewer than ``k`` values fall
+    below the median that rarely. It needs 6 values or more; with fewer, it is the whole range,
+    which covers less than 95 %."""
+    ordered = sorted(values)
+    count = len(ordered)
+    if count == 0:
+        raise ValueError("the median of no values has no interval")
+    k = 1
+    while k < count and 40 * sum(math.comb(count, i) for i in range(k + 1)) <= 2**count:
+        k += 1
+    return ordered[k - 1], ordered[count - k]
 
 
 def verdict(measured: float, interval: tuple[float, float], bound: float) -> dict[str, Any]:

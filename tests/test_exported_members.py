@@ -33,6 +33,7 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "otelkit.analysis": [
         "Breakdown",
+        "SlowestStage",
         "Span",
         "SpanEvent",
         "SpanKind",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from otelkit.analysis._breakdown import (
     Breakdown,
+    SlowestStage,
     answered_by,
     breakdown,
     format_breakdowns,
@@ -31,6 +32,7 @@ from otelkit.analysis._loader import (
 
 __all__ = [
     "Breakdown",
+    "SlowestStage",
     "Span",
     "SpanEvent",
     "SpanKind",

@@ -39,12 +39,14 @@ import statistics
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from otelkit import semconv
 from otelkit.analysis._loader import Span, SpanKind, Trace, build_traces, load_spans
 
 __all__ = [
     "Breakdown",
+    "SlowestStage",
     "answered_by",
     "breakdown",
     "format_breakdowns",
@@ -102,14 +104,29 @@ class Breakdown:
         self.problems.extend(problems)
         return components
 
-    def bottleneck(self) -> tuple[str, float] | None:
-        """The server stage with the most time per trace: with one instance, it caps throughput."""
+    def slowest_stage(self) -> SlowestStage | None:
+        """The server stage with the most time per trace, and its share of the trace's time.
+
+        Its mean time at load holds the waits of the requests sharing it, so it says where the
+        time goes, not what the stage can serve: ``otelkit study`` measures that.
+        """
         stages = [c for c in self.components if c.startswith("server ") and c != SERVER_QUEUE]
         stages = [c for c in stages if c != SERVER_OTHER]
         if not stages:
             return None
         worst = max(stages, key=self.mean)
-        return worst, self.mean(worst)
+        total = self.mean(TOTAL)
+        mean = self.mean(worst)
+        return SlowestStage(worst, mean, mean / total if total else 0.0)
+
+
+class SlowestStage(NamedTuple):
+    """A group's server stage with the most time per trace: its mean seconds per trace and
+    their share of the trace's mean total (0 to 1)."""
+
+    name: str
+    seconds: float
+    share: float
 
 
 def _outermost_stages(trace: Trace, span: Span) -> Iterable[Span]:
@@ -305,11 +322,11 @@ def format_breakdowns(groups: dict[tuple[str, ...], Breakdown], labels: Sequence
             mean = group.mean(name)
             share = 100 * mean / total if total else 0.0
             lines.append(f"  {name:<24} {mean * 1e3:9.3f} ms  {share:5.1f} %")
-        worst = group.bottleneck()
-        if worst:
+        slowest = group.slowest_stage()
+        if slowest:
             lines.append(
-                f"  bottleneck: {worst[0]} ({worst[1] * 1e3:.2f} ms per trace: one instance "
-                f"serves at most {1 / worst[1]:.0f}/s)"
+                f"  slowest stage: {slowest.name}, {slowest.seconds * 1e3:.2f} ms per trace, "
+                f"{100 * slowest.share:.0f} % of the time"
             )
         for problem in group.problems[:5]:
             lines.append(f"  nesting problem: {problem}")

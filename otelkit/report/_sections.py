@@ -62,8 +62,12 @@ def breakdown_section(
             if group.incomplete
             else "none left out"
         )
-        worst = group.bottleneck()
-        limit = f"{_e(worst[0])} ({_ms(worst[1])} ms)" if worst else "-"
+        slowest = group.slowest_stage()
+        limit = (
+            f"{_e(slowest.name)} ({_ms(slowest.seconds)} ms, {100 * slowest.share:.0f} %)"
+            if slowest
+            else "-"
+        )
         rows.append(
             f"<tr><td>{_e(label)}</td><td class='num'>{group.traces}</td>"
             f"<td class='num'>{_ms(group.mean(TOTAL))}</td>"

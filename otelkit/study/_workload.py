@@ -125,6 +125,7 @@ class ModelCalls(Workload):
         self._traced = False
         self._local = threading.local()
         self._clients: list[Any] = []
+        self._hubs: list[tuple[threading.Thread, Any]] = []  # gevent's, of the request threads
         self._lock = threading.Lock()
         self._requests: Sequence[Sequence[Any]] = ()
         self._request_bytes = 0
@@ -232,10 +233,21 @@ class ModelCalls(Workload):
                 client = self._module.InferenceServerClient(self._url)
             if self._traced:
                 client = instrument_client(client)
+            hub = self._hub() if self.protocol == "http" else None
             with self._lock:
                 self._clients.append(client)
+                if hub is not None:
+                    self._hubs.append((threading.current_thread(), hub))
         self._local.client = client
         return client
+
+    @staticmethod
+    def _hub() -> Any:
+        """This thread's gevent hub, which tritonclient.http's calls run on: its event loop
+        holds two file descriptors until the hub is destroyed, which no thread's end does (at
+        1,000 threads, 2,000 a point, until the study ran out of them)."""
+        gevent: Any = require("gevent", extra="triton", feature="otelkit study")
+        return gevent.get_hub()
 
     def __call__(self, index: int) -> None:
         inputs = self._requests[index % len(self._requests)]
@@ -272,9 +284,15 @@ class ModelCalls(Workload):
     def close(self) -> None:
         with self._lock:
             clients, self._clients = self._clients, []
+            hubs, self._hubs = self._hubs, []
         for client in clients:
             with contextlib.suppress(Exception):  # a client of a server that died
                 client.close()
+        for thread, hub in hubs:
+            # a hub is destroyed once its thread has ended (gevent allows it from another
+            # thread then); the driving thread's own, which read the model's metadata, is kept
+            if thread is not threading.current_thread() and not thread.is_alive():
+                hub.destroy(destroy_loop=True)
         self._local = threading.local()
 
 

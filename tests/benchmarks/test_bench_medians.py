@@ -100,3 +100,27 @@ def test_unpaired_values_are_refused() -> None:
         medians.difference_interval([], [])
     with pytest.raises(ValueError, match="as many"):
         medians.ratio_interval([1.0, 2.0], [1.0])
+
+
+def test_the_median_interval_covers_the_true_median_as_often_as_it_claims() -> None:
+    # rounds' ratios as a loaded host spreads them: skewed, a few far out
+    rng = np.random.default_rng(11)
+    true_median = float(np.exp(0.0))  # of a lognormal(0, 0.4)
+    covered = widths = 0.0
+    runs = 2000
+    for _ in range(runs):
+        low, high = medians.median_interval(rng.lognormal(0.0, 0.4, 15).tolist())
+        covered += low <= true_median <= high
+        widths += high - low
+    # 15 rounds: the 4th and 12th values, which cover 96.5 % by the binomial law
+    assert 0.95 <= covered / runs <= 0.98
+    assert widths / runs < 0.6
+
+
+def test_the_median_interval_is_the_order_statistics_the_binomial_law_allows() -> None:
+    values = [float(v) for v in range(1, 31)]
+    assert medians.median_interval(values[:15]) == (4.0, 12.0)
+    assert medians.median_interval(values) == (10.0, 21.0)
+    assert medians.median_interval(values[:6]) == (1.0, 6.0)  # fewer: the whole range
+    with pytest.raises(ValueError):
+        medians.median_interval([])

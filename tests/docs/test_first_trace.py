@@ -118,7 +118,7 @@ def test_the_first_trace_runs_as_written(tmp_path: Path) -> None:
         table = _run(breakdown, tmp_path).splitlines()
         assert table[0].startswith("all traces: 1 traces, mean "), table
         assert [m["part"] for m in map(_ROW.match, table) if m] == PARTS, table
-        assert re.match(r"^\s+bottleneck: server (cylindrical|scale) ", table[-1]), table
+        assert re.match(r"^\s+slowest stage: server (cylindrical|scale), ", table[-1]), table
 
         study, report = commands("A study and a report")
         assert "verdict [all]" in _run(study, tmp_path)

@@ -4,6 +4,7 @@ text, the figures as images with labelled axes, and the command."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -97,6 +98,8 @@ def test_page_text(report: Report) -> None:
     assert "gnn-tracking-client" in html and "triton" in html  # the services' resources
     assert "triton: OpenTelemetry SDK cpp 1.13.0" in html and "otelkit 0.1.0" in html
     assert "nesting consistent" in html and "contended" in html  # a check and a verdict
+    # each group's slowest server stage with its share of the time, and no capacity from it
+    assert re.search(r"<td>server [\w ]+ \(\d+\.\d\d ms, \d+ %\)</td>", html)
 
 
 def _png_size(path: Path) -> tuple[int, int]:

@@ -607,11 +607,12 @@ def _undecided(facts: _Curve, rivals: Sequence[Evidence], verdict: _Make) -> Ver
 
 def _refuted_words(row: Evidence) -> str:
     """Why a resource measured beyond its parallelism is not named."""
-    why = (
-        "its work runs outside Python's GIL (native code, its own threads)"
-        if row.kind in ("client", "gil")
-        else "it serves more at a time than the study takes it to"
-    )
+    if row.kind in ("client", "gil"):
+        why = "its work runs outside Python's GIL (native code, its own threads)"
+    elif row.kind == "network":
+        why = "says the link carried more than the rate the study was told"
+    else:
+        why = "it serves more at a time than the study takes it to"
     return (
         f"; {row.name} is not named: it measured U {row.utilisation:.2f} of its "
         f"{_m(row.servers)} at {row.peak_per_s:.0f}/s, which {why}"

@@ -346,12 +346,24 @@ def test_payloads_of_megabytes_are_limited_where_they_are_moved(
     else:  # the demand only grows with load: the prediction errs high, by about its growth
         assert verdict.predicted_per_s is not None and verdict.plateau_per_s is not None
         assert 0.95 < verdict.predicted_per_s / verdict.plateau_per_s < 1.25
-    # told of a 1 Gb/s link, the same figures name the link, its plateau predicted: 8 MB at
-    # 1 Gb/s is 64 ms a request, at most 15.6 requests/s: below what loopback served
-    linked = [replace(p, link_gbps=1.0) for p in results.points]
-    (told,) = verdicts(linked)
-    assert (told.kind, told.resource) == ("network", "network")
-    assert told.predicted_per_s == pytest.approx(1e9 / (8_000_000 * 8))
+    # told of a link that loopback's throughput puts at U 0.95 at the peak, the same figures
+    # name the link, its plateau predicted as the link's rate over 8 MB a request; where the
+    # cores read within their windows' noise of it (U* 0.68-0.88 in runs here), both are named
+    peak = max(p.throughput for p in results.points)
+    gbps = peak * 8_000_000 * 8 / 0.95 / 1e9
+    (told,) = verdicts([replace(p, link_gbps=gbps) for p in results.points])
+    if told.kind == "undecided":
+        assert told.limit is not None and "the network" in told.limit, told.sentence
+        assert "cores" in told.limit, told.sentence
+    else:
+        assert (told.kind, told.resource) == ("network", "network"), told.sentence
+    assert told.predicted_per_s == pytest.approx(gbps * 1e9 / (8_000_000 * 8))
+    # told of 1 Gb/s (8 MB in 64 ms, at most 15.6 requests/s), the data refute the link: it
+    # carried several times that rate, so it is not named, and the sentence says why
+    (slow,) = verdicts([replace(p, link_gbps=1.0) for p in results.points])
+    assert slow.resource != "network"
+    assert "the network (1 Gb/s) is not named" in slow.sentence
+    assert "carried more than the rate the study was told" in slow.sentence
 
 
 def test_an_open_loop_offered_beyond_capacity_is_saturated(

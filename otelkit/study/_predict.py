@@ -10,8 +10,8 @@ requests in flight:
   server, taken out of its model's demand;
 - what the request spends outside the stations (the client, the network) is think time Z;
 - the resources that every station shares (the host's cores, the client's CPU under its GIL, a
-  GPU) bound throughput from above, X <= m / D: when a change lifts the first limit, the next
-  one takes over.
+  GPU) bound throughput from above, X <= m / D, with the demand the verdict weighs (the peak's
+  where it fell with load): when a change lifts the first limit, the next one takes over.
 
 An open loop at rate λ gets min(λ, every bound). Every figure here is *derived*, never measured:
 ``otelkit study predict --confirm`` measures the changed deployment beside the prediction.
@@ -221,20 +221,20 @@ def _model(
             bounds.append(
                 Station(
                     row.name if cores == row.servers else f"the host's {cores:g} cores",
-                    row.low_ms,
+                    row.demand_ms,
                     cores,
                 )
             )
         elif row.kind in ("gil", "network"):
-            bounds.append(Station(row.name, row.low_ms, row.servers or 1))
+            bounds.append(Station(row.name, row.demand_ms, row.servers or 1))
         elif row.kind == "balancer":
             workers = _changed("balancer", "workers", row.servers or 1, changes)
-            bounds.append(Station(row.name, row.low_ms, workers))
+            bounds.append(Station(row.name, row.demand_ms, workers))
         elif row.kind == "client":
             processes = _changed("client", "processes", row.servers or 1, changes)
-            bounds.append(Station("the client's CPU", row.low_ms, processes))
+            bounds.append(Station("the client's CPU", row.demand_ms, processes))
         elif row.kind == "gpu":
-            bounds.append(Station(row.name, row.low_ms, row.servers or 1))
+            bounds.append(Station(row.name, row.demand_ms, row.servers or 1))
     think = max(0.0, cycle_ms - queued_ms - sum(s.demand_ms for s in stations))
     return [s for s in stations if s.demand_ms > 0], bounds, think
 

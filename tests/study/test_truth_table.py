@@ -1,7 +1,8 @@
 """The truth table of ``otelkit study``'s verdicts: deployments on a real Triton whose limit is
 known by construction (tests/study/truth/behaviour.py), each swept from light load to past its
 limit. Each asserts the verdict's kind and the resource it names, that the plateau the
-bottleneck law predicts from the lowest point (m / D_low) is within 15 % of the one measured,
+bottleneck law predicts (m / D) is within 15 % of the one measured (for a process under one GIL,
+that cannot keep its core busy, between it and 1 / 0.8 of it),
 and both plateaus against the limit the deployment has by construction, read from its models'
 configurations (tests/study/truth/capacity.py), within bounds that say where they come from.
 
@@ -22,10 +23,20 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 import otelkit
-from otelkit.study import Endpoint, Load, ModelCalls, Remote, Study, StudyResults, Tracing, Workload
+from otelkit.study import (
+    Endpoint,
+    Load,
+    ModelCalls,
+    Remote,
+    Study,
+    StudyResults,
+    Tracing,
+    Triton,
+    Workload,
+)
 from otelkit.study._verdicts import Verdict, verdicts
 from otelkit.tritonserver import TritonServer, free_port
-from tests.paths import TESTS
+from tests.paths import MODELS, TESTS
 from tests.study.conftest import kserve_app
 from tests.study.truth.capacity import (
     TICKS,
@@ -112,6 +123,23 @@ def assert_predicted(verdict: Verdict, results: StudyResults) -> None:
     assert verdict.plateau_per_s == pytest.approx(measured)
     assert verdict.predicted_per_s is not None
     assert verdict.predicted_per_s == pytest.approx(measured, rel=WITHIN), verdict.sentence
+
+
+# A Python process under its GIL named at its limit reads U 0.83-0.88 at the plateau on this
+# 2-core host (its threads hand the GIL over; the host's other processes take a core in turn),
+# so m / D, which gives it the whole core, runs 12-20 % above the plateau measured: bounded by
+# the U the study needs to name a resource at its limit at all (1 - 2 x its tolerance, 0.8)
+ONE_PROCESS_U = 0.8
+
+
+def assert_predicted_one_process(verdict: Verdict, results: StudyResults) -> None:
+    """The plateau a process under one GIL allows, as ``assert_predicted`` checks it where the
+    process cannot keep its core busy: never below what was measured, at most measured / 0.8."""
+    measured = max(p.throughput for p in results.points)
+    assert verdict.plateau_per_s == pytest.approx(measured)
+    predicted = verdict.predicted_per_s
+    assert predicted is not None, verdict.sentence
+    assert measured <= predicted <= measured / ONE_PROCESS_U, verdict.sentence
 
 
 def assert_constructed(
@@ -293,7 +321,7 @@ def test_a_client_limited_by_its_own_cpu_is_named(truth: TruthServer, tmp_path: 
     verdict = only(results)
     assert (verdict.kind, verdict.resource) == ("client", "client")
     assert "more threads" in verdict.change
-    assert_predicted(verdict, results)
+    assert_predicted_one_process(verdict, results)
     alone_s = CLIENT_WORK_S + triton("light").request_s
     assert_constructed(python_process(CLIENT_WORK_S, "the client's", alone_s), results, verdict)
 
@@ -407,6 +435,29 @@ def test_dynamic_batching_under_light_load_is_the_batchers_wait(
     assert f"{delay_ms:g} ms max_queue_delay" in verdict.sentence
 
 
+def test_the_docs_sub_millisecond_example_contradicts_none_of_its_points(tmp_path: Path) -> None:
+    """docs/study.md's own example: ``identity_fp32`` (0.2 ms a request) over 1 and 2 instances
+    and 1, 2 and 4 threads, on a Triton the study launches. Which resource caps it on this
+    2-core host differs from run to run (docs/study.md); what holds in every run is that no
+    verdict quotes a capacity below a throughput the study measured, a plateau its knee
+    refutes, a resource beyond its parallelism, or a "will not help" that more instances
+    refuted: the recorded verdicts of tests/study/data did all of these."""
+    results = Study(
+        model="identity_fp32",
+        server=Triton(MODELS),
+        load=Load(seconds=2.0, warmup_s=0.5),
+        sweep={"instances": [1, 2], "concurrency": [1, 2, 4]},
+        tracing=Tracing(per_second=20),
+        out=tmp_path / "study.jsonl",
+        progress=False,
+    ).run()
+    print(results.summary())
+    assert results.status == "complete"
+    assert [v.kind for v in results.verdicts if v.kind == "failed"] == []
+    assert len(results.verdicts) == 5  # along threads at 1 and 2 instances, along instances at 3
+    assert results.contradictions() == []
+
+
 @pytest.fixture(scope="module")
 def gil_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """tests/study/truth/gil_app.py: one Python process, 5 ms of CPU a request."""
@@ -471,7 +522,7 @@ def test_ray_serve_replicas_of_a_cpu_bound_deployment_are_saturated(
     print(results.summary())
     assert (verdict.kind, verdict.resource, verdict.limit) == ("saturated", "instances", "Busy")
     assert results.points[-1].parallelism == {"Busy": 1}
-    assert_predicted(verdict, results)
+    assert_predicted_one_process(verdict, results)
     assert_constructed(replicas(1, WORK_S, "Busy"), results, verdict)
 
 

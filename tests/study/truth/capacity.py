@@ -195,8 +195,15 @@ def batches(name: str) -> Capacity:
         f"{_plural(found.instances, 'instance')} executing batches of up to "
         f"{found.max_batch_size} in {_ms(busy)}: {full} / {_ms(busy)}"
     )
-    least_why = f"{full} / ({_ms(busy)} + Triton's {_ms(TRITON_OVERHEAD_S)}) (TRITON_OVERHEAD_S)"
-    return Capacity(full / busy, why, full / (busy + TRITON_OVERHEAD_S), least_why, full, busy)
+    # an execution holds its instance for its stages and for each of its requests' way into
+    # the stub and back: Triton's own time a request, times the batch
+    size = found.max_batch_size
+    least_why = (
+        f"{full} / ({_ms(busy)} + {size} x Triton's {_ms(TRITON_OVERHEAD_S)}) "
+        "(TRITON_OVERHEAD_S, for each request of a full batch)"
+    )
+    least = full / (busy + size * TRITON_OVERHEAD_S)
+    return Capacity(full / busy, why, least, least_why, full, busy)
 
 
 def python_process(cpu_s: float, whose: str, request_s: float | None = None) -> Capacity:

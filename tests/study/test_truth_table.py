@@ -479,7 +479,7 @@ def test_a_python_servers_own_gil_is_named(gil_server: str, tmp_path: Path) -> N
     verdict = only(results)
     assert (verdict.kind, verdict.resource) == ("contended", "gil")
     assert "more server processes" in verdict.change
-    assert_predicted(verdict, results)
+    assert_predicted_one_process(verdict, results)
     assert_constructed(python_process(WORK_S, "the server's"), results, verdict)
 
 

@@ -303,6 +303,7 @@ def _at_least(rows: list[Evidence], study: Sequence[Point]) -> list[Evidence]:
     if not study:
         return rows
     least = least_demands(study)
+    measured = [(p, set(resources(p))) for p in study if p.status == "ok"]
     out = []
     for row in rows:
         found = least.get((row.key, round(row.servers or 0, 1)))
@@ -311,10 +312,8 @@ def _at_least(rows: list[Evidence], study: Sequence[Point]) -> list[Evidence]:
             demand, where = found
             beaten = [
                 p
-                for p in study
-                if p.status == "ok"
-                and p.throughput > limit * (1 + noise(p))
-                and row.key in resources(p)
+                for p, keys in measured
+                if row.key in keys and p.throughput > limit * (1 + noise(p))
             ]
             if beaten:
                 row = replace(row, least_ms=demand, least_at=where.label)

@@ -228,7 +228,7 @@ def test_the_driver_reads_every_parts_edge_and_leaves_its_hooks_cpu_out() -> Non
         burn()
 
     def request(index: int, measured: bool) -> None:
-        time.sleep(0.02)
+        time.sleep(0.02)  # a request that waits on its server: 20 ms, next to no CPU
 
     run = drive(
         request,

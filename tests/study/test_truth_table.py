@@ -34,6 +34,7 @@ from otelkit.study import (
     Triton,
     Workload,
 )
+from otelkit.study._point import Point
 from otelkit.study._verdicts import Verdict, verdicts
 from otelkit.tritonserver import TritonServer, free_port
 from tests.paths import MODELS, TESTS
@@ -125,21 +126,26 @@ def assert_predicted(verdict: Verdict, results: StudyResults) -> None:
     assert verdict.predicted_per_s == pytest.approx(measured, rel=WITHIN), verdict.sentence
 
 
-# A Python process under its GIL named at its limit reads U 0.83-0.88 at the plateau on this
-# 2-core host (its threads hand the GIL over; the host's other processes take a core in turn),
-# so m / D, which gives it the whole core, runs 12-20 % above the plateau measured: bounded by
-# the U the study needs to name a resource at its limit at all (1 - 2 x its tolerance, 0.8)
-ONE_PROCESS_U = 0.8
-
-
 def assert_predicted_one_process(verdict: Verdict, results: StudyResults) -> None:
-    """The plateau a process under one GIL allows, as ``assert_predicted`` checks it where the
-    process cannot keep its core busy: never below what was measured, at most measured / 0.8."""
+    """The plateau a process under one GIL allows, where the process cannot keep its core busy
+    (its threads hand the GIL over; the host's other processes take a core in turn): never below
+    what was measured. How far above is the process's U at the plateau (m / D over X is 1 / U,
+    read 0.80 to 0.88 on 2-core hosts), the host's and not the study's: the prediction is held to
+    the limit by construction instead (``assert_constructed``)."""
     measured = max(p.throughput for p in results.points)
     assert verdict.plateau_per_s == pytest.approx(measured)
     predicted = verdict.predicted_per_s
     assert predicted is not None, verdict.sentence
-    assert measured <= predicted <= measured / ONE_PROCESS_U, verdict.sentence
+    assert measured <= predicted, verdict.sentence
+
+
+def cores_capacity(point: Point) -> float:
+    """The requests a second the host's cores allow at ``point``'s demand: the cores not kept
+    busy before the load (m) over the CPU a request took of them (D), from /proc/stat."""
+    host = point.host
+    assert host is not None and host.busy_cores is not None, point.label
+    idle = min(host.idle_cores or 0.0, host.busy_cores, host.cores - 0.5)
+    return (host.cores - idle) / ((host.busy_cores - idle) / point.throughput)
 
 
 def assert_constructed(
@@ -371,9 +377,16 @@ def test_payloads_of_megabytes_are_limited_where_they_are_moved(
     elif verdict.resource == "transfer":
         assert "8.0 MB sent and 8.0 MB received" in verdict.sentence
         assert verdict.predicted_per_s is None
-    else:  # the demand only grows with load: the prediction errs high, by about its growth
+    else:
+        # the cores' capacity is m / D from /proc/stat, less the host's idle use, at one of the
+        # points (the lowest, where nothing waits, unless a lower demand was measured): derived
+        # here from the points' own readings, it must never fall below what was measured. How
+        # far it stands above the plateau is 1 / U* (0.68 to 0.88 here), the host's and not the
+        # study's, and no construction bounds the kernel's copies
         assert verdict.predicted_per_s is not None and verdict.plateau_per_s is not None
-        assert 0.95 < verdict.predicted_per_s / verdict.plateau_per_s < 1.25
+        each = [cores_capacity(p) for p in results.points]
+        assert min(each) * 0.99 <= verdict.predicted_per_s <= max(each) * 1.01, (each, verdict)
+        assert verdict.predicted_per_s >= verdict.plateau_per_s, verdict.sentence
     # told of a link that loopback's throughput puts at U 0.95 at the peak, the same figures
     # name the link, its plateau predicted as the link's rate over 8 MB a request; where the
     # cores read within their windows' noise of it (U* 0.68-0.88 in runs here), both are named

@@ -139,13 +139,13 @@ def assert_predicted_one_process(verdict: Verdict, results: StudyResults) -> Non
     assert measured <= predicted, verdict.sentence
 
 
-def cores_capacity(point: Point) -> float:
-    """The requests a second the host's cores allow at ``point``'s demand: the cores not kept
-    busy before the load (m) over the CPU a request took of them (D), from /proc/stat."""
+def cores_reading(point: Point) -> tuple[float, float]:
+    """The host's cores at ``point`` as the study reads them from /proc/stat: the cores not kept
+    busy before the load (m) and the CPU a request took of them (D, seconds)."""
     host = point.host
     assert host is not None and host.busy_cores is not None, point.label
     idle = min(host.idle_cores or 0.0, host.busy_cores, host.cores - 0.5)
-    return (host.cores - idle) / ((host.busy_cores - idle) / point.throughput)
+    return host.cores - idle, (host.busy_cores - idle) / point.throughput
 
 
 def assert_constructed(
@@ -378,14 +378,16 @@ def test_payloads_of_megabytes_are_limited_where_they_are_moved(
         assert "8.0 MB sent and 8.0 MB received" in verdict.sentence
         assert verdict.predicted_per_s is None
     else:
-        # the cores' capacity is m / D from /proc/stat, less the host's idle use, at one of the
-        # points (the lowest, where nothing waits, unless a lower demand was measured): derived
-        # here from the points' own readings, it must never fall below what was measured. How
-        # far it stands above the plateau is 1 / U* (0.68 to 0.88 here), the host's and not the
-        # study's, and no construction bounds the kernel's copies
+        # the cores' capacity is m / D from /proc/stat, less the host's idle use, each read at
+        # one of the points (D at the lowest, where nothing waits, unless a lower demand was
+        # measured; m where throughput peaks): derived here from the points' own readings, it
+        # must never fall below what was measured. How far it stands above the plateau is
+        # 1 / U* (0.68 to 0.89 here), the host's and not the study's, and no construction
+        # bounds the kernel's copies
         assert verdict.predicted_per_s is not None and verdict.plateau_per_s is not None
-        each = [cores_capacity(p) for p in results.points]
-        assert min(each) * 0.99 <= verdict.predicted_per_s <= max(each) * 1.01, (each, verdict)
+        m, d = zip(*map(cores_reading, results.points), strict=True)
+        least, most = min(m) / max(d), max(m) / min(d)
+        assert least * 0.99 <= verdict.predicted_per_s <= most * 1.01, (m, d, verdict.sentence)
         assert verdict.predicted_per_s >= verdict.plateau_per_s, verdict.sentence
     # told of a link that loopback's throughput puts at U 0.95 at the peak, the same figures
     # name the link, its plateau predicted as the link's rate over 8 MB a request; where the

@@ -476,9 +476,14 @@ def judge(
         )
 
     if axis in _SCALE_AXES:
-        # along servers a model's instances grow with them: they are not what every one shares
-        shared = [c for c in candidates if c.kind != "instances" and (c.load or 0.0) >= busy]
-        return _instances(facts, shared[0] if shared else None, verdict)
+        # along servers a model's instances grow with them: they are not what every one shares;
+        # the shared ones are judged at their limit as along load, within their noise
+        shared = [
+            c
+            for c in candidates
+            if c.kind != "instances" and (c.load or 0.0) + _spread(c, facts) >= busy
+        ]
+        return _instances(facts, _rivals(shared, facts, busy), verdict)
     batcher = _batching(facts)
     if batcher is not None and not (facts.stopped or at_limit):
         model, queue, delay = batcher
@@ -544,7 +549,12 @@ def _spread(row: Evidence, facts: _Curve) -> float:
 def _separable(a: Evidence, b: Evidence, facts: _Curve) -> bool:
     """Whether ``a``'s U* and ``b``'s differ beyond their noise: paired window by window where
     one point's windows measured both demands (they share its throughput's ups and downs),
-    else each one's interval on its own."""
+    else each one's interval on its own. A difference within ``_DEMAND_SPREAD`` of the larger
+    is none, however steady: ten windows can hold 0.79 apart from 0.78, and the two resources
+    are then equally at their limit."""
+    larger = max(a.load or 0.0, b.load or 0.0)
+    if abs((a.load or 0.0) - (b.load or 0.0)) <= larger * _DEMAND_SPREAD:
+        return False
     first, second = _windows_of(a, facts), _windows_of(b, facts)
     if (
         first is not None
@@ -556,12 +566,15 @@ def _separable(a: Evidence, b: Evidence, facts: _Curve) -> bool:
 
 
 def _rivals(candidates: Sequence[Evidence], facts: _Curve, busy: float) -> list[Evidence]:
-    """The resources at their limit that the figures cannot tell from the busiest one."""
+    """The resources at their limit within their noise (as the busiest one is judged) that
+    the figures cannot tell from the busiest one."""
     if not candidates:
         return []
     top = candidates[0]
     return [top] + [
-        c for c in candidates[1:] if (c.load or 0.0) >= busy and not _separable(top, c, facts)
+        c
+        for c in candidates[1:]
+        if (c.load or 0.0) + _spread(c, facts) >= busy and not _separable(top, c, facts)
     ]
 
 
@@ -901,8 +914,10 @@ def _unexplained(
     )
 
 
-def _instances(facts: _Curve, top: Evidence | None, verdict: _Make) -> Verdict:
-    """More instances (or servers) at the same load: they pay while ε stays near 1."""
+def _instances(facts: _Curve, shared: Sequence[Evidence], verdict: _Make) -> Verdict:
+    """More instances (or servers) at the same load: they pay while ε stays near 1, unless
+    ``shared``, resources every instance shares, are at their limit (more than one: the
+    figures cannot tell which)."""
     low, high, unit, axis = facts.low, facts.high, facts.unit, facts.axis
     n_low, n_high = low.params[axis], high.params[axis]
     what = "servers" if axis == "servers" else "instances"
@@ -913,7 +928,11 @@ def _instances(facts: _Curve, top: Evidence | None, verdict: _Make) -> Verdict:
     )
     if epsilon >= 1 - facts.tolerance:
         return verdict("rising", None, f"{trend}: more {what} pay")
-    if top is not None:  # a resource every instance shares is at its limit
+    if shared:  # a resource every instance shares is at its limit
+        if len(shared) > 1:
+            found = _undecided(facts, shared, verdict)
+            return replace(found, sentence=f"{trend}: {found.sentence}")
+        (top,) = shared
         found = _at_limit(facts, top, verdict)
         return verdict(found.kind, top, f"{trend}: {found.sentence}", found.change)
     concurrency = high.params.get("concurrency")

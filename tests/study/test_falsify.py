@@ -149,3 +149,39 @@ def test_noise_is_the_points_own_spread() -> None:
     # ten windows alternating ±30 %: sd 0.316 of the mean, t(9) 2.26, over √10
     assert noise(shaky) == pytest.approx(2.262 * 0.3162 / 10**0.5, rel=0.01)
     assert noise(make_point({"concurrency": 1}, 1000.0)) == 0.02  # no windows
+
+
+@pytest.mark.parametrize("name", ["docs_example_quiet_1.jsonl", "docs_example_quiet_2.jsonl"])
+def test_two_resources_equally_at_their_limit_are_named_together_along_both_axes(
+    name: str,
+) -> None:
+    """docs/study.md's example, run on the quiet 2-core host (tests/study/data, three runs in a
+    row): at ``instances=2 concurrency=4`` the host's cores and the client's CPU read the same
+    U* (0.79 and 0.79 in one run, 0.83 and 0.83 in the next), one within the other's noise.
+    Both curves through that point say they cannot separate the two, with each one's spread:
+    neither names one of them because ten steady windows held 0.79 a hair above 0.787, and a
+    rival is at its limit by the same test as the busiest one, within its noise."""
+    results = read_results(DATA / name)
+    found = {(v.axis, v.curve): v for v in verdicts(results.points)}
+    for key in [("concurrency", "instances=2"), ("instances", "concurrency=4")]:
+        verdict = found[key]
+        assert verdict.kind == "undecided", verdict.sentence
+        assert verdict.limit is not None
+        assert set(verdict.limit.split(" or ")) == {"the host's 2 cores", "the client's CPU"}
+        assert "cannot separate" in verdict.sentence and " ± " in verdict.sentence
+        assert "--set host.cores=3" in verdict.sentence
+        assert "--set client.processes=2" in verdict.sentence
+    assert contradictions(list(found.values()), results.points) == []
+
+
+def test_a_third_run_whose_point_fell_names_no_limit_and_says_the_busiest() -> None:
+    """The third of those runs measured 2913/s at ``instances=2 concurrency=4`` (3686 and
+    5280 in the others), its peak at 2 in flight: the client's CPU a request grew from 0.20 to
+    0.27 ms from 2 to 4 threads (its threads handing the GIL over), so U* at the peak is 0.68.
+    No resource is at its limit there, and the verdict says which were busiest, not a limit."""
+    results = read_results(DATA / "docs_example_quiet_3.jsonl")
+    found = {(v.axis, v.curve): v for v in verdicts(results.points)}
+    verdict = found[("concurrency", "instances=2")]
+    assert verdict.kind == "unknown", verdict.sentence
+    assert "the busiest measured is the host's 2 cores at U* 0.68" in verdict.sentence
+    assert found[("instances", "concurrency=4")].kind == "underloaded"

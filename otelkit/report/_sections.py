@@ -117,21 +117,67 @@ def study_section(
     points: Sequence[tuple[str, str | None]] = (),
 ) -> str:
     """A study's plots, its verdicts in words and its points, each linked to the waterfall of
-    one of its traces (``points``: label and trace id, None where no trace was read)."""
-    facts = ", ".join(
-        f"{k}: {_e(str(header[k]))}" for k in ("model", "server", "unit", "otelkit") if k in header
-    )
+    one of its traces (``points``: label and trace id, None where no trace was read); a study
+    run untraced says so once instead of a column of points without traces."""
+    said = {
+        "model": header.get("model"),
+        "server": server_words(header.get("server")) if header.get("server") else None,
+        "unit": header.get("unit"),
+        "otelkit": header.get("otelkit_version"),
+    }
+    facts = ", ".join(f"{k}: {_e(str(v))}" for k, v in said.items() if v)
     words = "".join(f'<li class="verdict">{_e(v)}</li>' for v in verdicts)
-    rows = "".join(
-        f"<tr><td>{_e(label)}</td><td>{_point_link(trace)}</td></tr>" for label, trace in points
-    )
     table = ""
-    if rows:
+    if "tracing" in header and header["tracing"] is None:
+        table = (
+            '<p class="hint untraced">This study ran untraced (<code>--no-traces</code>, or '
+            "<code>tracing=None</code>): its points have no waterfall. Run it traced (the "
+            "default; <code>Tracing(per_second=...)</code> in Python) to link each point to one "
+            "of its traces.</p>"
+        )
+    elif points:
+        rows = "".join(
+            f"<tr><td>{_e(label)}</td><td>{_point_link(trace)}</td></tr>"
+            for label, trace in points
+        )
         table = f'<table class="points"><tr><th>point</th><th>a trace of it</th></tr>{rows}</table>'
     return (
         f'<h2 id="study-{_e(title)}">Study: {_e(title)}</h2><p class="facts-line">{facts}</p>'
         f"<ul>{words}</ul>{table}{charts}"
     )
+
+
+def server_words(server: Any) -> str:
+    """The server a study's results file records, in words.
+
+    >>> server_words({"kind": "remote", "url": "gpu-node:8000", "metrics_url": None})
+    'a server at gpu-node:8000 (not launched by the study)'
+    >>> server_words({"kind": "triton", "repository": "tests/models", "models": ["a", "b"]})
+    'a tritonserver the study launched (repository tests/models; models a, b)'
+    >>> server_words({"kind": "ray_serve", "application": "tracking"})
+    'Ray Serve, application tracking, deployed by the study'
+    """
+    if not isinstance(server, dict):
+        return str(server)
+    kind = server.get("kind")
+    if kind == "remote":
+        metrics = server.get("metrics_url")
+        scraped = f"; its metrics at {metrics}" if metrics else ""
+        return f"a server at {server.get('url')} (not launched by the study{scraped})"
+    if kind == "triton":
+        models = ", ".join(map(str, server.get("models") or []))
+        listed = f"; models {models}" if models else ""
+        return f"a tritonserver the study launched (repository {server.get('repository')}{listed})"
+    if kind == "fleet":
+        return (
+            f"a fleet the study launched: tritonservers (repository {server.get('repository')}) "
+            f"registered in {server.get('registry')}, behind {server.get('balancer')} with "
+            f"{server.get('balancer_workers')} workers"
+        )
+    if kind == "ray_serve":
+        return f"Ray Serve, application {server.get('application')}, deployed by the study"
+    rest = ", ".join(f"{k} {v}" for k, v in server.items() if k != "kind" and v is not None)
+    return f"{kind} ({rest})" if rest else str(kind)
 
 
 def _point_link(trace: str | None) -> str:

@@ -19,6 +19,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from otelkit import semconv
 from otelkit.analysis import load_spans
+from otelkit.report._sections import study_section
 from otelkit.testing import wait_until
 from tests.paths import MODELS, ROOT
 from tests.report.test_page import _load
@@ -87,6 +88,10 @@ def test_the_printed_command_makes_a_page_of_the_points(browser: WebDriver, stud
         ("", "concurrency=2"),
         ("warm-up and checks", "study warm-up"),
     }
+    # the study's server in words, as its results file records it, not that record's dict
+    said = browser.find_element(By.CSS_SELECTOR, 'h2[id^="study-"] + p.facts-line').text
+    assert f"a tritonserver the study launched (repository {MODELS}; models identity_fp32)" in said
+    assert "{" not in said and "kind" not in said
     links = browser.find_elements(By.CSS_SELECTOR, "table.points a.point-trace")
     assert [link.find_element(By.XPATH, "../../td[1]").text for link in links] == list(POINTS)
     for n, point in enumerate(POINTS):
@@ -149,3 +154,18 @@ def test_a_folder_without_trace_files_is_named_beside_one_with_them(
 def _shown(browser: WebDriver, selector: str, timeout_s: float = 10.0) -> None:
     """Wait until an element matching ``selector`` is on the page."""
     wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, selector), timeout_s, selector)
+
+
+def test_an_untraced_study_says_so_once_instead_of_a_column_without_traces() -> None:
+    header = {
+        "model": "identity_fp32",
+        "server": {"kind": "remote", "url": "gpu-node:8000", "metrics_url": None},
+        "tracing": None,
+    }
+    points = [("concurrency=1", None), ("concurrency=2", None)]
+    page = study_section("s", header, ["[all] rising: ..."], "", points)
+    assert "no trace read" not in page and 'class="points"' not in page
+    assert "This study ran untraced" in page and "--no-traces" in page
+    assert "a server at gpu-node:8000 (not launched by the study)" in page
+    traced = study_section("s", {**header, "tracing": {"per_second": 20}}, [], "", points)
+    assert traced.count("no trace read") == 2  # traced, a point whose traces were not read

@@ -137,8 +137,7 @@ def study_section(
         )
     elif points:
         rows = "".join(
-            f"<tr><td>{_e(label)}</td><td>{_point_link(trace)}</td></tr>"
-            for label, trace in points
+            f"<tr><td>{_e(label)}</td><td>{_point_link(trace)}</td></tr>" for label, trace in points
         )
         table = f'<table class="points"><tr><th>point</th><th>a trace of it</th></tr>{rows}</table>'
     return (

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,8 +117,11 @@ class Gathered:
         root_name: str | None = None,
         max_spans: int = 8000,
         seed: int = 0,
+        names: Mapping[str, str] | None = None,
     ) -> None:
         self.group_by = tuple(group_by)
+        # a grouping value's readable name (a server's address -> its registered name)
+        self.names = dict(names or {})
         self.root_name = root_name
         self.max_spans = max_spans
         self.groups: dict[tuple[str, ...], Breakdown] = {}
@@ -144,7 +147,8 @@ class Gathered:
             return WARMUP
         if not self.group_by:
             return (root.name,)
-        return group_key(trace, root, self.group_by)
+        key = group_key(trace, root, self.group_by)
+        return tuple(self.names.get(value, value) for value in key) if self.names else key
 
     def label(self, key: tuple[str, ...]) -> str:
         if key == WARMUP:

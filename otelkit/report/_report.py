@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,9 +72,14 @@ class Report:
         root_name: str | None = None,
         max_spans: int = 8000,
         grace_s: float = 10.0,
+        names: Mapping[str, str] | None = None,
     ) -> Report:
         """Read ``traces`` (OTLP JSON files, or folders holding them at any depth) in one
         streaming pass and ``studies`` (results files of ``otelkit study``).
+
+        ``names`` gives a grouping value the name the page shows instead (a fleet's server
+        addresses, as ``otelkit.semconv.ANSWERED_BY`` records them, by the names the terminal
+        prints).
 
         With studies and no ``traces``, the traces are read where each results file says its
         study wrote them; with studies and no ``group_by``, traces are grouped by the studies'
@@ -85,7 +90,7 @@ class Report:
             traces = [found for _, results in read for found in _study_traces(results)]
         if not group_by:
             group_by = swept_keys([results for _, results in read])
-        gathered = Gathered(group_by, root_name=root_name, max_spans=max_spans)
+        gathered = Gathered(group_by, root_name=root_name, max_spans=max_spans, names=names)
         if traces:
             stream = TraceStream(grace_s=grace_s)
             # The reader makes millions of small objects, none in a cycle, while up to

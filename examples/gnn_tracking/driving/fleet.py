@@ -331,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n=== where the time goes, per event (mean ms), by the server that answered ===")
     print(format_breakdowns(named, labels=("server",)))
     print(f"\nevents: {report.events} done, {report.errors} failed, {error_spans} error spans")
-    page = Report.build([out / "traces"], group_by=(semconv.ANSWERED_BY,), root_name=ROOT_SPAN)
+    page = Report.build(
+        [out / "traces"], group_by=(semconv.ANSWERED_BY,), root_name=ROOT_SPAN, names=addresses
+    )
     page.title = "make fleet: the reference deployment as a fleet"
     path = page.write_html(out / "report.html").resolve()
     summary = {

@@ -445,7 +445,7 @@ def judge(
     top = candidates[0] if candidates else None
     facts = _Curve(axis, unit, tolerance, low, peak, high, found.plateau or behind, refuted)
     # at its limit within its noise: a GIL's holder, handing it over, reads 0.8-0.86 busy here
-    at_limit = top is not None and (top.load or 0.0) + _spread(top, facts) >= busy
+    at_limit = top is not None and _at_its_limit(top, facts, busy)
 
     def verdict(
         kind: Kind,
@@ -478,11 +478,7 @@ def judge(
     if axis in _SCALE_AXES:
         # along servers a model's instances grow with them: they are not what every one shares;
         # the shared ones are judged at their limit as along load, within their noise
-        shared = [
-            c
-            for c in candidates
-            if c.kind != "instances" and (c.load or 0.0) + _spread(c, facts) >= busy
-        ]
+        shared = [c for c in candidates if c.kind != "instances" and _at_its_limit(c, facts, busy)]
         return _instances(facts, _rivals(shared, facts, busy), verdict)
     batcher = _batching(facts)
     if batcher is not None and not (facts.stopped or at_limit):
@@ -572,10 +568,14 @@ def _rivals(candidates: Sequence[Evidence], facts: _Curve, busy: float) -> list[
         return []
     top = candidates[0]
     return [top] + [
-        c
-        for c in candidates[1:]
-        if (c.load or 0.0) + _spread(c, facts) >= busy and not _separable(top, c, facts)
+        c for c in candidates[1:] if _at_its_limit(c, facts, busy) and not _separable(top, c, facts)
     ]
+
+
+def _at_its_limit(row: Evidence, facts: _Curve, busy: float) -> bool:
+    """Whether ``row``'s U* reaches ``busy`` within its windows' noise: the one test of a
+    resource at its limit, for the busiest one and its rivals alike."""
+    return (row.load or 0.0) + _spread(row, facts) >= busy
 
 
 def _what_if(row: Evidence) -> str:

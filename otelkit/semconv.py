@@ -172,6 +172,11 @@ ANSWERED_BY = f"{PREFIX}.server.answered"
 STAGE_GPU_S = f"{PREFIX}.stage.gpu_s"  # GPU time between CUDA events around the stage
 STAGE_GPU_MEMORY_GROWTH = f"{PREFIX}.stage.gpu.memory_growth"  # torch bytes allocated, end - start
 STAGE_BATCH_REQUESTS = f"{PREFIX}.stage.batch_requests"  # requests of a batch-wide stage
+# events on an HTTP server span (FastAPI, Starlette): the request's body read whole, the
+# response's headers sent, its body sent whole; the breakdown cuts the span at them
+HTTP_REQUEST_RECEIVED = f"{PREFIX}.http.request.received"
+HTTP_RESPONSE_STARTED = f"{PREFIX}.http.response.started"
+HTTP_RESPONSE_SENT = f"{PREFIX}.http.response.sent"
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_ROUTE = "http.route"
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"

@@ -43,6 +43,19 @@ from typing import NamedTuple
 
 from otelkit import semconv
 from otelkit.analysis._loader import Span, SpanKind, Trace, build_traces, load_spans
+from otelkit.analysis._server_time import (
+    CALLS_OUT,
+    COMPUTE_INPUT,
+    COMPUTE_OUTPUT,
+    ENSEMBLE,
+    FRONTEND,
+    HANDLER,
+    RECEIVE,
+    SCHEDULER,
+    SEND,
+    around,
+    parts,
+)
 
 __all__ = [
     "Breakdown",
@@ -61,6 +74,7 @@ SERVER_QUEUE = "server queue"
 NETWORK = "network + offload"
 LOAD_BALANCER = "load balancer"
 NO_SERVER_SPAN = "call, server span missing"
+_MODEL_PARTS = (" hand-off", " compute")
 _NS = 1e-9
 
 
@@ -72,6 +86,7 @@ class Breakdown:
     components: dict[str, list[float]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     incomplete: int = 0  # traces left out: a call's server spans are missing
+    parts: set[str] = field(default_factory=set)  # the server's parts: not stages
 
     @property
     def traces(self) -> int:
@@ -92,7 +107,7 @@ class Breakdown:
         >>> Breakdown(("all",)).add(build_traces([root])["ab" * 16], root)
         {'client other': 0.5, 'total': 0.5}
         """
-        components, problems = trace_components(trace, root)
+        components, problems, named = _components(trace, root)
         if NO_SERVER_SPAN in components:
             self.incomplete += 1
             return None
@@ -102,6 +117,7 @@ class Breakdown:
         for values in self.components.values():
             values.extend([0.0] * (seen + 1 - len(values)))
         self.problems.extend(problems)
+        self.parts.update(named)
         return components
 
     def slowest_stage(self) -> SlowestStage | None:
@@ -111,7 +127,7 @@ class Breakdown:
         time goes, not what the stage can serve: ``otelkit study`` measures that.
         """
         stages = [c for c in self.components if c.startswith("server ") and c != SERVER_QUEUE]
-        stages = [c for c in stages if c != SERVER_OTHER]
+        stages = [c for c in stages if c != SERVER_OTHER and c not in self.parts]
         if not stages:
             return None
         worst = max(stages, key=self.mean)
@@ -147,20 +163,20 @@ def _event_ns(span: Span, name: str) -> int | None:
     return next((event.time_ns for event in span.events if event.name == name), None)
 
 
-def _queue_ns(trace: Trace, span: Span) -> int:
-    """Triton's queue time of a model span: its ``QUEUE_START`` to ``COMPUTE_START``, an event
-    of its ``compute`` child (0 for spans without them, an ensemble's own span among them);
+def _queue_interval(trace: Trace, span: Span) -> tuple[int, int] | None:
+    """Triton's queue of a model span: its ``QUEUE_START`` to ``COMPUTE_START``, an event of
+    its ``compute`` child (None for spans without them, an ensemble's own span among them);
     a Ray Serve request's wait for a replica: its ``queued`` span."""
     if span.name == semconv.RAY_SERVE_QUEUE_SPAN:
-        return span.duration_ns
+        return span.start_ns, span.end_ns
     queued = _event_ns(span, "QUEUE_START")
     if queued is None:
-        return 0
+        return None
     for child in trace.children(span):
         started = _event_ns(child, "COMPUTE_START")
         if started is not None:
-            return max(0, started - queued)
-    return 0
+            return queued, max(queued, started)
+    return None
 
 
 def _add(components: dict[str, float], name: str, seconds: float) -> None:
@@ -202,7 +218,9 @@ def answered_by(trace: Trace, root: Span) -> str:
     return ""
 
 
-def _call(trace: Trace, call: Span, out: dict[str, float], problems: list[str]) -> None:
+def _call(
+    trace: Trace, call: Span, out: dict[str, float], problems: list[str], named: set[str]
+) -> None:
     serialize = float(call.attributes.get(semconv.SERIALIZE_S, 0.0))
     deserialize = float(call.attributes.get(semconv.DESERIALIZE_S, 0.0))
     _add(out, "client serialize", serialize)
@@ -212,7 +230,13 @@ def _call(trace: Trace, call: Span, out: dict[str, float], problems: list[str]) 
         _add(out, NO_SERVER_SPAN, call.duration_ns * _NS)
         return
     server = servers[0]
-    _add(out, NETWORK, call.duration_ns * _NS - server.duration_ns * _NS - serialize - deserialize)
+    # the server's receive and send, where they fell outside its span, are the server's time
+    outside = around(server, call, round(serialize / _NS))
+    for name, seconds in outside.items():
+        named.add(name)
+        _add(out, name, seconds)
+    wire = call.duration_ns * _NS - server.duration_ns * _NS - serialize - deserialize
+    _add(out, NETWORK, wire - sum(outside.values()))
     if _is_proxy(server):
         proxy, answered = server, _answered(trace, server)
         if answered is None:
@@ -224,13 +248,22 @@ def _call(trace: Trace, call: Span, out: dict[str, float], problems: list[str]) 
             problems.append(
                 f"{server.name}: server span starts before the proxy's ({trace.trace_id})"
             )
-    queue = sum(_queue_ns(trace, span) for span in _subtree(trace, server)) * _NS
+    queued = [q for span in _subtree(trace, server) if (q := _queue_interval(trace, span))]
+    queue = sum(end - start for start, end in queued) * _NS
     _add(out, SERVER_QUEUE, queue)
     staged = 0.0
+    held = list(queued)
+    stages = set()
     for stage in _outermost_stages(trace, server):
         staged += stage.duration_ns * _NS
+        held.append((stage.start_ns, stage.end_ns))
+        stages.add(f"server {stage.attributes[semconv.STAGE_NAME]}")
         _add(out, f"server {stage.attributes[semconv.STAGE_NAME]}", stage.duration_ns * _NS)
-    _add(out, SERVER_OTHER, server.duration_ns * _NS - queue - staged)
+    found = parts(trace, server, held, stages)
+    for name, seconds in found.items():
+        named.add(name)
+        _add(out, name, seconds)
+    _add(out, SERVER_OTHER, server.duration_ns * _NS - queue - staged - sum(found.values()))
     model = call.attributes.get(semconv.MODEL_NAME, call.name)
     # A server may end its span after sending the response, when the client already has it:
     # an end past the client's is no error. A start before the client's is (or clock skew).
@@ -242,15 +275,23 @@ def _call(trace: Trace, call: Span, out: dict[str, float], problems: list[str]) 
 
 def trace_components(trace: Trace, root: Span) -> tuple[dict[str, float], list[str]]:
     """The components of ``root``'s time in seconds, and the nesting problems found."""
+    out, problems, _ = _components(trace, root)
+    return out, problems
+
+
+def _components(trace: Trace, root: Span) -> tuple[dict[str, float], list[str], set[str]]:
+    """``trace_components``, and which of the components are the server's parts (cut at its
+    timestamps: ``_server_time``), not stages."""
     out: dict[str, float] = {}
     problems: list[str] = []
+    named: set[str] = set()
     accounted = 0.0
     pending = list(trace.children(root))
     while pending:
         span = pending.pop(0)
         if span.kind == SpanKind.CLIENT:
             accounted += span.duration_ns * _NS
-            _call(trace, span, out, problems)
+            _call(trace, span, out, problems, named)
         elif semconv.STAGE_NAME in span.attributes:
             accounted += span.duration_ns * _NS
             _add(out, f"client {span.attributes[semconv.STAGE_NAME]}", span.duration_ns * _NS)
@@ -259,7 +300,7 @@ def trace_components(trace: Trace, root: Span) -> tuple[dict[str, float], list[s
             pending[:0] = trace.children(span)
     out[CLIENT_OTHER] = root.duration_ns * _NS - accounted
     out[TOTAL] = root.duration_ns * _NS
-    return out, problems
+    return out, problems, named
 
 
 def group_key(trace: Trace, root: Span, group_by: Sequence[str]) -> tuple[str, ...]:
@@ -289,20 +330,25 @@ def breakdown(
 
 
 def _order(names: Iterable[str]) -> list[str]:
-    rank = {
-        "client": 0,
-        "client serialize": 1,
-        NETWORK: 2,
-        LOAD_BALANCER: 3,
-        SERVER_QUEUE: 4,
-        "server": 5,
-    }
-    rank.update({SERVER_OTHER: 6, "client deserialize": 7, CLIENT_OTHER: 8})
+    """Components in the order a request meets them (stages in the order they ran)."""
+    first = ["client", "client serialize", NETWORK, LOAD_BALANCER, RECEIVE, FRONTEND]
+    first += [SERVER_QUEUE, ENSEMBLE, SCHEDULER, HANDLER, COMPUTE_INPUT, "server"]
+    last = [COMPUTE_OUTPUT, CALLS_OUT, SEND, SERVER_OTHER, "client deserialize", CLIENT_OTHER]
+    rank = {name: index for index, name in enumerate(first + last)}
 
     def key(name: str) -> int:
-        return rank.get(name, rank.get(name.split(" ")[0], 9))
+        return rank.get(name, rank.get(name.split(" ")[0], len(rank)))
 
-    return sorted((n for n in names if n != TOTAL), key=key)
+    ordered = sorted((n for n in names if n != TOTAL), key=key)
+    # a model's hand-off (or its compute) just before its stage of the same name
+    out: list[str] = []
+    for name in ordered:
+        if name.endswith(_MODEL_PARTS) and name in out:
+            continue
+        out += [f"{name}{suffix}" for suffix in _MODEL_PARTS if f"{name}{suffix}" in ordered]
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def format_breakdowns(groups: dict[tuple[str, ...], Breakdown], labels: Sequence[str] = ()) -> str:
@@ -318,10 +364,13 @@ def format_breakdowns(groups: dict[tuple[str, ...], Breakdown], labels: Sequence
             f"{title}: {group.traces} traces{left_out}, mean {total * 1e3:.2f} ms, "
             f"median {group.median_total() * 1e3:.2f} ms"
         )
-        for name in _order(group.components):
+        names = _order(group.components)
+        width = max([24, *map(len, names)])
+        for name in names:
             mean = group.mean(name)
+            mean = 0.0 if abs(mean) < 5e-7 else mean  # a remainder of 0 less rounding
             share = 100 * mean / total if total else 0.0
-            lines.append(f"  {name:<24} {mean * 1e3:9.3f} ms  {share:5.1f} %")
+            lines.append(f"  {name:<{width}} {mean * 1e3:9.3f} ms  {share:5.1f} %")
         slowest = group.slowest_stage()
         if slowest:
             lines.append(

@@ -152,13 +152,29 @@ class ServerSpanMiddleware:
             await self.app(scope, receive, send)
             return
 
+        marked = request.span.sampled  # the breakdown's cuts: only on a span exported
+
         async def send_with_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 request.status = message["status"]
+                if marked:
+                    request.span.add_event(semconv.HTTP_RESPONSE_STARTED)
+            elif (
+                marked and message["type"] == "http.response.body" and not message.get("more_body")
+            ):
+                await send(message)
+                request.span.add_event(semconv.HTTP_RESPONSE_SENT)
+                return
             await send(message)
 
+        async def receive_marked() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body"):
+                request.span.add_event(semconv.HTTP_REQUEST_RECEIVED)
+            return message
+
         try:
-            await self.app(scope, receive, send_with_status)
+            await self.app(scope, receive_marked if marked else receive, send_with_status)
         except BaseException as error:
             request.finish(scope, error, self._installation.routes)
             raise

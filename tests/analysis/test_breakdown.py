@@ -58,9 +58,14 @@ def stage(parent: Span, name: str, start_ms: float, end_ms: float) -> Span:
     return span(parent, name, start_ms, end_ms, **{semconv.STAGE_NAME: name})
 
 
+def events(**at_ms: float) -> tuple[SpanEvent, ...]:
+    return tuple(SpanEvent(name, int(ms * MS)) for name, ms in at_ms.items())
+
+
 def one_event(option: int = 1, trace_id: str = TRACE) -> list[Span]:
-    """root 0..20 ms: a local stage (2 ms), a call (10 ms) whose server span is 6 ms with 1 ms
-    queue and a 3 ms stage holding a nested stage, then glue."""
+    """root 0..20 ms: a local stage (2 ms), a call (10 ms) to Triton whose request span is
+    6 ms (its receive before it, its send inside), its model's 1 ms queue and a 3 ms stage
+    of its Python model holding a nested stage, then glue."""
     root = span(trace_id, "reconstruct event", 0, 20, option=option)
     local = stage(root, "build_graph", 1, 3)
     call = span(
@@ -71,30 +76,142 @@ def one_event(option: int = 1, trace_id: str = TRACE) -> list[Span]:
         SpanKind.CLIENT,
         **{semconv.MODEL_NAME: "gnn", semconv.SERIALIZE_S: 0.0005, semconv.DESERIALIZE_S: 0.00025},
     )
-    server = span(call, "InferRequest", 6, 12, SpanKind.SERVER)
-    model = span(server, "gnn", 6, 12, events=(SpanEvent("QUEUE_START", 6 * MS),))
-    compute = span(model, "compute", 7, 11, events=(SpanEvent("COMPUTE_START", 7 * MS),))
-    outer = stage(compute, "gnn", 7.5, 10.5)
-    inner = stage(outer, "message_passing", 8, 10)
+    received = events(HTTP_RECV_START=5.5, HTTP_RECV_END=5.75, HTTP_SEND_START=11.5)
+    server = span(
+        call, "InferRequest", 6, 12, SpanKind.SERVER, events=received + events(HTTP_SEND_END=11.75)
+    )
+    model = span(
+        server,
+        "gnn",
+        6.25,
+        11.25,
+        events=events(REQUEST_START=6.25, QUEUE_START=6.5, REQUEST_END=11.25),
+        **{semconv.TRITON_SPAN_MODEL_NAME: "gnn"},
+    )
+    compute = span(
+        model,
+        "compute",
+        7.5,
+        11,
+        events=events(
+            COMPUTE_START=7.5, COMPUTE_INPUT_END=7.75, COMPUTE_OUTPUT_START=10.75, COMPUTE_END=11
+        ),
+    )
+    outer = stage(model, "gnn", 8, 10)
+    inner = stage(outer, "message_passing", 8.5, 9.5)
     return [root, local, call, server, model, compute, outer, inner]
 
 
 def test_components_add_up_and_land_where_they_ran() -> None:
+    """Every millisecond of the call lands between two timestamps that bound it: the server's
+    receive before its span (taken from the network), Triton's frontend, scheduler, queue and
+    compute events, the Python model's hand-off around its stage, the send."""
     trace = build_traces(one_event())[TRACE]
     components, problems = trace_components(trace, trace.roots[0])
     assert problems == []
     ms = {name: round(seconds * 1e3, 6) for name, seconds in components.items()}
     assert ms["client build_graph"] == 2
     assert ms["client serialize"] == 0.5 and ms["client deserialize"] == 0.25
-    assert ms[NETWORK] == 10 - 6 - 0.75
-    assert ms[SERVER_QUEUE] == 1
-    assert ms["server gnn"] == 3  # the outermost stage only: the nested one is inside it
+    assert ms["server receive"] == 0.25  # 5.5 to 5.75, before the span: not the network's
+    assert ms[NETWORK] == 10 - 6 - 0.75 - 0.5  # less the receive and the frontend before 6
+    # 5.75-6 (before the span), 6-6.25, 11.25-11.5 and 11.75-12 (around its model and send)
+    assert ms["server frontend"] == 1
+    assert (
+        ms["server scheduler"] == 0.25 + 0.25
+    )  # REQUEST_START-QUEUE_START, COMPUTE_END-REQUEST_END
+    assert ms[SERVER_QUEUE] == 1  # QUEUE_START 6.5 to COMPUTE_START 7.5
+    assert ms["server compute input"] == 0.25 and ms["server compute output"] == 0.25
+    assert ms["server gnn hand-off"] == 0.25 + 0.75  # 7.75-8 and 10-10.75: around the stage
+    assert ms["server gnn"] == 2  # the outermost stage only: the nested one is inside it
     assert "server message_passing" not in ms
-    assert ms[SERVER_OTHER] == 6 - 1 - 3
+    assert ms["server send"] == 0.25
+    assert ms[SERVER_OTHER] == 0  # every instant of the span between two of its timestamps
     assert ms[CLIENT_OTHER] == 20 - 2 - 10
     assert ms[TOTAL] == 20
     parts = sum(v for k, v in ms.items() if k != TOTAL)
     assert parts == pytest.approx(ms[TOTAL])
+
+
+def _server(trace: list[Span]) -> Span:
+    return next(s for s in trace if s.kind == SpanKind.SERVER)
+
+
+def _components_ms(spans: list[Span]) -> dict[str, float]:
+    trace = build_traces(spans)[TRACE]
+    components, problems = trace_components(trace, trace.roots[0])
+    assert problems == []
+    assert sum(v for k, v in components.items() if k != TOTAL) == pytest.approx(components[TOTAL])
+    return {name: round(seconds * 1e3, 6) for name, seconds in components.items()}
+
+
+def test_an_ensembles_own_time_is_its_span_less_the_union_of_its_overlapping_steps() -> None:
+    """Steps overlap (the next one starts as the last releases its outputs): the ensemble
+    scheduler's time is what no step covers, not the sum of the gaps between them."""
+    root = span(TRACE, "event", 0, 30)
+    call = span(root, "infer", 0, 30, SpanKind.CLIENT)
+    server = span(
+        call,
+        "InferRequest",
+        1,
+        29,
+        SpanKind.SERVER,
+        events=events(HTTP_SEND_START=28, HTTP_SEND_END=28.5),
+    )
+    ensemble = span(server, "tracking", 2, 27, **{semconv.TRITON_SPAN_MODEL_NAME: "tracking"})
+    steps = []
+    for name, start, end in (("embed", 3, 12), ("gnn", 10, 25)):  # 10-12: both
+        model = span(ensemble, name, start, end, **{semconv.TRITON_SPAN_MODEL_NAME: name})
+        steps += [model, span(model, "compute", start, end, events=events(COMPUTE_START=start))]
+    ms = _components_ms([root, call, server, ensemble, *steps])
+    assert ms["server ensemble"] == (27 - 2) - (25 - 3)  # 2-3 and 25-27
+    assert (
+        ms["server embed compute"] == 9 and ms["server gnn compute"] == 15 - 2
+    )  # no events: whole
+    assert ms["server frontend"] == 1 + 1 + 0.5 and ms["server send"] == 0.5
+    assert ms[SERVER_OTHER] == 0
+
+
+def test_a_stub_process_spans_get_their_own_time_and_never_join_a_stage() -> None:
+    """PyTriton: its proxy's spans between Triton's compute and the stages. Each span's own
+    time is a part; one named as a stage is told apart from it; neither is a stage."""
+    spans = one_event()
+    model, outer = spans[4], spans[6]
+    execute = span(model, "python_backend_execute", 7.9, 10.6)
+    proxy = span(execute, "gnn", 7.95, 10.2)  # a span with a stage's name
+    moved = Span(
+        *[getattr(outer, f) for f in ("trace_id", "span_id")],
+        proxy.span_id,
+        outer.name,
+        outer.kind,
+        outer.start_ns,
+        outer.end_ns,
+        outer.attributes,
+    )
+    ms = _components_ms([*spans[:6], execute, proxy, moved, spans[7]])
+    assert ms["server gnn hand-off"] == pytest.approx((7.9 - 7.75) + (10.75 - 10.6))
+    assert ms["server python_backend_execute"] == pytest.approx((7.95 - 7.9) + (10.6 - 10.2))
+    assert ms["server gnn (span)"] == pytest.approx((8 - 7.95) + (10.2 - 10))
+    assert ms["server gnn"] == 2
+    group = breakdown(build_traces([*spans[:6], execute, proxy, moved, spans[7]]).values())
+    slowest = group[()].slowest_stage()
+    assert slowest is not None and slowest.name == "server gnn"
+
+
+def test_grpc_receive_counts_from_the_end_of_the_clients_serialising() -> None:
+    """Triton's gRPC frontend waits for a read before the request exists: its
+    ``GRPC_WAITREAD_START`` may precede the call, and only the wait after the client's
+    serialising is the server's receive."""
+    root = span(TRACE, "event", 0, 10)
+    call = span(root, "ModelInfer", 1, 9, SpanKind.CLIENT, **{semconv.SERIALIZE_S: 0.001})
+    waits = events(GRPC_WAITREAD_START=0.5, GRPC_WAITREAD_END=2.5, GRPC_SEND_START=8)
+    server = span(
+        call, "InferRequest", 3, 8.5, SpanKind.SERVER, events=waits + events(GRPC_SEND_END=8.75)
+    )
+    ms = _components_ms([root, call, server])
+    assert ms["server receive"] == 2.5 - 2  # serialising ends at 2
+    assert ms["server frontend"] == (3 - 2.5) + (8 - 3)  # before the span, then the span itself
+    assert ms["server send"] == 0.5 + 0.25  # in the span, then past its end
+    assert ms[NETWORK] == 8 - 1 - 0.5 - 0.5 - 5.5 - 0.25  # the call less all of the above
 
 
 def test_groups_by_root_attribute_and_leaves_out_traces_missing_server_spans() -> None:
@@ -108,10 +225,10 @@ def test_groups_by_root_attribute_and_leaves_out_traces_missing_server_spans() -
     assert groups[("2",)].incomplete == 1
     # the stage's share of the time, and no capacity from a time measured at load
     slowest = groups[("1",)].slowest_stage()
-    assert slowest == ("server gnn", pytest.approx(0.003), pytest.approx(0.15))
+    assert slowest == ("server gnn", pytest.approx(0.002), pytest.approx(0.10))
     text = format_breakdowns(groups, labels=("option",))
     assert "option=2: 1 traces (1 left out: server spans missing)" in text
-    assert "  slowest stage: server gnn, 3.00 ms per trace, 15 % of the time" in text
+    assert "  slowest stage: server gnn, 2.00 ms per trace, 10 % of the time" in text
     assert "/s" not in text and "at most" not in text
 
 

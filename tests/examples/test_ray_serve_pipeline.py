@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from gnn_tracking.driving.client import event_pool
-from gnn_tracking.driving.options import OPTIONS, ROOT_SPAN, Remote, reconstruct
+from gnn_tracking.driving.options import OPTIONS, PACK, ROOT_SPAN, UNPACK, Remote, reconstruct
 from gnn_tracking.physics.models import Models, load_models
 from gnn_tracking.serving.stages import ENSEMBLE_STAGE, FEATURES, STAGE_ORDER, TRACK_LABELS
 from opentelemetry import trace
@@ -103,7 +103,7 @@ def _composed_trace(
         ray.infer(composed, {FEATURES: features})
     ray.close()
     otelkit.flush()
-    return trace_id, spans.wait_for_trace(trace_id, 3 + 3 * len(STAGE_ORDER))
+    return trace_id, spans.wait_for_trace(trace_id, 5 + 3 * len(STAGE_ORDER))
 
 
 def _composed_tree(client: str, server: str) -> list[tuple[int, str, str]]:
@@ -113,6 +113,7 @@ def _composed_tree(client: str, server: str) -> list[tuple[int, str, str]]:
 
     rows = [
         (0, ROOT_SPAN, "INTERNAL"),
+        (1, PACK, "INTERNAL"),
         (1, f"{client} {COMPOSED}", "CLIENT"),
         (2, server, "SERVER"),
     ]
@@ -122,7 +123,7 @@ def _composed_tree(client: str, server: str) -> list[tuple[int, str, str]]:
             (3, f"stage_{name}.run", "SERVER"),
             (4, name, "INTERNAL"),
         ]
-    return rows
+    return [*rows, (1, UNPACK, "INTERNAL")]
 
 
 def test_composed_deployments_trace_from_client_to_every_stage(

@@ -24,7 +24,7 @@ import torch
 import tritonclient.grpc
 import tritonclient.http
 from gnn_tracking.driving.client import drive, event_pool
-from gnn_tracking.driving.options import OPTIONS, ROOT_SPAN, Remote, reconstruct
+from gnn_tracking.driving.options import OPTIONS, PACK, ROOT_SPAN, UNPACK, Remote, reconstruct
 from gnn_tracking.physics.models import Models, load_models
 from gnn_tracking.serving import repository, triton_model
 from gnn_tracking.serving.stages import ENSEMBLE, STAGE_ORDER, STAGES
@@ -181,11 +181,13 @@ def test_an_ensemble_trace_holds_every_stage_under_its_step(
         if s.name == ROOT_SPAN and s.attributes.get("gnn_tracking.option") == 4
     ]
     trace_id = roots[-1].trace_id
-    # root, client, InferRequest, ensemble model span, 5 x (step model span, compute, stage)
-    spans = wait_for_trace(traced_client, trace_id, 4 + 3 * len(STAGE_ORDER))
+    # root, pack, client, unpack, InferRequest, ensemble model span, 5 x (step model span,
+    # compute, stage)
+    spans = wait_for_trace(traced_client, trace_id, 6 + 3 * len(STAGE_ORDER))
     tree = build_traces(spans)[trace_id]
     (root,) = tree.roots
-    (call,) = tree.children(root)
+    pack, call, unpack = tree.children(root)
+    assert (pack.name, unpack.name) == (PACK, UNPACK)  # the client's stages around its call
     assert call.attributes[semconv.MODEL_NAME] == ENSEMBLE
     (infer_request,) = tree.children(call)
     assert infer_request.name == "InferRequest"
@@ -275,7 +277,7 @@ def test_twin_stage_spans_nest_under_its_server_span(
         reconstruct(OPTIONS[4], events[2], None, twin)
     twin.close()
     otelkit.flush()
-    spans = wait_for_trace(traced_client, trace_id, 3 + 1 + len(STAGE_ORDER))
+    spans = wait_for_trace(traced_client, trace_id, 3 + 2 + 1 + len(STAGE_ORDER))
     tree = build_traces(spans)[trace_id]
     server_spans = [s for s in spans if s.kind.name == "SERVER"]
     assert len(server_spans) == 1

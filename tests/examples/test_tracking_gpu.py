@@ -121,8 +121,8 @@ def test_a_traced_event_on_the_gpu_breaks_down_into_every_stage(
     remote.close()
     otelkit.flush()
     roots = [s for s in load_spans(traces) if s.name == ROOT_SPAN]
-    # root, 5 x (client, InferRequest, model span, compute, stage)
-    spans = wait_for_trace(traces, roots[-1].trace_id, 1 + 5 * len(STAGE_ORDER))
+    # root, 5 x (pack, client, unpack, InferRequest, model span, compute, stage)
+    spans = wait_for_trace(traces, roots[-1].trace_id, 1 + 7 * len(STAGE_ORDER))
     (group,) = breakdown(build_traces(spans).values(), root_name=ROOT_SPAN).values()
     assert group.problems == [] and group.incomplete == 0
     stage_ms = {name: group.mean(f"server {name}") * 1e3 for name in STAGE_ORDER}

@@ -24,13 +24,17 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 import otelkit
 from otelkit import semconv
-from otelkit.analysis import Span, SpanKind, StatusCode
+from otelkit.analysis import Span, SpanKind, StatusCode, build_traces, trace_components
+from otelkit.analysis._breakdown import SERVER_OTHER
 from otelkit.receiver import Receiver
 from otelkit.testing import ReceiverCapture, tree, wait_until
 from tests.core.test_propagation import INVALID_TRACEPARENTS
 from tests.core.test_telemetry import samples, scrape
 
 SCOPE = "otelkit.server.fastapi"
+RECEIVED = semconv.HTTP_REQUEST_RECEIVED
+STARTED = semconv.HTTP_RESPONSE_STARTED
+SENT = semconv.HTTP_RESPONSE_SENT
 CONTRIB_SCOPE = "opentelemetry.instrumentation.fastapi"
 CONTRIB_COUNT = "http_server_duration_milliseconds_count"  # its duration histogram, in ms
 DURATION_COUNT = "http_server_request_duration_seconds_count"
@@ -81,6 +85,12 @@ def add_routes(app: FastAPI) -> None:
         preprocess()
         return {"model": model, "outputs": [1.0, 2.0]}
 
+    @app.post("/scale/{token}")
+    async def scale(token: str, tensor: list[float]) -> dict[str, list[float]]:
+        with otelkit.stage("scale"):
+            scaled = [2 * x for x in tensor]
+        return {"outputs": scaled}
+
     @app.get("/probe/{token}")
     async def probe(token: str) -> dict[str, bool]:
         return {"ok": True}
@@ -117,14 +127,19 @@ def serving(app: FastAPI) -> Iterator[int]:
         thread.join(10)
 
 
-def request(port: int, method: str, path: str, headers: Headers = ()) -> Response:
+def request(
+    port: int, method: str, path: str, headers: Headers = (), body: bytes | None = None
+) -> Response:
     """One request; headers as pairs so that a name can repeat, values ``str`` or raw bytes."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         connection.putrequest(method, path)
         for name, value in headers:
             connection.putheader(name, value)
-        connection.endheaders()
+        if body is not None:
+            connection.putheader("content-type", "application/json")
+            connection.putheader("content-length", str(len(body)))
+        connection.endheaders(body)
         response = connection.getresponse()
         return Response(response.status, response.getheader("content-type"), response.read())
     finally:
@@ -305,6 +320,7 @@ def test_errors_keep_their_responses_and_only_5xx_fail_the_span(
         "none": (404, "application/json", b'{"detail":"Not Found"}'),
     }
     spans = server_spans(otelkit_receiver, set(paths.values()))
+    sent = [STARTED, SENT]  # a GET's body is not read: no event for it
     seen = {
         case: (
             spans[path].name,
@@ -323,11 +339,47 @@ def test_errors_keep_their_responses_and_only_5xx_fail_the_span(
             500,
             "/fail/{token}",
             "RuntimeError",
-            ["exception"],
+            [STARTED, SENT, "exception"],
         ),
-        "missing": ("GET /missing/{token}", StatusCode.UNSET, 404, "/missing/{token}", None, []),
-        "none": ("GET", StatusCode.UNSET, 404, None, None, []),  # no route: the method alone
+        "missing": ("GET /missing/{token}", StatusCode.UNSET, 404, "/missing/{token}", None, sent),
+        "none": ("GET", StatusCode.UNSET, 404, None, None, sent),  # no route: the method alone
     }
+
+
+def test_the_server_span_is_cut_where_the_body_arrived_and_the_response_went(
+    port: int, otelkit_receiver: ReceiverCapture
+) -> None:
+    """Three events on the span (the request's body read whole, the response started and its
+    body sent) cut it into the breakdown's receive, handler and send, which with the app's
+    stage add up to the span: no ``server other``."""
+    trace_id, parent_id = new_ids()
+    path = f"/scale/{uuid.uuid4().hex}"
+    body = json.dumps([0.5] * 50_000).encode()  # more than one read of the socket
+    headers = [("traceparent", f"00-{trace_id}-{parent_id}-01")]
+    status, _, answer = request(port, "POST", path, headers, body)
+    assert status == 200 and json.loads(answer)["outputs"][:2] == [1.0, 1.0]
+    otelkit_receiver.wait_for_trace(trace_id, 2)
+    spans = otelkit_receiver.trace(trace_id)
+    (server,) = [s for s in spans if s.kind is SpanKind.SERVER]
+    (stage,) = [s for s in spans if s.kind is SpanKind.INTERNAL]
+    at = {event.name: event.time_ns for event in server.events}
+    assert list(at) == [RECEIVED, STARTED, SENT]
+    assert server.start_ns <= at[RECEIVED] <= stage.start_ns
+    assert stage.end_ns <= at[STARTED] <= at[SENT] <= server.end_ns
+    # the caller's spans, as the client would have sent them: a root and its call
+    root = Span(trace_id, "1" * 16, None, "job", SpanKind.INTERNAL, server.start_ns, server.end_ns)
+    times = (server.start_ns, server.end_ns)
+    call = Span(trace_id, parent_id, root.span_id, "call", SpanKind.CLIENT, *times)
+    traced = build_traces([root, call, *spans])[trace_id]
+    found, problems = trace_components(traced, root)
+    assert problems == []
+    ms = {name: seconds * 1e3 for name, seconds in found.items()}
+    assert ms["server receive"] == pytest.approx((at[RECEIVED] - server.start_ns) / 1e6)
+    assert ms["server send"] == pytest.approx((at[SENT] - at[STARTED]) / 1e6)
+    handler = (at[STARTED] - at[RECEIVED] - stage.duration_ns) / 1e6
+    assert ms["server handler"] == pytest.approx(handler)
+    assert ms["server scale"] == pytest.approx(stage.duration_ns / 1e6)
+    assert ms[SERVER_OTHER] == pytest.approx((server.end_ns - at[SENT]) / 1e6, abs=1e-6)
 
 
 def duration_counts(telemetry: otelkit.Telemetry) -> dict[tuple[str, str, str], float]:

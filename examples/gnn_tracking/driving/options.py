@@ -33,7 +33,15 @@ from gnn_tracking.serving.stages import (
     Stage,
 )
 
-__all__ = ["OPTIONS", "OPTION_ATTRIBUTE", "Remote", "ServiceOption", "reconstruct"]
+__all__ = [
+    "OPTIONS",
+    "OPTION_ATTRIBUTE",
+    "PACK",
+    "UNPACK",
+    "Remote",
+    "ServiceOption",
+    "reconstruct",
+]
 
 Protocol = Literal["http", "grpc"]
 OPTION_ATTRIBUTE = "gnn_tracking.option"
@@ -41,6 +49,7 @@ THREADS_ATTRIBUTE = "gnn_tracking.threads"
 SERVER_ATTRIBUTE = "gnn_tracking.server"
 HITS_ATTRIBUTE = "gnn_tracking.hits"
 ROOT_SPAN = "reconstruct event"
+PACK, UNPACK = "pack", "unpack"  # the client stages around each call
 
 
 @dataclass(frozen=True)
@@ -113,18 +122,24 @@ class Remote:
         return client
 
     def infer(self, stage: Stage, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Call ``stage``'s model with its inputs taken from ``tensors``; its outputs, on CPU."""
-        inputs = []
-        for spec in stage.inputs:
-            array = tensors[spec.name].detach().cpu().numpy()
-            tensor = self._module.InferInput(spec.name, list(array.shape), spec.datatype)
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        outputs = [self._module.InferRequestedOutput(spec.name) for spec in stage.outputs]
+        """Call ``stage``'s model with its inputs taken from ``tensors``; its outputs, on CPU.
+
+        Turning torch tensors into the client's inputs and its outputs back into tensors are
+        client stages (``pack``, ``unpack``: SONIC's acquire and produce), so the breakdown
+        shows them beside the call instead of in ``client other``."""
+        with otelkit.stage(PACK, gpu=False):
+            inputs = []
+            for spec in stage.inputs:
+                array = tensors[spec.name].detach().cpu().numpy()
+                tensor = self._module.InferInput(spec.name, list(array.shape), spec.datatype)
+                tensor.set_data_from_numpy(array)
+                inputs.append(tensor)
+            outputs = [self._module.InferRequestedOutput(spec.name) for spec in stage.outputs]
         timeout = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         result = self._client().infer(stage.name, inputs, outputs=outputs, **timeout)
-        # tritonclient's arrays view its read-only response buffer: torch wants its own copy
-        return {spec.name: torch.tensor(result.as_numpy(spec.name)) for spec in stage.outputs}
+        with otelkit.stage(UNPACK, gpu=False):
+            # tritonclient's arrays view its read-only response buffer: torch wants its own copy
+            return {spec.name: torch.tensor(result.as_numpy(spec.name)) for spec in stage.outputs}
 
     def is_ready(self) -> bool:
         return bool(self._client().is_server_ready())

@@ -1,0 +1,247 @@
+"""The server's time that no stage or queue holds, cut at the timestamps the server records.
+
+A server span's time beyond its stages and queue used to be one remainder, ``server other``.
+Triton records much more than it: the frontend's receive and send events, each model span's
+``REQUEST_START``/``REQUEST_END``, each ``compute`` span's ``COMPUTE_START``,
+``COMPUTE_INPUT_END``, ``COMPUTE_OUTPUT_START`` and ``COMPUTE_END``; PyTriton and Ray Serve add
+spans of their own between Triton's and the model's stages. Each of those intervals becomes a
+component (``Part``), and every instant of the server's time goes to the innermost interval that
+holds it, so the parts never count an instant twice, and an instant no interval holds stays in
+``server other``:
+
+- ``server receive`` / ``server send``: Triton's ``HTTP_RECV_*`` (``GRPC_WAITREAD_*``) and
+  ``HTTP_SEND_*`` (``GRPC_SEND_*``) events, where they happened: before the server span starts
+  (taken out of the network), inside it, or after it ends;
+- ``server handler``: on an HTTP server span of otelkit's ASGI middleware (FastAPI), from the
+  request's body received whole to the response started, outside the app's stages: decoding
+  the request, encoding the answer, the app's code between its stages; ``server receive`` is
+  then the span's start to the body received, ``server send`` the response's start to its
+  body sent;
+- ``server frontend``: the rest of Triton's own request span (``InferRequest``) around its
+  model, and from the end of the receive to the span's start: parsing the request, building
+  and handing over the response;
+- ``server ensemble``: an ensemble's span less its steps (the ensemble scheduler's own time,
+  the union of the steps' intervals taken out, as steps overlap);
+- ``server scheduler``: a model's span less its queue and ``compute`` (``REQUEST_START`` to
+  ``QUEUE_START``, ``COMPUTE_END`` to ``REQUEST_END``);
+- ``server compute input`` / ``server compute output``: ``COMPUTE_START`` to
+  ``COMPUTE_INPUT_END`` and ``COMPUTE_OUTPUT_START`` to ``COMPUTE_END``, the backend's copies of
+  the tensors (Triton's own names);
+- ``server <model> hand-off``: ``COMPUTE_INPUT_END`` to ``COMPUTE_OUTPUT_START`` outside the
+  model's stages, where the model has stages: for the Python backend, the hand-off to its stub
+  process and back, the stub's wait for a core, and the model's code around its stages;
+- ``server <model> compute``: the same for a model without stages (an ONNX or TensorRT model,
+  a Python model not instrumented): its whole execution as Triton times it;
+- ``server <span>``: the own time of any other span in the server (PyTriton's
+  ``python_backend_execute``, ``proxy_inference_callable``, its batch decorator's span;
+  ``server <span> (span)`` where a stage has that name), and ``server <deployment> replica``
+  for a Ray Serve deployment's span.
+
+None of these is a stage: ``Breakdown.slowest_stage`` never names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+
+from otelkit import semconv
+from otelkit.analysis._loader import Span, SpanKind, Trace
+
+__all__ = ["PARTS", "Part", "around", "parts"]
+
+RECEIVE = "server receive"
+SEND = "server send"
+FRONTEND = "server frontend"
+ENSEMBLE = "server ensemble"
+SCHEDULER = "server scheduler"
+COMPUTE_INPUT = "server compute input"
+COMPUTE_OUTPUT = "server compute output"
+CALLS_OUT = "server calls out"
+HANDLER = "server handler"
+#: the parts with fixed names, in the order a request meets them (the others are named by a
+#: model or a span: ``server <model> hand-off``, ``server <model> compute``, ``server <span>``)
+PARTS = (
+    RECEIVE,
+    FRONTEND,
+    HANDLER,
+    ENSEMBLE,
+    SCHEDULER,
+    COMPUTE_INPUT,
+    COMPUTE_OUTPUT,
+    CALLS_OUT,
+    SEND,
+)
+_RECEIVE_EVENTS = (
+    ("HTTP_RECV_START", "HTTP_RECV_END"),
+    ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END"),
+)
+_SEND_EVENTS = (("HTTP_SEND_START", "HTTP_SEND_END"), ("GRPC_SEND_START", "GRPC_SEND_END"))
+_NS = 1e-9
+
+
+@dataclass(frozen=True)
+class Part:
+    """An interval of the server's time, its name, and its rank: where intervals overlap, the
+    instant goes to the highest rank (the innermost: a stub's span before Triton's compute,
+    compute before its model span, a step before its ensemble)."""
+
+    start_ns: int
+    end_ns: int
+    name: str
+    rank: tuple[int, ...]
+
+
+def _event(span: Span, name: str) -> int | None:
+    return next((event.time_ns for event in span.events if event.name == name), None)
+
+
+def _pair(span: Span, pairs: Iterable[tuple[str, str]]) -> tuple[int, int] | None:
+    for first, last in pairs:
+        start, end = _event(span, first), _event(span, last)
+        if start is not None and end is not None and end >= start:
+            return start, end
+    return None
+
+
+def _model(span: Span) -> str | None:
+    name = span.attributes.get(semconv.TRITON_SPAN_MODEL_NAME)
+    return str(name) if name else None
+
+
+def _http_marks(span: Span) -> tuple[int, int, int] | None:
+    """An HTTP server span's cuts (otelkit's ASGI middleware): its request's body received,
+    its response started and sent; None unless all three are there, in that order."""
+    received = _event(span, semconv.HTTP_REQUEST_RECEIVED)
+    started = _event(span, semconv.HTTP_RESPONSE_STARTED)
+    sent = _event(span, semconv.HTTP_RESPONSE_SENT)
+    if received is None or started is None or sent is None:
+        return None
+    return (received, started, sent) if received <= started <= sent else None
+
+
+def _is_triton_frontend(span: Span) -> bool:
+    """Triton's request span: the one carrying the frontend's receive or send events."""
+    return _pair(span, _RECEIVE_EVENTS + _SEND_EVENTS) is not None
+
+
+def _has_stages(trace: Trace, span: Span) -> bool:
+    """Whether a model's span holds stage spans (its Python model's, under it or its compute)."""
+    pending = list(trace.children(span))
+    while pending:
+        child = pending.pop()
+        if semconv.STAGE_NAME in child.attributes:
+            return True
+        if child.kind != SpanKind.CLIENT and _model(child) is None:
+            pending.extend(trace.children(child))
+    return False
+
+
+def _compute(span: Span, model: str, staged: bool, rank: tuple[int, ...]) -> list[Part]:
+    """A ``compute`` span cut at Triton's four compute events (all four, or the span whole)."""
+    infer = f"server {model} hand-off" if staged else f"server {model} compute"
+    start, inputs = _event(span, "COMPUTE_START"), _event(span, "COMPUTE_INPUT_END")
+    outputs, end = _event(span, "COMPUTE_OUTPUT_START"), _event(span, "COMPUTE_END")
+    if None in (start, inputs, outputs, end):
+        return [Part(span.start_ns, span.end_ns, infer, rank)]
+    assert start is not None and inputs is not None and outputs is not None and end is not None
+    return [
+        Part(start, inputs, COMPUTE_INPUT, rank),
+        Part(inputs, outputs, infer, rank),
+        Part(outputs, end, COMPUTE_OUTPUT, rank),
+    ]
+
+
+def _labelled(
+    trace: Trace, span: Span, depth: int, model: str | None, taken: Collection[str]
+) -> Iterator[Part]:
+    """The parts of ``span`` (at ``depth`` below the server span) and of those under it;
+    ``model``: the Triton model whose span holds it; ``taken``: the stages' component names,
+    which a span's own time never joins."""
+    if semconv.STAGE_NAME in span.attributes:
+        return  # a stage is a component of its own, accounted apart
+    if span.kind == SpanKind.CLIENT:
+        yield Part(span.start_ns, span.end_ns, CALLS_OUT, (3, depth))
+        return  # the server's own calls: their servers' time is theirs
+    own = _model(span)
+    deployment = span.attributes.get(semconv.RAY_SERVE_DEPLOYMENT)
+    if depth == 0 and _is_triton_frontend(span):
+        yield Part(span.start_ns, span.end_ns, FRONTEND, (0, 0))
+        for pair, name in ((_RECEIVE_EVENTS, RECEIVE), (_SEND_EVENTS, SEND)):
+            found = _pair(span, pair)
+            if found is not None:
+                yield Part(found[0], found[1], name, (0, 1))
+    elif depth == 0 and (marks := _http_marks(span)) is not None:
+        received, started, sent = marks
+        yield Part(span.start_ns, received, RECEIVE, (0, 1))
+        yield Part(received, started, HANDLER, (0, 1))
+        yield Part(started, sent, SEND, (0, 1))
+    elif own is not None:
+        steps = any(_model(child) is not None for child in trace.children(span))
+        yield Part(span.start_ns, span.end_ns, ENSEMBLE if steps else SCHEDULER, (1, depth))
+        model = own
+    elif _event(span, "COMPUTE_START") is not None and model is not None:
+        parent = trace.spans.get(span.parent_span_id or "")
+        staged = parent is not None and _has_stages(trace, parent)
+        yield from _compute(span, model, staged, (2, depth))
+    elif deployment:
+        yield Part(span.start_ns, span.end_ns, f"server {deployment} replica", (3, depth))
+    elif depth > 0 and span.name != semconv.RAY_SERVE_QUEUE_SPAN:
+        name = f"server {span.name}"
+        name = f"{name} (span)" if name in taken else name
+        yield Part(span.start_ns, span.end_ns, name, (3, depth))
+    for child in trace.children(span):
+        yield from _labelled(trace, child, depth + 1, model, taken)
+
+
+def parts(
+    trace: Trace,
+    server: Span,
+    accounted: Iterable[tuple[int, int]],
+    stages: Collection[str] = (),
+) -> dict[str, float]:
+    """Seconds of each part of ``server``'s span, in the span and outside ``accounted`` (its
+    stages' and queue's intervals); the instants no part holds are left out (the caller's
+    ``server other``). ``stages``: the stages' component names (``server <stage>``): a span
+    named as one of them is told apart as ``server <name> (span)``."""
+    labels = list(_labelled(trace, server, 0, None, stages))
+    held = list(accounted)
+    lo, hi = server.start_ns, server.end_ns
+    cuts = {lo, hi}
+    for part in labels:
+        cuts.update((part.start_ns, part.end_ns))
+    for start, end in held:
+        cuts.update((start, end))
+    edges = sorted(c for c in cuts if lo <= c <= hi)
+    out: dict[str, float] = {}
+    for start, end in pairwise(edges):
+        if end <= start or any(a <= start and end <= b for a, b in held):
+            continue
+        holding = [p for p in labels if p.start_ns <= start and end <= p.end_ns]
+        if holding:
+            name = max(holding, key=lambda p: p.rank).name
+            out[name] = out.get(name, 0.0) + (end - start) * _NS
+    return out
+
+
+def around(server: Span, call: Span, serialized_ns: int) -> dict[str, float]:
+    """Seconds the server recorded working on the call outside its own span: its receive
+    (from the end of the client's serialising) and its frontend up to the span's start, its
+    send past the span's end; the network's share of the call loses them."""
+    out: dict[str, float] = {}
+    sent = call.start_ns + serialized_ns
+    received = _pair(server, _RECEIVE_EVENTS)
+    if received is not None and received[0] < server.start_ns:
+        start, end = max(received[0], sent), min(received[1], server.start_ns)
+        if end > start:
+            out[RECEIVE] = (end - start) * _NS
+        frontend = server.start_ns - max(end, sent)
+        if frontend > 0:
+            out[FRONTEND] = frontend * _NS
+    answered = _pair(server, _SEND_EVENTS)
+    if answered is not None and answered[1] > server.end_ns:
+        start, end = max(answered[0], server.end_ns), min(answered[1], call.end_ns)
+        if end > start:
+            out[SEND] = (end - start) * _NS
+    return out

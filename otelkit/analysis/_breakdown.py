@@ -75,6 +75,9 @@ NETWORK = "network + offload"
 LOAD_BALANCER = "load balancer"
 NO_SERVER_SPAN = "call, server span missing"
 _MODEL_PARTS = (" hand-off", " compute")
+#: the share of a request's time that ``server other`` and ``client other`` may each hold
+#: before the breakdown says what would explain it (issue 47)
+UNEXPLAINED_BUDGET = 0.05
 _NS = 1e-9
 
 
@@ -134,6 +137,34 @@ class Breakdown:
         total = self.mean(TOTAL)
         mean = self.mean(worst)
         return SlowestStage(worst, mean, mean / total if total else 0.0)
+
+    def unexplained(self, budget: float = UNEXPLAINED_BUDGET) -> list[str]:
+        """``server other`` and ``client other`` where each is above ``budget`` of the time,
+        in words, with what would explain it; empty when both are within it."""
+        total = self.mean(TOTAL)
+        found = []
+        for name, why in ((SERVER_OTHER, self._server_lacks()), (CLIENT_OTHER, _CLIENT_LACKS)):
+            share = self.mean(name) / total if total > 0 else 0.0
+            if share > budget:
+                found.append(
+                    f"{name} is {100 * share:.1f} % of the time (over {100 * budget:g} %): {why}"
+                )
+        return found
+
+    def _server_lacks(self) -> str:
+        if not self.parts:
+            return (
+                "its server records no spans or events beyond its stages (no frontend's or "
+                "scheduler's timestamps): instrument the server with otelkit, or put its work "
+                "in stages"
+            )
+        return "the server's time between spans and events it records: a span is missing there"
+
+
+_CLIENT_LACKS = (
+    "the client's code outside its calls and stages: put its work between calls (packing "
+    "inputs, unpacking outputs) in otelkit.stage"
+)
 
 
 class SlowestStage(NamedTuple):
@@ -354,6 +385,7 @@ def _order(names: Iterable[str]) -> list[str]:
 def format_breakdowns(groups: dict[tuple[str, ...], Breakdown], labels: Sequence[str] = ()) -> str:
     """A table per group: each component's mean ms per trace and its share of the total."""
     lines: list[str] = []
+    width = max([24, *(len(name) for g in groups.values() for name in g.components)])
     for key, group in sorted(groups.items()):
         title = ", ".join(f"{k}={v}" for k, v in zip(labels, key, strict=False)) or "all traces"
         total = group.mean(TOTAL)
@@ -365,7 +397,6 @@ def format_breakdowns(groups: dict[tuple[str, ...], Breakdown], labels: Sequence
             f"median {group.median_total() * 1e3:.2f} ms"
         )
         names = _order(group.components)
-        width = max([24, *map(len, names)])
         for name in names:
             mean = group.mean(name)
             mean = 0.0 if abs(mean) < 5e-7 else mean  # a remainder of 0 less rounding
@@ -377,6 +408,8 @@ def format_breakdowns(groups: dict[tuple[str, ...], Breakdown], labels: Sequence
                 f"  slowest stage: {slowest.name}, {slowest.seconds * 1e3:.2f} ms per trace, "
                 f"{100 * slowest.share:.0f} % of the time"
             )
+        for line in group.unexplained():
+            lines.append(f"  unexplained: {line}")
         for problem in group.problems[:5]:
             lines.append(f"  nesting problem: {problem}")
     return "\n".join(lines)

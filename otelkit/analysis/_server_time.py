@@ -32,10 +32,14 @@ holds it, so the parts never count an instant twice, and an instant no interval 
   process and back, the stub's wait for a core, and the model's code around its stages;
 - ``server <model> compute``: the same for a model without stages (an ONNX or TensorRT model,
   a Python model not instrumented): its whole execution as Triton times it;
-- ``server <span>``: the own time of any other span in the server (PyTriton's
-  ``python_backend_execute``, ``proxy_inference_callable``, its batch decorator's span;
-  ``server <span> (span)`` where a stage has that name), and ``server <deployment> replica``
-  for a Ray Serve deployment's span.
+- PyTriton's spans, by their own time: ``server proxy hand-off`` (``python_backend_execute``:
+  its proxy model sending the request to the callable's process and waiting for the answer),
+  ``server callable overhead`` (``proxy_inference_callable``: the callable's process reading
+  the request and writing the answer around the callable), ``server batch decorator``
+  (``@batch`` grouping requests and splitting outputs);
+- ``server <span>``: the own time of any other span in the server (``server <span> (span)``
+  where a stage has that name), and ``server <deployment> replica`` for a Ray Serve
+  deployment's span.
 
 None of these is a stage: ``Breakdown.slowest_stage`` never names them.
 """
@@ -73,6 +77,16 @@ PARTS = (
     CALLS_OUT,
     SEND,
 )
+#: spans of PyTriton 0.7 (its Python-backend proxy model and the callable's process), whose own
+#: time is named for what it holds
+_KNOWN_SPANS = {
+    # the proxy model sending the request to the callable's process and waiting for its answer
+    "python_backend_execute": "server proxy hand-off",
+    # the callable's process: reading the request, calling the callable, writing its answer
+    "proxy_inference_callable": "server callable overhead",
+    # @batch: grouping requests into a batch and splitting its outputs
+    "pytriton-batch-decorator-span": "server batch decorator",
+}
 _RECEIVE_EVENTS = (
     ("HTTP_RECV_START", "HTTP_RECV_END"),
     ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END"),
@@ -188,7 +202,7 @@ def _labelled(
     elif deployment:
         yield Part(span.start_ns, span.end_ns, f"server {deployment} replica", (3, depth))
     elif depth > 0 and span.name != semconv.RAY_SERVE_QUEUE_SPAN:
-        name = f"server {span.name}"
+        name = _KNOWN_SPANS.get(span.name, f"server {span.name}")
         name = f"{name} (span)" if name in taken else name
         yield Part(span.start_ns, span.end_ns, name, (3, depth))
     for child in trace.children(span):

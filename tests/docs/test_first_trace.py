@@ -39,14 +39,23 @@ TRACE_SPANS = 10
 PARTS = [
     "client serialize",
     "network + offload",
+    "server receive",  # Triton's HTTP_RECV events, before its span
+    "server frontend",
     "server queue",
+    "server scheduler",
+    "server compute input",
     "server cylindrical",
     "server scale",
+    "server hit_features hand-off",  # Triton's Python backend to PyTriton's proxy model
+    "server proxy hand-off",  # the proxy model to the callable's process and back
+    "server callable overhead",
+    "server batch decorator",
+    "server compute output",
     "server other",
     "client deserialize",
     "client other",
 ]
-_ROW = re.compile(r"^\s+(?P<part>\S.*?)\s{2,}\d+\.\d+ ms\s+\d+\.\d+ %$")
+_ROW = re.compile(r"^\s+(?P<part>\S.*?)\s{2,}\d+\.\d+ ms\s+(?P<share>-?\d+\.\d+) %$")
 _TRACE_LINE = re.compile(r"^trace ([0-9a-f]{32}) -> ", re.MULTILINE)
 
 
@@ -117,7 +126,11 @@ def test_the_first_trace_runs_as_written(tmp_path: Path) -> None:
 
         table = _run(breakdown, tmp_path).splitlines()
         assert table[0].startswith("all traces: 1 traces, mean "), table
-        assert [m["part"] for m in map(_ROW.match, table) if m] == PARTS, table
+        rows = {m["part"]: float(m["share"]) for m in map(_ROW.match, table) if m}
+        assert list(rows) == PARTS, table
+        # no unexplained time: each between two timestamps the trace recorded
+        assert rows["server other"] <= 5 and rows["client other"] <= 5, table
+        assert not [line for line in table if "unexplained" in line], table
         assert re.match(r"^\s+slowest stage: server (cylindrical|scale), ", table[-1]), table
 
         study, report = commands("A study and a report")

@@ -110,6 +110,7 @@ def test_each_failed_check_is_named() -> None:
         2,
         "crashed 4 times",
         "no verdict on the ensemble's curve",
+        ["triton, http, 1, 1: client other is 6.1 % of the time (over 5 %): ..."],
     )
     assert failed == [
         "track labels: 1 of 4 events labelled differently",
@@ -118,6 +119,7 @@ def test_each_failed_check_is_named() -> None:
         "run 4 one model at 8 threads: 2 events failed",
         "nesting: 2 problems in the traces",
         "study: no verdict on the ensemble's curve",
+        "unexplained time: triton, http, 1, 1: client other is 6.1 % of the time (over 5 %): ...",
     ]
     assert failed_checks(None, reports[:1], 0) == []
 

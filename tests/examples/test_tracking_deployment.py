@@ -33,7 +33,8 @@ from opentelemetry import trace
 
 import otelkit
 from otelkit import semconv
-from otelkit.analysis import Span, breakdown, build_traces, load_spans
+from otelkit.analysis import Span, breakdown, build_traces, load_spans, trace_components
+from otelkit.analysis._breakdown import SERVER_OTHER, TOTAL
 from otelkit.receiver import Receiver
 from otelkit.testing import wait_until
 from otelkit.tritonserver import TritonServer, free_port
@@ -163,9 +164,11 @@ def test_all_five_options_give_the_labels_of_the_in_process_pipeline(
 
 
 def _stage_spans(spans: list[Span]) -> dict[str, Span]:
-    return {
+    """The server's stages by name (not the client's ``pack`` and ``unpack``)."""
+    named = {
         s.attributes[semconv.STAGE_NAME]: s for s in spans if semconv.STAGE_NAME in s.attributes
     }
+    return {name: s for name, s in named.items() if name not in (PACK, UNPACK)}
 
 
 def test_an_ensemble_trace_holds_every_stage_under_its_step(
@@ -206,6 +209,25 @@ def test_an_ensemble_trace_holds_every_stage_under_its_step(
     (group,) = groups.values()
     assert group.problems == [] and group.incomplete == 0
     assert {f"server {name}" for name in STAGE_ORDER} <= set(group.components)
+    # the server's own parts, each between two of its timestamps: present and positive, and
+    # with the stages, the queue and the client's they add up to the root
+    components, _ = trace_components(tree, root)
+    parts = ["server frontend", "server ensemble", "server scheduler", "server compute input"]
+    parts += ["server compute output", *(f"server {name} hand-off" for name in STAGE_ORDER)]
+    assert all(components.get(name, 0.0) > 0 for name in parts), components
+    assert abs(components[SERVER_OTHER]) < 1e-6, components  # every instant of Triton's time
+    assert sum(v for k, v in components.items() if k != TOTAL) == pytest.approx(
+        components[TOTAL], rel=1e-6
+    )
+    slowest = group.slowest_stage()
+    assert group.parts >= set(parts) and slowest is not None
+    assert slowest.name in {f"server {name}" for name in STAGE_ORDER}  # never a part
+    # each step's hand-off lies in its compute span, around its stage: the Python backend's stub
+    for name, step in steps.items():
+        (compute,) = [c for c in tree.children(step) if c.name == "compute"]
+        events = {e.name: e.time_ns for e in compute.events}
+        inside = events["COMPUTE_OUTPUT_START"] - events["COMPUTE_INPUT_END"]
+        assert 0 < stages[name].duration_ns < inside, name
 
 
 def test_the_client_drives_every_option_from_a_thread_pool(

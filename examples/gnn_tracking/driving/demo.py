@@ -39,6 +39,7 @@ import shutil
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -218,8 +219,10 @@ def failed_checks(
     nesting_problems: int,
     gave_up: str | None = None,
     study_problem: str | None = None,
+    unexplained: Sequence[str] = (),
 ) -> list[str]:
-    """Every check of the demo that failed, in words; empty when all hold.
+    """Every check of the demo that failed, in words; empty when all hold. ``unexplained``:
+    the groups whose ``server other`` or ``client other`` is over 5 % of their time.
 
     >>> for check in failed_checks("2 of 4 events labelled differently", [], 3):
     ...     print(check)
@@ -240,6 +243,7 @@ def failed_checks(
         failed.append(f"nesting: {nesting_problems} problems in the traces")
     if study_problem:
         failed.append(f"study: {study_problem}")
+    failed += [f"unexplained time: {line}" for line in unexplained]
     return failed
 
 
@@ -623,7 +627,10 @@ def _report(
         f"summary: {(out / 'summary.json').resolve()}; Triton's log: {out / 'triton.log'}\n"
         f"{study_line}report:  {report_path} (open it in a browser; it needs nothing else)"
     )
-    failed = failed_checks(label_problem, reports, problems, gave_up, study_problem)
+    unexplained = [
+        f"{', '.join(key)}: {line}" for key, g in groups.items() for line in g.unexplained()
+    ]
+    failed = failed_checks(label_problem, reports, problems, gave_up, study_problem, unexplained)
     if failed:
         print("\nFAILED checks:\n" + "\n".join(f"- {check}" for check in failed))
         return 1

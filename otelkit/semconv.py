@@ -159,6 +159,7 @@ STREAM_RESPONSES = f"{PREFIX}.stream.responses"  # responses received on it
 SERIALIZE_S = f"{PREFIX}.client.serialize_s"  # building the request body before the wire
 DESERIALIZE_S = f"{PREFIX}.client.deserialize_s"  # turning the response into a result
 WIRE_S = f"{PREFIX}.client.wire_s"  # on the wire and in the server, as the client saw it
+CONNECT_S = f"{PREFIX}.client.connect_s"  # within wire_s: a new connection's resolve + connect
 
 # -- server side: pipeline stages and HTTP server spans -----------------------------------------
 STAGE_NAME = f"{PREFIX}.stage.name"

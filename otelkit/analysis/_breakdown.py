@@ -72,6 +72,7 @@ CLIENT_OTHER = "client other"
 SERVER_OTHER = "server other"
 SERVER_QUEUE = "server queue"
 NETWORK = "network + offload"
+CONNECTION = "connection set-up"  # a call that opened its connection: resolve and connect
 LOAD_BALANCER = "load balancer"
 NO_SERVER_SPAN = "call, server span missing"
 _MODEL_PARTS = (" hand-off", " compute")
@@ -266,15 +267,24 @@ def _call(
     for name, seconds in outside.items():
         named.add(name)
         _add(out, name, seconds)
+    connect = float(call.attributes.get(semconv.CONNECT_S, 0.0))
+    if connect:
+        _add(out, CONNECTION, connect)
     wire = call.duration_ns * _NS - server.duration_ns * _NS - serialize - deserialize
-    _add(out, NETWORK, wire - sum(outside.values()))
+    _add(out, NETWORK, wire - connect - sum(outside.values()))
     if _is_proxy(server):
         proxy, answered = server, _answered(trace, server)
         if answered is None:
             _add(out, NO_SERVER_SPAN, call.duration_ns * _NS)
             return
-        server = answered[1]
-        _add(out, LOAD_BALANCER, (proxy.duration_ns - server.duration_ns) * _NS)
+        attempt, server = answered
+        # the server's receive and send outside its span fall within the proxy's attempt
+        behind = around(server, attempt, 0)
+        for name, seconds in behind.items():
+            named.add(name)
+            _add(out, name, seconds)
+        balanced = (proxy.duration_ns - server.duration_ns) * _NS - sum(behind.values())
+        _add(out, LOAD_BALANCER, balanced)
         if server.start_ns < proxy.start_ns:
             problems.append(
                 f"{server.name}: server span starts before the proxy's ({trace.trace_id})"
@@ -362,7 +372,7 @@ def breakdown(
 
 def _order(names: Iterable[str]) -> list[str]:
     """Components in the order a request meets them (stages in the order they ran)."""
-    first = ["client", "client serialize", NETWORK, LOAD_BALANCER, RECEIVE, FRONTEND]
+    first = ["client", "client serialize", CONNECTION, NETWORK, LOAD_BALANCER, RECEIVE, FRONTEND]
     first += [SERVER_QUEUE, ENSEMBLE, SCHEDULER, HANDLER, COMPUTE_INPUT, "server"]
     last = [COMPUTE_OUTPUT, CALLS_OUT, SEND, SERVER_OTHER, "client deserialize", CLIENT_OTHER]
     rank = {name: index for index, name in enumerate(first + last)}

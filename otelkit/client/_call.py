@@ -205,6 +205,7 @@ class Call(MeteredCall):
     """
 
     __slots__ = (
+        "connect_ns",
         "counted",
         "ends_later",
         "facts",
@@ -252,7 +253,7 @@ class Call(MeteredCall):
                 self.sampled = sampled = self.ends_later = True
             if sampled:
                 self.style = style
-                self.sent_ns = self.received_ns = 0
+                self.sent_ns = self.received_ns = self.connect_ns = 0
                 self.counted: tuple[int, int | None] | None = None
                 self.wire: bytes | None = None
                 self.request: Any = None
@@ -284,6 +285,10 @@ class Call(MeteredCall):
         self.sent_ns = _clock()
         if request is not None and self.facts is None:
             self.request = request
+
+    def connected(self, took_ns: int) -> None:
+        """The call opened a connection (resolved the server's name, connected): ``took_ns``."""
+        self.connect_ns += took_ns
 
     def received(self, raw: bytes | None = None) -> None:
         """The response came back (over gRPC, before it is parsed: ``raw``, its bytes on the
@@ -353,6 +358,8 @@ class Call(MeteredCall):
         _describe(attributes, self.per, self.style, facts)
         if self.sent_ns:
             attributes[semconv.SERIALIZE_S] = (self.sent_ns - self.start) / 1e9
+            if self.connect_ns:
+                attributes[semconv.CONNECT_S] = self.connect_ns / 1e9
             if self.received_ns:
                 attributes[semconv.WIRE_S] = (self.received_ns - self.sent_ns) / 1e9
                 attributes[semconv.DESERIALIZE_S] = (self.end - self.received_ns) / 1e9

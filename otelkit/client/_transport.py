@@ -11,6 +11,7 @@ is: for a call not sampled they find none and do nothing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -148,18 +149,44 @@ def detach_model_infer(client: Any) -> None:
         swap_back(client, stub, "ModelInfer")
 
 
+def timed_connect(original: Any) -> Transport:
+    """A connection pool's ``_create_socket`` that tells the sampled call in progress how long
+    resolving the server's name and connecting to it took (``Call.connected``)."""
+    current = CURRENT_CALL.get
+
+    def connect(*args: Any, **kwargs: Any) -> Any:
+        call = current()
+        if call is None:
+            return original(*args, **kwargs)
+        start = time.perf_counter_ns()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            call.connected(time.perf_counter_ns() - start)
+
+    return connect
+
+
 def attach_http_transport(client: Any, stamped: Callable[[Any], Transport] = stamp) -> bool:
-    """Stamp an HTTP client's ``_post`` (``stamped``: how; ``stamp_async`` for asyncio);
-    ``False`` (nothing changed) where this tritonclient has none."""
+    """Stamp an HTTP client's ``_post`` (``stamped``: how; ``stamp_async`` for asyncio), and
+    time the new connections of a sync client's pool; ``False`` (nothing changed) where this
+    tritonclient has no ``_post``."""
     post = triton_private.http_post(client)
     if post is None:
         return False
     swap_in(client, client, "_post", stamped(post))
+    if stamped is stamp:
+        pool = triton_private.connection_pool(client)
+        if pool is not None:
+            swap_in(client, pool, "_create_socket", timed_connect(pool._create_socket))
     return True
 
 
 def detach_http_transport(client: Any) -> None:
     swap_back(client, client, "_post")
+    pool = getattr(getattr(client, "_client_stub", None), "_connection_pool", None)
+    if pool is not None:
+        swap_back(client, pool, "_create_socket")
 
 
 def swap_in(client: Any, holder: Any, name: str, replacement: Any) -> None:

@@ -189,7 +189,7 @@ def test_a_stub_process_spans_get_their_own_time_and_never_join_a_stage() -> Non
     )
     ms = _components_ms([*spans[:6], execute, proxy, moved, spans[7]])
     assert ms["server gnn hand-off"] == pytest.approx((7.9 - 7.75) + (10.75 - 10.6))
-    assert ms["server python_backend_execute"] == pytest.approx((7.95 - 7.9) + (10.6 - 10.2))
+    assert ms["server proxy hand-off"] == pytest.approx((7.95 - 7.9) + (10.6 - 10.2))
     assert ms["server gnn (span)"] == pytest.approx((8 - 7.95) + (10.2 - 10))
     assert ms["server gnn"] == 2
     group = breakdown(build_traces([*spans[:6], execute, proxy, moved, spans[7]]).values())
@@ -270,3 +270,12 @@ def test_stages_overflowing_their_server_span_are_reported() -> None:
 def test_root_name_filters_roots() -> None:
     groups = breakdown(build_traces(one_event()).values(), root_name="something else")
     assert groups == {}
+
+
+def test_a_new_connections_set_up_is_taken_out_of_the_network() -> None:
+    root = span(TRACE, "event", 0, 10)
+    call = span(root, "infer", 1, 9, SpanKind.CLIENT, **{semconv.CONNECT_S: 0.002})
+    server = span(call, "POST /infer", 4, 8, SpanKind.SERVER)
+    ms = _components_ms([root, call, server])
+    assert ms["connection set-up"] == 2
+    assert ms[NETWORK] == 8 - 4 - 2

@@ -113,10 +113,12 @@ def test_infer_span_is_the_parent_of_tritons_spans(
     span = client_span(spans)
     port = int((triton.http_url if protocol == "http" else triton.grpc_url).rsplit(":", 1)[1])
     timing = {k: v for k, v in span.attributes.items() if k.startswith("otelkit.client.")}
+    connect = timing.pop(semconv.CONNECT_S, 0.0)  # within wire_s: a call that opened its connection
     assert set(timing) == {semconv.SERIALIZE_S, semconv.WIRE_S, semconv.DESERIALIZE_S}
+    assert 0 <= connect < timing[semconv.WIRE_S]
     # the phases split the call's own clock, so they add up to the span's duration
     assert sum(timing.values()) == pytest.approx(span.duration_ns / 1e9, abs=1e-9)
-    assert {k: v for k, v in span.attributes.items() if k not in timing} == {
+    assert {k: v for k, v in span.attributes.items() if not k.startswith("otelkit.client.")} == {
         semconv.RPC_SYSTEM_NAME: "grpc" if protocol == "grpc" else "kserve_v2_http",
         semconv.RPC_METHOD: span.name.split(" ")[0],
         semconv.SERVER_ADDRESS: "127.0.0.1",
@@ -130,6 +132,27 @@ def test_infer_span_is_the_parent_of_tritons_spans(
         semconv.REQUEST_BYTES: DATA.nbytes,
         semconv.RESPONSE_BYTES: DATA.nbytes,
     }
+
+
+def test_a_call_that_opens_its_connection_says_how_long_that_took(
+    triton: TritonServer, receiver: Receiver, telemetry: otelkit.Telemetry
+) -> None:
+    """A new HTTP client's first call resolves the server's name and connects (geventhttpclient
+    makes connections as calls need them): ``otelkit.client.connect_s``, within its wire time,
+    which the breakdown takes out of the network. The next call reuses the connection."""
+    client = otelkit.instrument(client_for("http", triton))
+    try:
+        first, _, _ = traced(lambda: client.infer("identity_fp32", inputs("http")))
+        second, _, _ = traced(lambda: client.infer("identity_fp32", inputs("http")))
+    finally:
+        client.close()
+    spans = {t: client_span(wait_for_trace(receiver.out_dir, t, count=2)) for t in (first, second)}
+    opened, reused = spans[first].attributes, spans[second].attributes
+    assert 0 < opened[semconv.CONNECT_S] < opened[semconv.WIRE_S]
+    assert semconv.CONNECT_S not in reused and reused[semconv.WIRE_S] > 0
+    otelkit.uninstrument(client)
+    pool = client._client_stub._connection_pool
+    assert pool._create_socket.__func__ is type(pool)._create_socket  # its own again
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -54,9 +54,10 @@ def test_make_fleet_runs_end_to_end_and_passes_its_checks(tmp_path: Path) -> Non
 
 def test_each_failed_check_is_named() -> None:
     assert failed_checks(0.2, 0, 1.0, 2, 2) == []
-    assert failed_checks(None, 3, None, 2, 1) == [
+    assert failed_checks(None, 3, None, 2, 1, ["triton-1: server other is 7.0 % ..."]) == [
         "the killed server was not ejected within 2.0 s",
         "3 requests routed to the killed server after its ejection",
         "the newcomer took no request",
         "2 failed events but 1 error spans: a failure went untraced",
+        "unexplained time: triton-1: server other is 7.0 % ...",
     ]

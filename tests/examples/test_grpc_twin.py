@@ -14,6 +14,7 @@ import torch
 from gnn_tracking.driving.client import event_pool
 from gnn_tracking.driving.options import OPTIONS, PACK, ROOT_SPAN, UNPACK, Remote, reconstruct
 from gnn_tracking.physics.models import Models, load_models
+from gnn_tracking.serving.kserve_grpc import DECODE, ENCODE
 from gnn_tracking.serving.stages import ENSEMBLE, STAGE_ORDER
 from gnn_tracking.serving.twin import create_grpc_twin
 
@@ -86,7 +87,7 @@ def test_a_grpc_call_to_the_twin_is_one_trace_from_client_to_stages(
     twin.close()
     otelkit.flush()
     (trace_id,) = {s.trace_id for s in load_spans(traces) if s.attributes.get("test.call") == call}
-    spans = wait_for_trace(traces, trace_id, 5 + len(STAGE_ORDER))
+    spans = wait_for_trace(traces, trace_id, 7 + len(STAGE_ORDER))
     (tree,) = build_traces(spans).values()
     walked = [(depth, span) for depth, span in tree.walk()]
     stages = sorted(span.attributes[semconv.STAGE_NAME] for depth, span in walked if depth == 3)
@@ -97,7 +98,8 @@ def test_a_grpc_call_to_the_twin_is_one_trace_from_client_to_stages(
         (2, semconv.RPC_METHOD_GRPC_INFER, "SERVER"),
         (1, UNPACK, "INTERNAL"),
     ]
-    assert stages == sorted(STAGE_ORDER) and len(walked) == 5 + len(STAGE_ORDER)
+    # the model's stages, and the twin's own decoding and encoding of the tensors
+    assert stages == sorted([*STAGE_ORDER, DECODE, ENCODE]) and len(walked) == 7 + len(STAGE_ORDER)
     by_id = {span.span_id: span for _, span in walked}
     for _, span in walked[1:]:  # each inside its parent
         parent = by_id[span.parent_span_id or ""]

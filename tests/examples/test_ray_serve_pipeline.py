@@ -17,7 +17,7 @@ from opentelemetry import trace
 import otelkit
 from otelkit import semconv
 from otelkit.analysis import Span, build_traces
-from otelkit.analysis._breakdown import SERVER_QUEUE, trace_components
+from otelkit.analysis._breakdown import SERVER_OTHER, SERVER_QUEUE, TOTAL, trace_components
 from otelkit.receiver import Receiver
 from otelkit.testing import ReceiverCapture, tree
 from otelkit.tritonserver import free_port
@@ -141,6 +141,17 @@ def test_composed_deployments_trace_from_client_to_every_stage(
     assert problems == []
     assert components[SERVER_QUEUE] > 0  # the queued spans: the wait for each stage's replica
     assert {f"server {name}" for name in STAGE_ORDER} <= components.keys()
+    # each deployment's own time (its span less its calls and stages) is a part of its own
+    deployments = {
+        str(s.attributes[semconv.RAY_SERVE_DEPLOYMENT]) for s in spans if s.kind.name == "SERVER"
+    }
+    replicas = {f"server {name} replica" for name in deployments}
+    assert len(replicas) == 1 + len(STAGE_ORDER)
+    assert all(components.get(name, 0.0) > 0 for name in replicas), components
+    assert abs(components[SERVER_OTHER]) < 1e-6, components
+    assert sum(v for k, v in components.items() if k != TOTAL) == pytest.approx(
+        components[TOTAL], rel=1e-6
+    )
     (server,) = [s for s in spans if s.name == f"POST {route}"]
     assert server.attributes[semconv.RAY_SERVE_DEPLOYMENT] == "Ingress"
     assert server.attributes[semconv.HTTP_ROUTE] == route

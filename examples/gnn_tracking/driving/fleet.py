@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +90,10 @@ def failed_checks(
     newcomer_s: float | None,
     failed: int,
     error_spans: int,
+    unexplained: Sequence[str] = (),
 ) -> list[str]:
-    """Every check that failed, in words; empty when all hold.
+    """Every check that failed, in words; empty when all hold. ``unexplained``: the servers
+    whose ``server other`` or ``client other`` is over 5 % of their requests' time.
 
     >>> failed_checks(0.3, 0, 1.2, 0, 0)
     []
@@ -113,6 +115,7 @@ def failed_checks(
         checks.append(
             f"{failed} failed events but {error_spans} error spans: a failure went untraced"
         )
+    checks += [f"unexplained time: {line}" for line in unexplained]
     return checks
 
 
@@ -347,7 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"report:  {path}\nsummary: {(out / 'summary.json').resolve()}")
-    failed = failed_checks(ejected, routed_after, first, report.errors, error_spans)
+    unexplained = [
+        f"{key[0]}: {line}"
+        for key, g in named.items()
+        if key[0] != "no call"
+        for line in g.unexplained()
+    ]
+    failed = failed_checks(ejected, routed_after, first, report.errors, error_spans, unexplained)
     if failed:
         print("\nFAILED checks:\n" + "\n".join(f"- {check}" for check in failed))
         return 1

@@ -18,7 +18,9 @@ model that failed; the server keeps serving.
 
 ``KServeServicer.infer`` maps one ``ModelInferRequest`` to its ``ModelInferResponse`` with no
 gRPC context, for servers that route the messages themselves (Ray Serve's gRPC proxy).
-Tracing is the interceptor's business (``otelkit.server.grpc``), not this module's.
+The SERVER span is the interceptor's business (``otelkit.server.grpc``); with ``stages=True``
+decoding the request's tensors and encoding the answer are stages too (``decode``, ``encode``),
+as a server marks its own work, so that the breakdown does not leave them in ``server other``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import math
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -36,6 +39,7 @@ from tritonclient.grpc import model_config_pb2 as config_pb2
 from tritonclient.grpc import service_pb2 as pb2
 from tritonclient.grpc import service_pb2_grpc as pb2_grpc
 
+import otelkit
 from gnn_tracking.serving.kserve import ModelRegistry, run_model
 from gnn_tracking.serving.kserve_tensors import (
     NUMPY_DTYPES,
@@ -47,7 +51,9 @@ from gnn_tracking.serving.kserve_tensors import (
     output_array,
 )
 
-__all__ = ["KServeServicer", "grpc_server"]
+__all__ = ["DECODE", "ENCODE", "KServeServicer", "grpc_server"]
+
+DECODE, ENCODE = "decode", "encode"  # the stages around the model: its tensors in and out
 
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND}
 # The typed field of ``InferTensorContents`` each datatype travels in (FP16 has none).
@@ -58,6 +64,11 @@ _CONTENTS |= {"FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_
 _LENGTH = struct.Struct("<I")
 _UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 Reply = TypeVar("Reply")
+
+
+@contextmanager
+def _no_stage(name: str, **options: Any) -> Iterator[None]:
+    yield
 
 
 def _bad(message: str) -> ProtocolError:
@@ -157,13 +168,20 @@ def _data_type(datatype: str) -> int:
 
 class KServeServicer(pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """The KServe v2 gRPC service over ``models``; add it with ``grpc_server`` or with
-    ``add_GRPCInferenceServiceServicer_to_server``. Raises ValueError for an invalid spec."""
+    ``add_GRPCInferenceServiceServicer_to_server``. Raises ValueError for an invalid spec.
+    ``stages``: decode and encode each request's tensors in ``otelkit.stage`` spans."""
 
     def __init__(
-        self, models: Sequence[ModelSpec], *, name: str = "kserve-python", version: str = "1"
+        self,
+        models: Sequence[ModelSpec],
+        *,
+        name: str = "kserve-python",
+        version: str = "1",
+        stages: bool = False,
     ) -> None:
         self.models = ModelRegistry(models)
         self.name, self.version = name, version
+        self._stage = otelkit.stage if stages else _no_stage
 
     def ServerLive(self, request: Any, context: grpc.ServicerContext) -> pb2.ServerLiveResponse:
         return pb2.ServerLiveResponse(live=True)
@@ -237,16 +255,20 @@ class KServeServicer(pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[mis
         """One inference, without gRPC: ``ProtocolError`` for a bad request or a failed model."""
         model = self.models.lookup(request.model_name, request.model_version)
         requested = _requested(model, request)
-        produced = run_model(model, decode_request(model, request))
-        response = pb2.ModelInferResponse(
-            model_name=model.name, model_version=model.version, id=request.id
-        )
-        for spec in requested:
-            if spec.name not in produced:
-                raise ProtocolError(500, f"model {model.name!r} returned no output {spec.name!r}")
-            array = output_array(model, spec, produced[spec.name])
-            response.outputs.add(name=spec.name, datatype=spec.datatype, shape=array.shape)
-            response.raw_output_contents.append(_raw(array, spec))
+        with self._stage(DECODE, gpu=False):
+            inputs = decode_request(model, request)
+        produced = run_model(model, inputs)
+        with self._stage(ENCODE, gpu=False):
+            response = pb2.ModelInferResponse(
+                model_name=model.name, model_version=model.version, id=request.id
+            )
+            for spec in requested:
+                if spec.name not in produced:
+                    why = f"model {model.name!r} returned no output {spec.name!r}"
+                    raise ProtocolError(500, why)
+                array = output_array(model, spec, produced[spec.name])
+                response.outputs.add(name=spec.name, datatype=spec.datatype, shape=array.shape)
+                response.raw_output_contents.append(_raw(array, spec))
         return response
 
 

@@ -60,7 +60,7 @@ def create_grpc_twin(
     """The same models over the KServe v2 gRPC service on ``host:port``, traced; started."""
     from otelkit.server.grpc import server_interceptor
 
-    servicer = KServeServicer(_specs(models), name="gnn-tracking-grpc")
+    servicer = KServeServicer(_specs(models), name="gnn-tracking-grpc", stages=True)
     return grpc_server(servicer, port, host=host, interceptors=[server_interceptor(host, port)])
 
 

@@ -20,6 +20,7 @@ from otelkit._core.deps import degraded
 __all__ = [
     "channel",
     "check_input_bytes",
+    "connection_pool",
     "http_post",
     "missing_response_buffer",
     "server_url",
@@ -53,6 +54,22 @@ def channel(client: Any) -> Any | None:
 def http_post(client: Any) -> Any | None:
     """An HTTP client's transport method (``_post``), or ``None``."""
     return _attribute(client, "_post", _UNHOOKED)
+
+
+def connection_pool(client: Any) -> Any | None:
+    """A sync HTTP client's connection pool (geventhttpclient's, ``_client_stub`` then
+    ``_connection_pool``), whose ``_create_socket`` resolves and connects a new connection; or
+    ``None``: a call that opens one then counts the set-up as network."""
+    stub = getattr(client, "_client_stub", None)
+    pool = getattr(stub, "_connection_pool", None)
+    if pool is None or not callable(getattr(pool, "_create_socket", None)):
+        degraded(
+            "geventhttpclient",
+            "HTTPClient._connection_pool._create_socket",
+            "counts a new connection's set-up as network time",
+        )
+        return None
+    return pool
 
 
 def server_url(client: Any, name: str) -> Any | None:

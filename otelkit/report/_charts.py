@@ -24,45 +24,14 @@ __all__ = ["Chart", "breakdown_chart", "line_chart"]
 
 SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"  # an identifier: never fetched
 #: Vega's tableau20, then set3's twelve: 32 colours, one per component of a breakdown
-_PALETTE = [
-    *[
-        "#4c78a8",
-        "#9ecae9",
-        "#f58518",
-        "#ffbf79",
-        "#54a24b",
-        "#88d27a",
-        "#b79a20",
-        "#f2cf5b",
-        "#439894",
-        "#83bcb6",
-    ],
-    *[
-        "#e45756",
-        "#ff9d98",
-        "#79706e",
-        "#bab0ac",
-        "#d67195",
-        "#fcbfd2",
-        "#b279a2",
-        "#d6a5c9",
-        "#9e765f",
-        "#d8b5a5",
-    ],
-    *[
-        "#8dd3c7",
-        "#ffffb3",
-        "#bebada",
-        "#fb8072",
-        "#80b1d3",
-        "#fdb462",
-        "#b3de69",
-        "#fccde5",
-        "#d9d9d9",
-        "#bc80bd",
-    ],
-    *["#ccebc5", "#ffed6f"],
-]
+_PALETTE = " ".join(
+    (
+        "#4c78a8 #9ecae9 #f58518 #ffbf79 #54a24b #88d27a #b79a20 #f2cf5b #439894 #83bcb6",
+        "#e45756 #ff9d98 #79706e #bab0ac #d67195 #fcbfd2 #b279a2 #d6a5c9 #9e765f #d8b5a5",
+        "#8dd3c7 #ffffb3 #bebada #fb8072 #80b1d3 #fdb462 #b3de69 #fccde5 #d9d9d9 #bc80bd",
+        "#ccebc5 #ffed6f",
+    )
+).split()
 _RANK = {"client serialize": 1, NETWORK: 2, SERVER_QUEUE: 3, SERVER_OTHER: 5}
 _RANK.update({"client deserialize": 6, CLIENT_OTHER: 7})
 

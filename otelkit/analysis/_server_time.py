@@ -47,8 +47,7 @@ None of these is a stage: ``Breakdown.slowest_stage`` never names them.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
-from itertools import pairwise
+from typing import NamedTuple
 
 from otelkit import semconv
 from otelkit.analysis._loader import Span, SpanKind, Trace
@@ -95,8 +94,7 @@ _SEND_EVENTS = (("HTTP_SEND_START", "HTTP_SEND_END"), ("GRPC_SEND_START", "GRPC_
 _NS = 1e-9
 
 
-@dataclass(frozen=True)
-class Part:
+class Part(NamedTuple):
     """An interval of the server's time, its name, and its rank: where intervals overlap, the
     instant goes to the highest rank (the innermost: a stub's span before Triton's compute,
     compute before its model span, a step before its ensemble)."""
@@ -219,23 +217,41 @@ def parts(
     stages' and queue's intervals); the instants no part holds are left out (the caller's
     ``server other``). ``stages``: the stages' component names (``server <stage>``): a span
     named as one of them is told apart as ``server <name> (span)``."""
-    labels = list(_labelled(trace, server, 0, None, stages))
-    held = list(accounted)
     lo, hi = server.start_ns, server.end_ns
-    cuts = {lo, hi}
-    for part in labels:
-        cuts.update((part.start_ns, part.end_ns))
-    for start, end in held:
-        cuts.update((start, end))
-    edges = sorted(c for c in cuts if lo <= c <= hi)
+    # one sweep over the intervals' edges, in time order: at each edge the intervals that
+    # start there join the open ones and those that end there leave (ends before starts)
+    edges: list[tuple[int, int, int]] = []  # (time, 0 end / 1 start, index; -1: accounted)
+    labels = list(_labelled(trace, server, 0, None, stages))
+    for index, part in enumerate(labels):
+        if part.end_ns > part.start_ns:
+            edges += [(part.start_ns, 1, index), (part.end_ns, 0, index)]
+    for start, end in accounted:
+        if end > start:
+            edges += [(start, 1, -1), (end, 0, -1)]
+    edges.sort()
     out: dict[str, float] = {}
-    for start, end in pairwise(edges):
-        if end <= start or any(a <= start and end <= b for a, b in held):
-            continue
-        holding = [p for p in labels if p.start_ns <= start and end <= p.end_ns]
-        if holding:
-            name = max(holding, key=lambda p: p.rank).name
-            out[name] = out.get(name, 0.0) + (end - start) * _NS
+    ranks = [part.rank for part in labels]
+    open_parts: list[int] = []
+    held = 0
+    at = lo
+    for time_ns, starts, index in edges:
+        now = hi if time_ns > hi else time_ns
+        if now > at:
+            if not held and open_parts:
+                top = (
+                    open_parts[0]
+                    if len(open_parts) == 1
+                    else max(open_parts, key=ranks.__getitem__)
+                )
+                name = labels[top].name
+                out[name] = out.get(name, 0.0) + (now - at) * _NS
+            at = now
+        if index < 0:
+            held += 1 if starts else -1
+        elif starts:
+            open_parts.append(index)
+        else:
+            open_parts.remove(index)
     return out
 
 

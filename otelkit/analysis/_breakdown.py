@@ -25,7 +25,8 @@ call: through a proxy, the address it forwarded to; else the address the client 
 Each call is checked on the way: its stages and queue must fit in its server span, which must
 start after its client span; a broken nesting is reported, never silently averaged. (A server
 span may end after its client span: Triton and ASGI servers end theirs after sending the
-response, so ``network + offload`` of one call can be slightly negative; means stay exact.)
+response. Only the part of it within the call counts, so the components add up to the root
+and ``network + offload`` is never negative for that.)
 
 >>> traces = build_traces(load_spans("demo-output/traces"))  # doctest: +SKIP
 >>> by_option = breakdown(traces.values(), group_by=("gnn_tracking.option",))  # doctest: +SKIP
@@ -262,15 +263,21 @@ def _call(
         _add(out, NO_SERVER_SPAN, call.duration_ns * _NS)
         return
     server = servers[0]
-    # the server's receive and send, where they fell outside its span, are the server's time
-    outside = around(server, call, round(serialize / _NS))
-    for name, seconds in outside.items():
-        named.add(name)
-        _add(out, name, seconds)
     connect = float(call.attributes.get(semconv.CONNECT_S, 0.0))
     if connect:
         _add(out, CONNECTION, connect)
-    wire = call.duration_ns * _NS - server.duration_ns * _NS - serialize - deserialize
+    # the server's receive and send, where they fell outside its span, are the server's time;
+    # its receive counts once the client had serialised and connected (a server may mark it
+    # as it accepts the connection)
+    outside = around(server, call, round((serialize + connect) / _NS))
+    for name, seconds in outside.items():
+        named.add(name)
+        _add(out, name, seconds)
+    # a server that ends its span after the client has its answer (Triton and ASGI servers
+    # end theirs after sending) spends that overhang outside the call: only the call's share
+    # of the span counts, so the network's share is never negative
+    end_ns = min(server.end_ns, call.end_ns)
+    wire = (call.duration_ns - (end_ns - server.start_ns)) * _NS - serialize - deserialize
     _add(out, NETWORK, wire - connect - sum(outside.values()))
     if _is_proxy(server):
         proxy, answered = server, _answered(trace, server)
@@ -283,7 +290,8 @@ def _call(
         for name, seconds in behind.items():
             named.add(name)
             _add(out, name, seconds)
-        balanced = (proxy.duration_ns - server.duration_ns) * _NS - sum(behind.values())
+        answered_ns = min(server.end_ns, end_ns) - server.start_ns
+        balanced = (end_ns - proxy.start_ns - answered_ns) * _NS - sum(behind.values())
         _add(out, LOAD_BALANCER, balanced)
         if server.start_ns < proxy.start_ns:
             problems.append(
@@ -300,14 +308,17 @@ def _call(
         held.append((stage.start_ns, stage.end_ns))
         stages.add(f"server {stage.attributes[semconv.STAGE_NAME]}")
         _add(out, f"server {stage.attributes[semconv.STAGE_NAME]}", stage.duration_ns * _NS)
-    found = parts(trace, server, held, stages)
+    end_ns = min(server.end_ns, end_ns)
+    found = parts(trace, server, held, stages, end_ns)
     for name, seconds in found.items():
         named.add(name)
         _add(out, name, seconds)
-    _add(out, SERVER_OTHER, server.duration_ns * _NS - queue - staged - sum(found.values()))
+    served = (end_ns - server.start_ns) * _NS
+    _add(out, SERVER_OTHER, served - queue - staged - sum(found.values()))
     model = call.attributes.get(semconv.MODEL_NAME, call.name)
     # A server may end its span after sending the response, when the client already has it:
-    # an end past the client's is no error. A start before the client's is (or clock skew).
+    # an end past the client's is no error (its overhang is left out above). A start before
+    # the client's is (or clock skew).
     if server.start_ns < call.start_ns:
         problems.append(f"{model}: server span starts before its client span ({trace.trace_id})")
     if staged + queue > server.duration_ns * _NS * (1 + 1e-6):

@@ -182,8 +182,8 @@ def _labelled(
         yield Part(span.start_ns, span.end_ns, FRONTEND, (0, 0))
         for pair, name in ((_RECEIVE_EVENTS, RECEIVE), (_SEND_EVENTS, SEND)):
             found = _pair(span, pair)
-            if found is not None:
-                yield Part(found[0], found[1], name, (0, 1))
+            if found is not None:  # the frontend says what it did, even inside a model span
+                yield Part(found[0], found[1], name, (4, 0))
     elif depth == 0 and (marks := _http_marks(span)) is not None:
         received, started, sent = marks
         yield Part(span.start_ns, received, RECEIVE, (0, 1))
@@ -212,12 +212,15 @@ def parts(
     server: Span,
     accounted: Iterable[tuple[int, int]],
     stages: Collection[str] = (),
+    end_ns: int | None = None,
 ) -> dict[str, float]:
     """Seconds of each part of ``server``'s span, in the span and outside ``accounted`` (its
     stages' and queue's intervals); the instants no part holds are left out (the caller's
     ``server other``). ``stages``: the stages' component names (``server <stage>``): a span
-    named as one of them is told apart as ``server <name> (span)``."""
-    lo, hi = server.start_ns, server.end_ns
+    named as one of them is told apart as ``server <name> (span)``. ``end_ns``: where the
+    server's time stops counting (its caller's end, where the span outlasts it)."""
+    lo = server.start_ns
+    hi = server.end_ns if end_ns is None else min(end_ns, server.end_ns)
     # one sweep over the intervals' edges, in time order: at each edge the intervals that
     # start there join the open ones and those that end there leave (ends before starts)
     edges: list[tuple[int, int, int]] = []  # (time, 0 end / 1 start, index; -1: accounted)
@@ -257,8 +260,9 @@ def parts(
 
 def around(server: Span, call: Span, serialized_ns: int) -> dict[str, float]:
     """Seconds the server recorded working on the call outside its own span: its receive
-    (from the end of the client's serialising) and its frontend up to the span's start, its
-    send past the span's end; the network's share of the call loses them."""
+    (from ``serialized_ns`` into the call: the client's serialising, and its connecting) and
+    its frontend up to the span's start, its send past the span's end; the network's share of
+    the call loses them."""
     out: dict[str, float] = {}
     sent = call.start_ns + serialized_ns
     received = _pair(server, _RECEIVE_EVENTS)

@@ -279,3 +279,30 @@ def test_a_new_connections_set_up_is_taken_out_of_the_network() -> None:
     ms = _components_ms([root, call, server])
     assert ms["connection set-up"] == 2
     assert ms[NETWORK] == 8 - 4 - 2
+
+
+def test_a_server_span_that_outlasts_its_call_counts_within_the_call_only() -> None:
+    """Triton ends its request span after it sent the answer, sometimes after the client has
+    it: the overhang is the server's time outside the call, not a negative network."""
+    root = span(TRACE, "event", 0, 10)
+    call = span(root, "infer", 1, 8, SpanKind.CLIENT)
+    sending = events(HTTP_RECV_START=2, HTTP_RECV_END=2.5, HTTP_SEND_START=6, HTTP_SEND_END=6.5)
+    server = span(call, "InferRequest", 3, 9, SpanKind.SERVER, events=sending)
+    ms = _components_ms([root, call, server])
+    assert ms[NETWORK] == 2 - 1  # before the receive; after the send, the span still runs
+    assert ms["server frontend"] == 0.5 + 3 + 1.5  # 2.5-3, 3-6, 6.5-8: up to the call's end
+    assert ms["server receive"] == 0.5 and ms["server send"] == 0.5
+
+
+def test_a_receive_marked_while_the_client_connected_counts_once() -> None:
+    """Triton may mark its receive as it accepts a connection the client is still opening:
+    that time is the connection's, and the receive counts from its end."""
+    root = span(TRACE, "event", 0, 10)
+    attributes = {semconv.SERIALIZE_S: 0.001, semconv.CONNECT_S: 0.002}
+    call = span(root, "infer", 1, 9, SpanKind.CLIENT, **attributes)
+    received = events(HTTP_RECV_START=3, HTTP_RECV_END=4.5, HTTP_SEND_START=7, HTTP_SEND_END=7.5)
+    server = span(call, "InferRequest", 5, 8, SpanKind.SERVER, events=received)
+    ms = _components_ms([root, call, server])
+    assert ms["connection set-up"] == 2  # 2 to 4, serialised from 1 to 2
+    assert ms["server receive"] == 0.5  # 4 to 4.5: not 3 to 4, the connection's
+    assert ms[NETWORK] == 9 - 1 - 1 - 2 - 0.5 - 0.5 - 3  # 8 to 9 only: no instant twice

@@ -38,6 +38,7 @@ COMMAND_TIMEOUT_S = 120
 TRACE_SPANS = 10
 PARTS = [
     "client serialize",
+    "connection set-up",  # the client process's first call opens its connection
     "network + offload",
     "server receive",  # Triton's HTTP_RECV events, before its span
     "server frontend",
@@ -51,6 +52,7 @@ PARTS = [
     "server callable overhead",
     "server batch decorator",
     "server compute output",
+    "server send",  # Triton's HTTP_SEND events
     "server other",
     "client deserialize",
     "client other",

@@ -331,9 +331,11 @@ def _held(rows: Sequence[Evidence], tolerance: float, floor_ms: float) -> list[E
     k is X_peak . hold rounded: a pool is only claimed where that figure lies within the
     tolerance of a whole k below the model's instances (each instance serves one: k of them
     or more could not make a request wait); at k = 1 any figure up to 1 is a lock's, which a
-    stage may share with other models."""
+    stage may share with other models, except in a model of one instance, which serves one
+    request at a time already: the lock would be the instance, named as such."""
     found = []
     traced = {row.model for row in rows if row.kind == "stage"}
+    instances = {row.name: row.servers for row in rows if row.kind == "instances"}
     for row in rows:
         grew = row.peak_ms - row.low_ms
         if row.kind not in ("stage", "instances") or row.growth <= 1 + tolerance:
@@ -350,6 +352,8 @@ def _held(rows: Sequence[Evidence], tolerance: float, floor_ms: float) -> list[E
             continue
         if (k > 1 or row.kind == "instances") and row.servers and k >= row.servers:
             continue
+        if row.kind == "stage" and instances.get(row.model or "") == 1:
+            continue  # its model's one instance serves one request at a time: no lock to add
         kind = "lock" if k == 1 else "pool"
         model = row.model if row.kind == "stage" else row.name
         found.append(

@@ -374,3 +374,24 @@ def test_a_verdict_survives_the_results_file() -> None:
     high = point({"concurrency": 16}, 245.0, models={"gnn": (8.0, 2), "embed": (2.0, 1)}, index=1)
     verdict = judge([low, high], "concurrency")
     assert Verdict.from_dict(json.loads(json.dumps(verdict.to_dict()))) == verdict
+
+
+def test_a_stage_of_a_one_instance_model_is_never_a_lock_of_its_own() -> None:
+    """A Ray Serve truth-table run: one replica of a CPU-bound deployment, its stage 43.6 ms
+    alone and 52.7 ms with 4 in flight (the replica sharing 2 cores with the client and the
+    proxy), 18/s at the plateau: 18 x 43.6 ms is 0.79 "one at a time", but a model of one
+    instance serves one at a time already. The lock would be the instance, named as such."""
+
+    def at(n: int, t: float, ms: float, index: int) -> Point:
+        return point(
+            {"concurrency": n},
+            t,
+            {"server compute": ms},
+            models={"Busy": (ms + 3.0, 1)},
+            index=index,
+            stage_models={"server compute": "Busy"},
+        )
+
+    verdict = judge([at(1, 17.0, 43.6, 0), at(4, 18.0, 52.7, 1)], "concurrency")
+    assert [e.key for e in verdict.evidence if e.kind == "lock"] == []
+    assert (verdict.kind, verdict.resource, verdict.limit) == ("saturated", "instances", "Busy")

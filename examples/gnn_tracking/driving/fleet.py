@@ -304,16 +304,18 @@ def main(argv: list[str] | None = None) -> int:
         remote.close()
         say(f"{report.line()}")
     finally:
-        otelkit.shutdown()
-        if envoy is not None:
-            envoy.stop()
-        metrics.close()
-        renderer.close()
-        fleet.close()
-        time.sleep(1.0)  # the servers' and Envoy's last spans
-        receiver.stop()
-        etcd.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        try:
+            otelkit.shutdown()
+        finally:  # the fleet's processes stop whatever the telemetry's shutdown raised
+            if envoy is not None:
+                envoy.stop()
+            metrics.close()
+            renderer.close()
+            fleet.close()
+            time.sleep(1.0)  # the servers' and Envoy's last spans
+            receiver.stop()
+            etcd.stop()
+            shutil.rmtree(work, ignore_errors=True)
     traces = build_traces(load_spans(out / "traces"))
     error_spans = sum(
         1

@@ -55,6 +55,7 @@ from otelkit.analysis._server_time import (
     SCHEDULER,
     SEND,
     around,
+    event,
     parts,
 )
 
@@ -192,21 +193,17 @@ def _subtree(trace: Trace, span: Span) -> Iterable[Span]:
         yield from _subtree(trace, child)
 
 
-def _event_ns(span: Span, name: str) -> int | None:
-    return next((event.time_ns for event in span.events if event.name == name), None)
-
-
 def _queue_interval(trace: Trace, span: Span) -> tuple[int, int] | None:
     """Triton's queue of a model span: its ``QUEUE_START`` to ``COMPUTE_START``, an event of
     its ``compute`` child (None for spans without them, an ensemble's own span among them);
     a Ray Serve request's wait for a replica: its ``queued`` span."""
     if span.name == semconv.RAY_SERVE_QUEUE_SPAN:
         return span.start_ns, span.end_ns
-    queued = _event_ns(span, "QUEUE_START")
+    queued = event(span, "QUEUE_START")
     if queued is None:
         return None
     for child in trace.children(span):
-        started = _event_ns(child, "COMPUTE_START")
+        started = event(child, "COMPUTE_START")
         if started is not None:
             return queued, max(queued, started)
     return None
@@ -214,6 +211,13 @@ def _queue_interval(trace: Trace, span: Span) -> tuple[int, int] | None:
 
 def _add(components: dict[str, float], name: str, seconds: float) -> None:
     components[name] = components.get(name, 0.0) + seconds
+
+
+def _add_parts(components: dict[str, float], named: set[str], found: dict[str, float]) -> None:
+    """Add the server's parts (``_server_time``), noting their names: they are not stages."""
+    named.update(found)
+    for name, seconds in found.items():
+        _add(components, name, seconds)
 
 
 def _is_proxy(span: Span) -> bool:
@@ -270,9 +274,7 @@ def _call(
     # its receive counts once the client had serialised and connected (a server may mark it
     # as it accepts the connection)
     outside = around(server, call, round((serialize + connect) / _NS))
-    for name, seconds in outside.items():
-        named.add(name)
-        _add(out, name, seconds)
+    _add_parts(out, named, outside)
     # a server that ends its span after the client has its answer (Triton and ASGI servers
     # end theirs after sending) spends that overhang outside the call: only the call's share
     # of the span counts, so the network's share is never negative
@@ -287,9 +289,7 @@ def _call(
         attempt, server = answered
         # the server's receive and send outside its span fall within the proxy's attempt
         behind = around(server, attempt, 0)
-        for name, seconds in behind.items():
-            named.add(name)
-            _add(out, name, seconds)
+        _add_parts(out, named, behind)
         answered_ns = min(server.end_ns, end_ns) - server.start_ns
         balanced = (end_ns - proxy.start_ns - answered_ns) * _NS - sum(behind.values())
         _add(out, LOAD_BALANCER, balanced)
@@ -310,9 +310,7 @@ def _call(
         _add(out, f"server {stage.attributes[semconv.STAGE_NAME]}", stage.duration_ns * _NS)
     end_ns = min(server.end_ns, end_ns)
     found = parts(trace, server, held, stages, end_ns)
-    for name, seconds in found.items():
-        named.add(name)
-        _add(out, name, seconds)
+    _add_parts(out, named, found)
     served = (end_ns - server.start_ns) * _NS
     _add(out, SERVER_OTHER, served - queue - staged - sum(found.values()))
     model = call.attributes.get(semconv.MODEL_NAME, call.name)

@@ -52,7 +52,7 @@ from typing import NamedTuple
 from otelkit import semconv
 from otelkit.analysis._loader import Span, SpanKind, Trace
 
-__all__ = ["PARTS", "Part", "around", "parts"]
+__all__ = ["Part", "around", "event", "parts"]
 
 RECEIVE = "server receive"
 SEND = "server send"
@@ -63,19 +63,6 @@ COMPUTE_INPUT = "server compute input"
 COMPUTE_OUTPUT = "server compute output"
 CALLS_OUT = "server calls out"
 HANDLER = "server handler"
-#: the parts with fixed names, in the order a request meets them (the others are named by a
-#: model or a span: ``server <model> hand-off``, ``server <model> compute``, ``server <span>``)
-PARTS = (
-    RECEIVE,
-    FRONTEND,
-    HANDLER,
-    ENSEMBLE,
-    SCHEDULER,
-    COMPUTE_INPUT,
-    COMPUTE_OUTPUT,
-    CALLS_OUT,
-    SEND,
-)
 #: spans of PyTriton 0.7 (its Python-backend proxy model and the callable's process), whose own
 #: time is named for what it holds
 _KNOWN_SPANS = {
@@ -105,13 +92,14 @@ class Part(NamedTuple):
     rank: tuple[int, ...]
 
 
-def _event(span: Span, name: str) -> int | None:
-    return next((event.time_ns for event in span.events if event.name == name), None)
+def event(span: Span, name: str) -> int | None:
+    """The time of ``span``'s first event named ``name`` (None: it has none)."""
+    return next((found.time_ns for found in span.events if found.name == name), None)
 
 
 def _pair(span: Span, pairs: Iterable[tuple[str, str]]) -> tuple[int, int] | None:
     for first, last in pairs:
-        start, end = _event(span, first), _event(span, last)
+        start, end = event(span, first), event(span, last)
         if start is not None and end is not None and end >= start:
             return start, end
     return None
@@ -125,17 +113,12 @@ def _model(span: Span) -> str | None:
 def _http_marks(span: Span) -> tuple[int, int, int] | None:
     """An HTTP server span's cuts (otelkit's ASGI middleware): its request's body received,
     its response started and sent; None unless all three are there, in that order."""
-    received = _event(span, semconv.HTTP_REQUEST_RECEIVED)
-    started = _event(span, semconv.HTTP_RESPONSE_STARTED)
-    sent = _event(span, semconv.HTTP_RESPONSE_SENT)
+    received = event(span, semconv.HTTP_REQUEST_RECEIVED)
+    started = event(span, semconv.HTTP_RESPONSE_STARTED)
+    sent = event(span, semconv.HTTP_RESPONSE_SENT)
     if received is None or started is None or sent is None:
         return None
     return (received, started, sent) if received <= started <= sent else None
-
-
-def _is_triton_frontend(span: Span) -> bool:
-    """Triton's request span: the one carrying the frontend's receive or send events."""
-    return _pair(span, _RECEIVE_EVENTS + _SEND_EVENTS) is not None
 
 
 def _has_stages(trace: Trace, span: Span) -> bool:
@@ -153,8 +136,8 @@ def _has_stages(trace: Trace, span: Span) -> bool:
 def _compute(span: Span, model: str, staged: bool, rank: tuple[int, ...]) -> list[Part]:
     """A ``compute`` span cut at Triton's four compute events (all four, or the span whole)."""
     infer = f"server {model} hand-off" if staged else f"server {model} compute"
-    start, inputs = _event(span, "COMPUTE_START"), _event(span, "COMPUTE_INPUT_END")
-    outputs, end = _event(span, "COMPUTE_OUTPUT_START"), _event(span, "COMPUTE_END")
+    start, inputs = event(span, "COMPUTE_START"), event(span, "COMPUTE_INPUT_END")
+    outputs, end = event(span, "COMPUTE_OUTPUT_START"), event(span, "COMPUTE_END")
     if None in (start, inputs, outputs, end):
         return [Part(span.start_ns, span.end_ns, infer, rank)]
     assert start is not None and inputs is not None and outputs is not None and end is not None
@@ -178,10 +161,15 @@ def _labelled(
         return  # the server's own calls: their servers' time is theirs
     own = _model(span)
     deployment = span.attributes.get(semconv.RAY_SERVE_DEPLOYMENT)
-    if depth == 0 and _is_triton_frontend(span):
+    # Triton's request span: the one carrying its frontend's receive or send events
+    frontend = (
+        [(_pair(span, _RECEIVE_EVENTS), RECEIVE), (_pair(span, _SEND_EVENTS), SEND)]
+        if depth == 0
+        else []
+    )
+    if any(found for found, _ in frontend):
         yield Part(span.start_ns, span.end_ns, FRONTEND, (0, 0))
-        for pair, name in ((_RECEIVE_EVENTS, RECEIVE), (_SEND_EVENTS, SEND)):
-            found = _pair(span, pair)
+        for found, name in frontend:
             if found is not None:  # the frontend says what it did, even inside a model span
                 yield Part(found[0], found[1], name, (4, 0))
     elif depth == 0 and (marks := _http_marks(span)) is not None:
@@ -193,7 +181,7 @@ def _labelled(
         steps = any(_model(child) is not None for child in trace.children(span))
         yield Part(span.start_ns, span.end_ns, ENSEMBLE if steps else SCHEDULER, (1, depth))
         model = own
-    elif _event(span, "COMPUTE_START") is not None and model is not None:
+    elif event(span, "COMPUTE_START") is not None and model is not None:
         parent = trace.spans.get(span.parent_span_id or "")
         staged = parent is not None and _has_stages(trace, parent)
         yield from _compute(span, model, staged, (2, depth))

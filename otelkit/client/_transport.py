@@ -184,9 +184,8 @@ def attach_http_transport(client: Any, stamped: Callable[[Any], Transport] = sta
 
 def detach_http_transport(client: Any) -> None:
     swap_back(client, client, "_post")
-    pool = getattr(getattr(client, "_client_stub", None), "_connection_pool", None)
-    if pool is not None:
-        swap_back(client, pool, "_create_socket")
+    if _OWN + "_create_socket" in client.__dict__:  # attach found the pool: it is there
+        swap_back(client, triton_private.connection_pool(client), "_create_socket")
 
 
 def swap_in(client: Any, holder: Any, name: str, replacement: Any) -> None:

@@ -155,17 +155,14 @@ class ServerSpanMiddleware:
         marked = request.span.sampled  # the breakdown's cuts: only on a span exported
 
         async def send_with_status(message: Message) -> None:
-            if message["type"] == "http.response.start":
+            kind = message["type"]
+            if kind == "http.response.start":
                 request.status = message["status"]
                 if marked:
                     request.span.add_event(semconv.HTTP_RESPONSE_STARTED)
-            elif (
-                marked and message["type"] == "http.response.body" and not message.get("more_body")
-            ):
-                await send(message)
-                request.span.add_event(semconv.HTTP_RESPONSE_SENT)
-                return
             await send(message)
+            if marked and kind == "http.response.body" and not message.get("more_body"):
+                request.span.add_event(semconv.HTTP_RESPONSE_SENT)
 
         async def receive_marked() -> Message:
             message = await receive()

@@ -335,7 +335,6 @@ def _held(rows: Sequence[Evidence], tolerance: float, floor_ms: float) -> list[E
     request at a time already: the lock would be the instance, named as such."""
     found = []
     traced = {row.model for row in rows if row.kind == "stage"}
-    instances = {row.name: row.servers for row in rows if row.kind == "instances"}
     for row in rows:
         grew = row.peak_ms - row.low_ms
         if row.kind not in ("stage", "instances") or row.growth <= 1 + tolerance:
@@ -350,10 +349,8 @@ def _held(rows: Sequence[Evidence], tolerance: float, floor_ms: float) -> list[E
             continue  # nothing that serves one at a time can do that
         if k > 1 and abs(busy - k) > tolerance * k:
             continue
-        if (k > 1 or row.kind == "instances") and row.servers and k >= row.servers:
+        if row.servers and k >= row.servers:  # a stage's servers: its model's instances
             continue
-        if row.kind == "stage" and instances.get(row.model or "") == 1:
-            continue  # its model's one instance serves one request at a time: no lock to add
         kind = "lock" if k == 1 else "pool"
         model = row.model if row.kind == "stage" else row.name
         found.append(

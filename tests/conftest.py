@@ -81,11 +81,16 @@ def tracking_triton(
 
 
 @pytest.fixture(scope="session")
-def ray_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRay]:
+def ray_local(
+    tmp_path_factory: pytest.TempPathFactory, otelkit_receiver_server: Receiver
+) -> Iterator[LocalRay]:
     """One local Ray for the whole session, sized for this machine's 2 cores (every test that
     needs Ray shares it: Ray allows one ``ray.init`` per process). Its metrics are served on
-    ``metrics_port`` for a Prometheus to scrape."""
+    ``metrics_port`` for a Prometheus to scrape. Serve's own tracing is on, through otelkit:
+    its proxy exports to the session's receiver the requests whose callers sampled them."""
     import ray
+
+    from otelkit.server.ray_serve import runtime_env
 
     metrics_port = free_port()
     ray.init(
@@ -95,7 +100,12 @@ def ray_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRay]:
         _temp_dir=str(tmp_path_factory.mktemp("ray")),
         log_to_driver=False,
         # Serve's proxy too imports code of this checkout (the gRPC servicer function)
-        runtime_env={"env_vars": {"PYTHONPATH": LocalRay.replica_env("")["PYTHONPATH"]}},
+        runtime_env=runtime_env(
+            LocalRay.replica_env(
+                otelkit_receiver_server.traces_url, OTEL_SERVICE_NAME="ray-serve-proxy"
+            ),
+            serve_tracing=True,
+        ),
     )
     try:
         yield LocalRay(metrics_port=metrics_port)

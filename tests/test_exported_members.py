@@ -130,6 +130,7 @@ PUBLIC: dict[str, list[str]] = {
     "otelkit.server.ray_serve": [
         "instrument_deployment",
         "runtime_env",
+        "serve_span_processors",
         "setup",
         "uninstrument_deployment",
     ],

@@ -31,6 +31,7 @@ class ProviderSwitch:
         #: what otelkit's own spans add from the configuration (GPU attributes on server spans)
         self.span_attributes: Callable[[], dict[str, Any]] | None = None
         self._observables: list[Callable[[metrics.MeterProvider], None]] = []
+        self._processors: list[Any] = []  # span processors other libraries added to the global
         self._lock = threading.Lock()
         self.tracers = SwitchingTracerProvider(self)
         self.meters = SwitchingMeterProvider(self)
@@ -55,6 +56,8 @@ class ProviderSwitch:
             self.generation += 1
             for register in self._observables:
                 register(self.meter_provider())
+            for processor in self._processors:
+                _add_processor(self.tracer_provider(), processor)
 
     def configured_tracer_provider(self) -> trace.TracerProvider | None:
         """The provider of otelkit's own configuration; ``None`` while it is not configured."""
@@ -72,6 +75,14 @@ class ProviderSwitch:
         provider = metrics.get_meter_provider()
         return NoOpMeterProvider() if provider is self.meters else provider
 
+    def add_span_processor(self, processor: Any) -> None:
+        """A span processor another library adds to the global provider (Ray Serve's tracing
+        adds its exporter's wherever its own provider could not be set): added to the current
+        SDK provider and to every later one."""
+        with self._lock:
+            self._processors.append(processor)
+            _add_processor(self.tracer_provider(), processor)
+
     def add_observable(self, register: Callable[[metrics.MeterProvider], None]) -> None:
         """Create an observable instrument now and again on every future provider."""
         with self._lock:
@@ -79,9 +90,19 @@ class ProviderSwitch:
             register(self.meter_provider())
 
 
+def _add_processor(provider: trace.TracerProvider, processor: Any) -> None:
+    add = getattr(provider, "add_span_processor", None)
+    if add is not None:  # a no-op provider has none: its spans are not recorded
+        add(processor)
+
+
 class SwitchingTracerProvider(trace.TracerProvider):
     def __init__(self, switch: ProviderSwitch) -> None:
         self._switch = switch
+
+    def add_span_processor(self, processor: Any) -> None:
+        """As the SDK's ``TracerProvider.add_span_processor``, for the providers it follows."""
+        self._switch.add_span_processor(processor)
 
     def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
         return _SwitchingTracer(self._switch, args, kwargs)

@@ -6,12 +6,14 @@ its duration:
 - ``client <stage>``: ``otelkit.stage`` spans run in the client process;
 - ``client serialize`` / ``client deserialize``: tritonclient building the request and reading
   the response (attributes of otelkit's CLIENT span);
-- ``network + offload``: the CLIENT span minus the server's span and the client's (de)serialising
-  — the wire, the client library and the server's frontend, the cost of calling out at all;
+- ``network + client wait``: the CLIENT span minus what the server recorded (its span, its
+  receive and send outside it), the client's (de)serialising and its connection set-up: the
+  wire both ways, and the client library's sending and waiting that nothing else times
+  (``network + offload`` until 0.1.0: results files that say so are read with this name);
 - ``load balancer``: through a proxy (Envoy, whose spans say ``component=proxy``), its
   ``ingress`` span minus the span of the server that answered: Envoy's own work, the wire from
   it to the server, and any attempt it retried elsewhere (the client-to-proxy wire stays in
-  ``network + offload``);
+  ``network + client wait``);
 - ``server queue``: Triton's ``QUEUE_START`` (on a model span) to ``COMPUTE_START`` (on its
   ``compute`` child), summed over model spans (each step of an ensemble queues on its own);
 - ``server <stage>``: ``otelkit.stage`` spans inside the server (outermost ones only);
@@ -26,7 +28,7 @@ Each call is checked on the way: its stages and queue must fit in its server spa
 start after its client span; a broken nesting is reported, never silently averaged. (A server
 span may end after its client span: Triton and ASGI servers end theirs after sending the
 response. Only the part of it within the call counts, so the components add up to the root
-and ``network + offload`` is never negative for that.)
+and ``network + client wait`` is never negative for that.)
 
 >>> traces = build_traces(load_spans("demo-output/traces"))  # doctest: +SKIP
 >>> by_option = breakdown(traces.values(), group_by=("gnn_tracking.option",))  # doctest: +SKIP
@@ -54,12 +56,18 @@ from otelkit.analysis._server_time import (
     RECEIVE,
     SCHEDULER,
     SEND,
+    SERVE_PROXY,
+    SERVE_ROUTER,
     around,
     event,
     parts,
+    replica_queue,
+    routed,
+    uncovered,
 )
 
 __all__ = [
+    "RENAMED",
     "Breakdown",
     "SlowestStage",
     "answered_by",
@@ -73,7 +81,9 @@ TOTAL = "total"
 CLIENT_OTHER = "client other"
 SERVER_OTHER = "server other"
 SERVER_QUEUE = "server queue"
-NETWORK = "network + offload"
+NETWORK = "network + client wait"
+#: components named otherwise by earlier releases (results files keep them): their names now
+RENAMED = {"network + offload": NETWORK}
 CONNECTION = "connection set-up"  # a call that opened its connection: resolve and connect
 LOAD_BALANCER = "load balancer"
 NO_SERVER_SPAN = "call, server span missing"
@@ -196,9 +206,12 @@ def _subtree(trace: Trace, span: Span) -> Iterable[Span]:
 def _queue_interval(trace: Trace, span: Span) -> tuple[int, int] | None:
     """Triton's queue of a model span: its ``QUEUE_START`` to ``COMPUTE_START``, an event of
     its ``compute`` child (None for spans without them, an ensemble's own span among them);
-    a Ray Serve request's wait for a replica: its ``queued`` span."""
+    a Ray Serve request's wait for a replica: its ``queued`` span, and, with Serve's own
+    tracing, the replica's queue (``replica_queue``)."""
     if span.name == semconv.RAY_SERVE_QUEUE_SPAN:
         return span.start_ns, span.end_ns
+    if (waited := replica_queue(trace, span)) is not None:
+        return waited
     queued = event(span, "QUEUE_START")
     if queued is None:
         return None
@@ -207,6 +220,21 @@ def _queue_interval(trace: Trace, span: Span) -> tuple[int, int] | None:
         if started is not None:
             return queued, max(queued, started)
     return None
+
+
+def _union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The intervals merged where they overlap or touch.
+
+    >>> _union([(5, 8), (0, 2), (1, 3), (7, 9)])
+    [(0, 3), (5, 9)]
+    """
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def _add(components: dict[str, float], name: str, seconds: float) -> None:
@@ -255,6 +283,28 @@ def answered_by(trace: Trace, root: Span) -> str:
     return ""
 
 
+def _adopted(trace: Trace, call: Span, problems: list[str]) -> list[Span]:
+    """The server's span of a call whose first hop's spans went elsewhere (Ray Serve's proxy
+    exporting to another collector than its replicas'): the earliest SERVER span of the trace
+    whose parent is missing and that started within the call, said as a problem; the missing
+    hop's time stays in the network's share. Empty when there is none."""
+    found = [
+        span
+        for span in trace.roots
+        if trace.is_orphan(span)
+        and span.kind == SpanKind.SERVER
+        and call.start_ns <= span.start_ns < call.end_ns
+    ]
+    if not found:
+        return []
+    first = min(found, key=lambda span: span.start_ns)
+    problems.append(
+        f"{first.name}: its parent span is missing (a hop exported elsewhere); joined to the "
+        f"call {call.name} it started in ({trace.trace_id})"
+    )
+    return [first]
+
+
 def _call(
     trace: Trace, call: Span, out: dict[str, float], problems: list[str], named: set[str]
 ) -> None:
@@ -262,7 +312,7 @@ def _call(
     deserialize = float(call.attributes.get(semconv.DESERIALIZE_S, 0.0))
     _add(out, "client serialize", serialize)
     _add(out, "client deserialize", deserialize)
-    servers = trace.children(call)
+    servers = trace.children(call) or _adopted(trace, call, problems)
     if not servers:
         _add(out, NO_SERVER_SPAN, call.duration_ns * _NS)
         return
@@ -297,8 +347,27 @@ def _call(
             problems.append(
                 f"{server.name}: server span starts before the proxy's ({trace.trace_id})"
             )
-    queued = [q for span in _subtree(trace, server) if (q := _queue_interval(trace, span))]
-    queue = sum(end - start for start, end in queued) * _NS
+    spans = list(_subtree(trace, server))
+    queued = [q for span in spans if (q := _queue_interval(trace, span))]
+    # Serve's router (its own tracing) says which part of a handle call's wait (otelkit's
+    # ``queued`` span, from the caller) was its choice of a replica and the hand-off: the
+    # queue is the rest, and the replica's own queue, which the router's span overlaps while
+    # it waits for the replica's reply
+    routers = [(s.start_ns, s.end_ns) for s in spans if routed(s)]
+    if routers:
+        queued = [
+            piece
+            for span in spans
+            if (interval := _queue_interval(trace, span))
+            for piece in (
+                uncovered(interval, routers)
+                if span.name == semconv.RAY_SERVE_QUEUE_SPAN
+                else [interval]
+            )
+        ]
+    # each instant once: a handle call's wait and its replica's queue meet, parallel steps'
+    # queues overlap
+    queue = sum(end - start for start, end in _union(queued)) * _NS
     _add(out, SERVER_QUEUE, queue)
     staged = 0.0
     held = list(queued)
@@ -381,7 +450,8 @@ def breakdown(
 
 def _order(names: Iterable[str]) -> list[str]:
     """Components in the order a request meets them (stages in the order they ran)."""
-    first = ["client", "client serialize", CONNECTION, NETWORK, LOAD_BALANCER, RECEIVE, FRONTEND]
+    first = ["client", "client serialize", CONNECTION, NETWORK, LOAD_BALANCER, SERVE_PROXY]
+    first += [SERVE_ROUTER, RECEIVE, FRONTEND]
     first += [SERVER_QUEUE, ENSEMBLE, SCHEDULER, HANDLER, COMPUTE_INPUT, "server"]
     last = [COMPUTE_OUTPUT, CALLS_OUT, SEND, SERVER_OTHER, "client deserialize", CLIENT_OTHER]
     rank = {name: index for index, name in enumerate(first + last)}

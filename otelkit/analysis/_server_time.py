@@ -37,9 +37,13 @@ holds it, so the parts never count an instant twice, and an instant no interval 
   ``server callable overhead`` (``proxy_inference_callable``: the callable's process reading
   the request and writing the answer around the callable), ``server batch decorator``
   (``@batch`` grouping requests and splitting outputs);
+- Ray Serve's own spans, where its tracing is on (``otelkit.server.ray_serve.runtime_env(...,
+  serve_tracing=True)``): ``server Serve proxy`` (its HTTP or gRPC proxy), ``server Serve
+  router`` (choosing a replica, waiting for one under ``max_ongoing_requests``, handing the
+  request over until the replica starts it), and ``server <deployment> replica`` (the
+  replica's own time around the request, Serve's span and otelkit's);
 - ``server <span>``: the own time of any other span in the server (``server <span> (span)``
-  where a stage has that name), and ``server <deployment> replica`` for a Ray Serve
-  deployment's span.
+  where a stage has that name).
 
 None of these is a stage: ``Breakdown.slowest_stage`` never names them.
 """
@@ -52,7 +56,17 @@ from typing import NamedTuple
 from otelkit import semconv
 from otelkit.analysis._loader import Span, SpanKind, Trace
 
-__all__ = ["Part", "around", "event", "parts"]
+__all__ = [
+    "SERVE_PROXY",
+    "SERVE_ROUTER",
+    "Part",
+    "around",
+    "event",
+    "parts",
+    "replica_queue",
+    "routed",
+    "uncovered",
+]
 
 RECEIVE = "server receive"
 SEND = "server send"
@@ -73,6 +87,19 @@ _KNOWN_SPANS = {
     # @batch: grouping requests into a batch and splitting its outputs
     "pytriton-batch-decorator-span": "server batch decorator",
 }
+SERVE_PROXY = "server Serve proxy"
+SERVE_ROUTER = "server Serve router"
+#: Ray Serve's own tracing (2.60): the first word of its spans' names, and what each holds
+_SERVE_SPANS = {
+    # the HTTP or gRPC proxy: parsing the request, handing it to the router, relaying the answer
+    "proxy_http_request": SERVE_PROXY,
+    "proxy_grpc_request": SERVE_PROXY,
+    # the router: choosing a replica, waiting for one under max_ongoing_requests, handing the
+    # request over until the replica starts it
+    "route_to_replica": SERVE_ROUTER,
+}
+_SERVE_REPLICA = "replica_handle_request"  # the replica running the request, by Serve
+_SERVE_DEPLOYMENT = "deployment"  # Serve's attribute naming the deployment
 _RECEIVE_EVENTS = (
     ("HTTP_RECV_START", "HTTP_RECV_END"),
     ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END"),
@@ -148,6 +175,62 @@ def _compute(span: Span, model: str, staged: bool, rank: tuple[int, ...]) -> lis
     ]
 
 
+def _serve(trace: Trace, span: Span, rank: tuple[int, ...]) -> Part | None:
+    """A span of Ray Serve's own tracing as a part (None: not one). Serve ends a replica's span
+    after the caller has its answer: where otelkit's span of the request is under it, the
+    replica's part ends with that, and what follows is its caller's."""
+    head = span.name.split(" ", 1)[0]
+    if head in _SERVE_SPANS:
+        return Part(span.start_ns, span.end_ns, _SERVE_SPANS[head], rank)
+    if head != _SERVE_REPLICA or not span.attributes.get(_SERVE_DEPLOYMENT):
+        return None
+    ours = _ours(trace, span)
+    name = f"server {span.attributes[_SERVE_DEPLOYMENT]} replica"
+    return Part(span.start_ns, max(ours)[1] if ours else span.end_ns, name, rank)
+
+
+def _ours(trace: Trace, span: Span) -> list[tuple[int, int]]:
+    """The intervals of otelkit's spans of the request directly under a span of Serve's."""
+    children = trace.children(span)
+    return [
+        (c.start_ns, c.end_ns) for c in children if semconv.RAY_SERVE_DEPLOYMENT in c.attributes
+    ]
+
+
+def replica_queue(trace: Trace, span: Span) -> tuple[int, int] | None:
+    """A Ray Serve replica's queue, where Serve's tracing records it: from Serve's span of
+    the request in the replica (the replica took it) to otelkit's span of it (the user's code
+    starts on the replica's thread for it, once the requests before it let it); None for
+    other spans."""
+    if span.name.split(" ", 1)[0] != _SERVE_REPLICA or not (ours := _ours(trace, span)):
+        return None
+    return span.start_ns, max(span.start_ns, min(ours)[0])
+
+
+def routed(span: Span) -> bool:
+    """Whether ``span`` is Ray Serve's router's (its choice of a replica for one request)."""
+    return _SERVE_SPANS.get(span.name.split(" ", 1)[0]) == SERVE_ROUTER
+
+
+def uncovered(interval: tuple[int, int], holes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The pieces of ``interval`` that no hole covers, in time order.
+
+    >>> uncovered((0, 10), [(2, 4), (3, 6), (8, 12)])
+    [(0, 2), (6, 8)]
+    """
+    start, end = interval
+    pieces = []
+    for hole_start, hole_end in sorted(holes):
+        if hole_end <= start or hole_start >= end:
+            continue
+        if hole_start > start:
+            pieces.append((start, hole_start))
+        start = max(start, hole_end)
+    if end > start:
+        pieces.append((start, end))
+    return pieces
+
+
 def _labelled(
     trace: Trace, span: Span, depth: int, model: str | None, taken: Collection[str]
 ) -> Iterator[Part]:
@@ -185,9 +268,13 @@ def _labelled(
         parent = trace.spans.get(span.parent_span_id or "")
         staged = parent is not None and _has_stages(trace, parent)
         yield from _compute(span, model, staged, (2, depth))
+    elif span.name == semconv.RAY_SERVE_QUEUE_SPAN:
+        pass  # a wait, accounted as the queue (less the router's part of it)
+    elif (serve := _serve(trace, span, (3, depth))) is not None:
+        yield serve
     elif deployment:
         yield Part(span.start_ns, span.end_ns, f"server {deployment} replica", (3, depth))
-    elif depth > 0 and span.name != semconv.RAY_SERVE_QUEUE_SPAN:
+    elif depth > 0:
         name = _KNOWN_SPANS.get(span.name, f"server {span.name}")
         name = f"{name} (span)" if name in taken else name
         yield Part(span.start_ns, span.end_ns, name, (3, depth))

@@ -31,7 +31,7 @@ from otelkit._core.hotmetrics import HOT
 from otelkit._core.spans import LeanSpan, RecordingSpan, SpanRecorder, with_own_parent_id, with_span
 from otelkit._propagation import extract, inject
 
-__all__ = ["CARRIER", "BatchCall", "HandleCall", "Replica", "carry", "links_of"]
+__all__ = ["CARRIER", "BatchCall", "HandleCall", "Replica", "carry", "links_of", "nest"]
 
 CARRIER = "_otelkit_carrier"  # the RequestMetadata attribute: (headers, time of the call in ns)
 _RECORDER = SpanRecorder("otelkit.server.ray_serve", server=True)
@@ -80,11 +80,12 @@ class HandleCall:
     def __init__(self, replica: Replica, metadata: Any) -> None:
         carried = getattr(metadata, CARRIER, None)
         headers, sent_ns = carried if carried is not None else (_grpc_headers(metadata), 0)
-        parent = extract(headers) if headers else Context()
+        caller = extract(headers) if headers else Context()
+        parent = nest(caller)
         self.replica, self.method = replica, str(getattr(metadata, "call_method", "__call__"))
         now_ns = time.time_ns()
-        if sent_ns and trace.get_current_span(parent).get_span_context().is_valid:
-            _queued(parent, sent_ns, now_ns, replica)
+        if sent_ns and trace.get_current_span(caller).get_span_context().is_valid:
+            _queued(caller, sent_ns, now_ns, replica)
         name = f"{replica.deployment}.{self.method}"
         self.span = span = _RECORDER.start(name, SpanKind.SERVER, parent)
         if span.sampled:
@@ -127,6 +128,17 @@ class HandleCall:
             span.end()
         except Exception:
             internal_error("ending a Ray Serve handle call's span")
+
+
+def nest(parent: Context) -> Context:
+    """The current context where its span continues ``parent``'s trace (Serve's own span of
+    this request, when Serve's tracing is on: otelkit's span then nests in it), else
+    ``parent``."""
+    current = trace.get_current_span().get_span_context()
+    wanted = trace.get_current_span(parent).get_span_context()
+    if current.is_valid and wanted.is_valid and current.trace_id == wanted.trace_id:
+        return RUNTIME_CONTEXT.get_current()
+    return parent
 
 
 def _grpc_headers(metadata: Any) -> dict[str, str]:
@@ -189,6 +201,18 @@ class BatchCall:
         except Exception:
             internal_error("starting a Ray Serve batch span")
             return None
+
+    def lend(self, requests: Sequence[Any]) -> None:
+        """Serve's tracing makes the first request's context current around the batch's
+        function: each request carries the batch span's instead, so the function's spans nest
+        in the batch's (a request's own context is read before, for the links)."""
+        try:
+            current = _runtime.get_current()
+            for request in requests:
+                if hasattr(request, "trace_context"):
+                    request.trace_context = current
+        except Exception:
+            internal_error("handing a Ray Serve batch span to Serve's tracing")
 
     def finish(self, error: BaseException | None) -> None:
         """End the span; never raises."""

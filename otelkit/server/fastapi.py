@@ -29,9 +29,10 @@ A route under a ``Mount`` gets the mount's template as prefix: ``/tenants/{tenan
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount
@@ -192,12 +193,13 @@ class HttpServerRequest:
 
     __slots__ = ("method", "span", "start_s", "status", "token")
 
-    def __init__(self, scope: Scope) -> None:
+    def __init__(self, scope: Scope, nest: Callable[[Context], Context] | None = None) -> None:
         scope[_SEEN] = True
         scope.setdefault(_NATIVE_SCOPE_KEY, None)
         method = scope.get("method", "")
         self.method = method if method in _KNOWN_METHODS else "_OTHER"
         parent = extract(scope.get("headers") or ())
+        parent = parent if nest is None else nest(parent)
         self.span = span = _RECORDER.start(_span_method(self.method), _SERVER, parent)
         self.status = 0
         if span.sampled:
@@ -206,9 +208,13 @@ class HttpServerRequest:
         self.start_s = time.perf_counter()
 
     @classmethod
-    def start(cls, scope: Scope) -> HttpServerRequest | None:
+    def start(
+        cls, scope: Scope, nest: Callable[[Context], Context] | None = None
+    ) -> HttpServerRequest | None:
+        """The request's span started and made current (``None`` if otelkit failed); ``nest``
+        may put it under a span of the server's own around it, in the same trace."""
         try:
-            return cls(scope)
+            return cls(scope, nest)
         except Exception:
             internal_error("starting an HTTP server span")
             return None

@@ -25,9 +25,14 @@ environment (``runtime_env``). Setting up installs, once per process, the hooks 
 The hooks wrap Serve's own methods (``DeploymentHandle._init_router_and_get_metadata``,
 the replica's ``call_user_method`` and ``_call_http_entrypoint``, the batch queue's
 ``_process_batch_inner``) and are checked against Ray 2.60; a release that renames one leaves
-that hook out with one log line, and serving goes on. Serve's own tracing
-(``RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH``) may be on or off: otelkit's spans do not use the
-global tracer provider that Serve's tracing sets, so neither takes the other's.
+that hook out with one log line, and serving goes on.
+
+Serve's proxy runs no deployment code, so none of the above sees it. Serve's own tracing does:
+``ray.init(runtime_env=runtime_env(..., serve_tracing=True))`` turns it on with otelkit as its
+exporter (``serve_span_processors``), in the proxy too, which reads its tracing from the
+job's environment alone. Serve's spans of the proxy, the router's choice of a replica and the
+replica then join the caller's trace, and otelkit's spans of the request nest in Serve's: the
+breakdown names the proxy, the router and each replica (``otelkit.analysis``).
 """
 
 from __future__ import annotations
@@ -42,10 +47,16 @@ from typing import Any
 
 from otelkit._core.deps import ray as ray_private
 from otelkit._core.guard import internal_error
-from otelkit.server._ray_calls import BatchCall, HandleCall, Replica, carry
+from otelkit.server._ray_calls import BatchCall, HandleCall, Replica, carry, nest
 from otelkit.server.fastapi import HttpServerRequest
 
-__all__ = ["instrument_deployment", "runtime_env", "setup", "uninstrument_deployment"]
+__all__ = [
+    "instrument_deployment",
+    "runtime_env",
+    "serve_span_processors",
+    "setup",
+    "uninstrument_deployment",
+]
 
 logger = logging.getLogger("otelkit")
 _lock = threading.Lock()
@@ -53,28 +64,44 @@ _installed = False
 _replica: Replica | None = None
 _ENV_PREFIXES = ("OTEL_", "OTELKIT_")
 _SERVICE_NAME = "ray-serve"  # unless OTEL_SERVICE_NAME or OTELKIT_SERVICE_NAME names it
+#: Serve's own tracing through otelkit: its exporter, and no request traced unless its caller
+#: sampled it (Serve samples the rest at this ratio)
+_SERVE_TRACING = {
+    "RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH": f"{__name__}.serve_span_processors",
+    "RAY_SERVE_TRACING_SAMPLING_RATIO": "0",
+}
 
 
-def runtime_env(env_vars: Mapping[str, str] | None = None) -> dict[str, Any]:
+def runtime_env(
+    env_vars: Mapping[str, str] | None = None, *, serve_tracing: bool = False
+) -> dict[str, Any]:
     """A Ray runtime environment carrying otelkit's configuration to replicas: this process's
     ``OTEL_*`` and ``OTELKIT_*`` variables, then ``env_vars``.
+
+    ``serve_tracing``: Serve's own tracing on, with otelkit as its exporter
+    (``serve_span_processors``), for requests whose caller sampled them. Give it to the job,
+    ``ray.init(runtime_env=runtime_env(..., serve_tracing=True))``: Serve's proxy reads its
+    tracing from its environment alone, and the job's reaches it.
 
     >>> runtime_env({"OTEL_SERVICE_NAME": "tracking"})["env_vars"]["OTEL_SERVICE_NAME"]
     'tracking'
     """
     env = {key: value for key, value in os.environ.items() if key.startswith(_ENV_PREFIXES)}
+    if serve_tracing:
+        env |= _SERVE_TRACING
     return {"env_vars": env | dict(env_vars or {})}
 
 
-def setup() -> None:
-    """Set otelkit up in this replica process (once) and install the Serve hooks (once)."""
+def setup(**options: Any) -> None:
+    """Set otelkit up in this Serve process (once; ``options``: ``configure()``'s, where it is
+    not yet configured) and install the Serve hooks (once)."""
     global _installed, _replica
     from otelkit import telemetry
 
     with _lock:
         if telemetry.current() is None:
             named = "OTEL_SERVICE_NAME" in os.environ or "OTELKIT_SERVICE_NAME" in os.environ
-            telemetry.configure(service_name=None if named else _SERVICE_NAME)
+            telemetry.configure(service_name=None if named else _SERVICE_NAME, **options)
         if _replica is None:
             try:
                 _replica = Replica.current()
@@ -84,6 +111,34 @@ def setup() -> None:
             return
         _installed = True
     _install_hooks()
+
+
+def serve_span_processors() -> list[Any]:
+    """Serve's tracing exporter (``RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH``): otelkit set up
+    in each Serve process from its environment, the proxy's included. Serve then records its
+    own spans of the proxy, the router and the replicas on otelkit's provider (the global one,
+    which Serve's own cannot replace), sampled and exported as otelkit's: no processor of its
+    own is needed. In the proxy, where the environment names no sampler, a request that comes
+    with a trace context follows its caller's decision, and one without is traced at Serve's
+    ratio (``RAY_SERVE_TRACING_SAMPLING_RATIO``); a replica samples as otelkit's configuration
+    says, as it did without Serve's tracing."""
+    try:
+        options: dict[str, Any] = {}
+        if "OTEL_TRACES_SAMPLER" not in os.environ and not _in_replica():
+            ratio = float(os.environ.get("RAY_SERVE_TRACING_SAMPLING_RATIO", "0.01"))
+            options = {"sampler": "parentbased_traceidratio", "sampler_arg": ratio}
+        setup(**options)
+    except Exception:
+        internal_error("setting otelkit up as Ray Serve's tracing exporter")
+    return []
+
+
+def _in_replica() -> bool:
+    try:
+        Replica.current()
+    except Exception:
+        return False
+    return True
 
 
 def instrument_deployment(deployment: Any, env_vars: Mapping[str, str] | None = None) -> Any:
@@ -214,7 +269,7 @@ def _http(inner: Callable[..., Any]) -> Callable[..., Any]:
     async def call_http_entrypoint(
         self: Any, method: Any, scope: Any, receive: Any, send: Any
     ) -> Any:
-        request = HttpServerRequest.start(scope) if scope.get("type") == "http" else None
+        request = HttpServerRequest.start(scope, nest) if scope.get("type") == "http" else None
         if request is None:  # a websocket, or otelkit failed
             return await inner(self, method, scope, receive, send)
         if request.span.sampled and _replica is not None:
@@ -242,6 +297,8 @@ def _batch(original: Callable[..., Any]) -> Callable[..., Any]:
         contexts = [getattr(request, "trace_context", None) for request in batch]
         name = str(getattr(self, "_function_name", getattr(func, "__name__", "batch")))
         call = BatchCall.start(name, contexts, _replica)
+        if call is not None:
+            call.lend(batch)
         try:
             result = await original(self, func, batch)
         except BaseException as error:

@@ -8,7 +8,7 @@
 - **throughput over batch size**, T = N/ℓ (SONIC): N inferences a request over the mean latency,
   an estimate of what the server gives with one request in flight (more in flight give more):
   its rows say so and carry the measured inferences a second;
-- **offload overhead per step**: the client's span minus the server's (the network + offload
+- **offload overhead per step**: the client's span minus the server's (the network + client wait
   component, with the client's (de)serialising) over the calls a request makes;
 - the **knee** of a throughput curve: the lowest load whose throughput is within ``tolerance``
   of the curve's highest. Beyond it, more load (or more instances) stops paying.

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from otelkit import semconv
-from otelkit.analysis._breakdown import TOTAL, Breakdown, breakdown
+from otelkit.analysis._breakdown import RENAMED, TOTAL, Breakdown, breakdown
 from otelkit.analysis._loader import Span, SpanKind, Trace, build_traces, load_spans
 
 __all__ = ["ComponentStat", "PointTraces", "collect", "summarize"]
@@ -68,7 +68,7 @@ class PointTraces:
             traces=int(data.get("traces", 0)),
             incomplete=int(data.get("incomplete", 0)),
             components={
-                k: ComponentStat(float(v["mean_ms"]), float(v["p99_ms"]))
+                RENAMED.get(k, k): ComponentStat(float(v["mean_ms"]), float(v["p99_ms"]))
                 for k, v in data.get("components", {}).items()
             },
             calls_per_request=float(data.get("calls_per_request", 0.0)),
@@ -159,14 +159,16 @@ def _staged(trace: Trace) -> set[str]:
 
 
 def _served(trace: Trace, span: Span) -> bool:
-    """Whether ``span`` runs in a server (below a CLIENT span), not in the client process."""
+    """Whether ``span`` runs in a server (below a CLIENT span, or below a span whose parent
+    is missing: a hop exported elsewhere, as Ray Serve's proxy may), not in the client
+    process."""
     by_id = trace.spans
-    parent = by_id.get(span.parent_span_id or "")
-    while parent is not None:
+    current = span
+    while (parent := by_id.get(current.parent_span_id or "")) is not None:
         if parent.kind == SpanKind.CLIENT:
             return True
-        parent = by_id.get(parent.parent_span_id or "")
-    return False
+        current = parent
+    return trace.is_orphan(current)
 
 
 def collect(

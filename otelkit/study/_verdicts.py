@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from otelkit.analysis._breakdown import NETWORK, SERVER_QUEUE
+from otelkit.analysis._breakdown import NETWORK, RENAMED, SERVER_QUEUE
 from otelkit.study._capacity import Spread, resources, separation, spread
 from otelkit.study._derived import LOAD_AXES, along, knee
 from otelkit.study._falsify import least_demands, noise, revise
@@ -167,7 +167,7 @@ class Evidence:
         return cls(
             data["key"],
             data["kind"],
-            data["name"],
+            RENAMED.get(data["name"], data["name"]),
             data.get("servers"),
             float(data["low_ms"]),
             float(data["peak_ms"]),
@@ -215,7 +215,7 @@ class Verdict:
             data["curve"],
             data["axis"],
             data["kind"],
-            data.get("limit"),
+            RENAMED.get(data.get("limit") or "", data.get("limit")),
             data["sentence"],
             data.get("resource"),
             data.get("plateau_per_s"),
@@ -664,7 +664,7 @@ def _transfer_growth(facts: _Curve) -> tuple[str, float] | None:
     added = sum(b - a for _, a, b in grew)
     # the copies can only be what waits if moving the bytes takes a share of the time they
     # added: at 1 GB/s (slower than a copy or loopback TCP here), a tenth of it at least;
-    # 64 bytes a request cannot make network + offload grow 1.7 ms (a wait for a core can)
+    # 64 bytes a request cannot make network + client wait grow 1.7 ms (a wait for a core can)
     if sum(low.payload_bytes) / _COPY_BYTES_PER_S * 1e3 < 0.1 * added:
         return None
     words = ", ".join(f"{n} {a:.1f} → {b:.1f} ms" for n, a, b in grew)
@@ -685,7 +685,7 @@ def _is_plural(name: str) -> bool:
     """Whether a resource's name is plural, for the verb that follows it: its last word is
     (``client threads``, ``the host's 2 cores``), or it is a list (``a and b``).
 
-    >>> [_is_plural(n) for n in ("server queue", "the host's 2 cores", "network + offload",
+    >>> [_is_plural(n) for n in ("server queue", "the host's 2 cores", "network + client wait",
     ...                         "client threads", "server gnn_process", "a and b", "Envoy's")]
     [False, True, False, True, False, True, False]
     """

@@ -306,3 +306,95 @@ def test_a_receive_marked_while_the_client_connected_counts_once() -> None:
     assert ms["connection set-up"] == 2  # 2 to 4, serialised from 1 to 2
     assert ms["server receive"] == 0.5  # 4 to 4.5: not 3 to 4, the connection's
     assert ms[NETWORK] == 9 - 1 - 1 - 2 - 0.5 - 0.5 - 3  # 8 to 9 only: no instant twice
+
+
+def serve_request() -> list[Span]:
+    """A request through Ray Serve with Serve's own tracing on (its proxy, router and replica
+    spans, as Ray 2.60 names them), otelkit's spans of the request nested in Serve's, and a
+    handle call to a second deployment; Serve's replica spans end after their callers have
+    the answer, as they do."""
+    root = span(TRACE, "event", 0, 30)
+    call = span(root, "v2/models/infer tracking", 1, 29, SpanKind.CLIENT)
+    proxy = span(call, "proxy_http_request Ingress POST /infer", 2, 30, SpanKind.SERVER)
+    route = span(proxy, "route_to_replica Ingress __call__", 3, 7, SpanKind.SERVER)
+    serve_ingress = span(
+        route,
+        "replica_handle_request Ingress __call__",
+        6,
+        28,
+        SpanKind.SERVER,
+        deployment="Ingress",
+    )
+    ingress = span(
+        serve_ingress,
+        "POST /infer",
+        8,
+        25,
+        SpanKind.SERVER,
+        **{semconv.RAY_SERVE_DEPLOYMENT: "Ingress"},
+    )
+    waited = span(
+        ingress, semconv.RAY_SERVE_QUEUE_SPAN, 9, 13, **{semconv.RAY_SERVE_DEPLOYMENT: "Model"}
+    )
+    route_model = span(ingress, "route_to_replica Model run", 10, 13, SpanKind.SERVER)
+    serve_model = span(
+        route_model, "replica_handle_request Model run", 12, 27, SpanKind.SERVER, deployment="Model"
+    )
+    model = span(
+        serve_model, "Model.run", 14, 21, SpanKind.SERVER, **{semconv.RAY_SERVE_DEPLOYMENT: "Model"}
+    )
+    return [
+        root,
+        call,
+        proxy,
+        route,
+        serve_ingress,
+        ingress,
+        waited,
+        route_model,
+        serve_model,
+        model,
+        stage(model, "gnn", 15, 20),
+    ]
+
+
+def test_ray_serves_own_spans_name_its_proxy_router_replicas_and_their_queues() -> None:
+    ms = _components_ms(serve_request())
+    assert ms["server Serve proxy"] == 1 + (29 - 25)  # to the router, and after the ingress
+    # the router until each replica took the request (3-6 and 10-12); the handle call's wait
+    # before the router started (9-10) is the queue's
+    assert ms["server Serve router"] == 3 + 2
+    # each replica's queue: Serve's span to otelkit's (6-8, 12-14), and 9-10
+    assert ms[SERVER_QUEUE] == 2 + 2 + 1
+    # each replica's own time: the ingress around its call (8-9, 21-25), the model around its
+    # stage (14-15, 20-21); Serve's spans past otelkit's count for their callers
+    assert ms["server Ingress replica"] == 1 + 4
+    assert ms["server Model replica"] == 1 + 1
+    assert ms["server gnn"] == 5
+    assert ms[SERVER_OTHER] == 0
+    assert ms[NETWORK] == 1  # 1-2: the proxy's span ends after the call, which counts to 29
+    assert sum(v for k, v in ms.items() if k != TOTAL) == pytest.approx(ms[TOTAL])
+
+
+def test_a_call_whose_first_hop_went_elsewhere_joins_the_earliest_orphan_server_in_it() -> None:
+    """Ray Serve's proxy may export to another collector than its replicas: the replica's
+    span, whose parent is missing, is the call's server, said as a problem; its hop's time is
+    the network's."""
+    spans = serve_request()
+    kept = [s for s in spans if not s.name.startswith(("proxy_", "route_to_replica Ingress"))]
+    traces = build_traces(kept)
+    (trace,) = traces.values()
+    components, problems = trace_components(trace, trace.spans[kept[0].span_id])
+    # before the replica's span, and after it within the call
+    assert components[NETWORK] == pytest.approx((6 - 1 + 29 - 28) * 1e-3)
+    # the replica's span past otelkit's: its caller's, which is missing
+    assert components[SERVER_OTHER] == pytest.approx((28 - 25) * 1e-3)
+    assert components["server Ingress replica"] == pytest.approx(5e-3)
+    assert any("parent span is missing" in p and "replica_handle_request" in p for p in problems)
+
+
+def test_results_naming_the_network_as_earlier_releases_did_read_with_its_name() -> None:
+    from otelkit.study._traces import PointTraces
+
+    old = {"traces": 1, "components": {"network + offload": {"mean_ms": 2.0, "p99_ms": 3.0}}}
+    assert set(PointTraces.from_dict(old).components) == {NETWORK}

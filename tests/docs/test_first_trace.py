@@ -39,7 +39,7 @@ TRACE_SPANS = 10
 PARTS = [
     "client serialize",
     "connection set-up",  # the client process's first call opens its connection
-    "network + offload",
+    "network + client wait",
     "server receive",  # Triton's HTTP_RECV events, before its span
     "server frontend",
     "server queue",

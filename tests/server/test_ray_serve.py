@@ -17,7 +17,9 @@ from opentelemetry import trace
 
 import otelkit
 from otelkit import semconv
-from otelkit.analysis import Span
+from otelkit.analysis import Span, build_traces
+from otelkit.analysis._breakdown import SERVER_OTHER, SERVER_QUEUE, TOTAL, trace_components
+from otelkit.analysis._server_time import SERVE_PROXY, SERVE_ROUTER
 from otelkit.receiver import Receiver
 from otelkit.testing import ReceiverCapture, tree, wait_until
 from otelkit.tritonserver import free_port
@@ -81,10 +83,16 @@ def traced_post(port: int, path: str, body: object) -> tuple[str, int, bytes]:
 
 
 def assert_nested(spans: list[Span]) -> None:
-    """Every span lies within its parent's time (clocks of one host)."""
+    """Every span of otelkit's lies within its nearest otelkit ancestor's time (clocks of one
+    host). Serve's own spans do not: Serve ends a replica's span after the caller has its
+    answer, and its proxy's after the client has it."""
     by_id = {span.span_id: span for span in spans}
     for span in spans:
+        if not span.scope.startswith("otelkit"):
+            continue
         parent = by_id.get(span.parent_span_id or "")
+        while parent is not None and not parent.scope.startswith(("otelkit", "tests")):
+            parent = by_id.get(parent.parent_span_id or "")
         if parent is not None:
             assert parent.start_ns <= span.start_ns <= span.end_ns <= parent.end_ns, span.name
 
@@ -94,13 +102,20 @@ def test_a_request_through_composed_deployments_is_one_trace(
 ) -> None:
     trace_id, status, content = traced_post(port, "double", [1.0, 2.0])
     assert (status, json.loads(content)) == (200, {"y": [2.0, 4.0]})
-    spans = otelkit_receiver.wait_for_trace(trace_id, 5)
+    spans = otelkit_receiver.wait_for_trace(trace_id, 10)
+    # Serve's own spans (its tracing, through otelkit: the proxy, the router, the replica)
+    # hold otelkit's spans of the request
     assert tree(spans) == [
         (0, "client", "CLIENT"),
-        (1, f"POST {PREFIX}", "SERVER"),
-        (2, semconv.RAY_SERVE_QUEUE_SPAN, "INTERNAL"),
-        (2, "Child.run", "SERVER"),
-        (3, "double", "INTERNAL"),
+        (1, "proxy_http_request Ingress POST /double", "SERVER"),
+        (2, "route_to_replica Ingress __call__", "SERVER"),
+        (3, "replica_handle_request Ingress __call__", "SERVER"),
+        (4, f"POST {PREFIX}", "SERVER"),
+        (5, semconv.RAY_SERVE_QUEUE_SPAN, "INTERNAL"),
+        (5, "route_to_replica Child run", "SERVER"),
+        (6, "replica_handle_request Child run", "SERVER"),
+        (7, "Child.run", "SERVER"),
+        (8, "double", "INTERNAL"),
     ]
     assert_nested(spans)
     named = {s.name: s for s in spans}
@@ -112,7 +127,34 @@ def test_a_request_through_composed_deployments_is_one_trace(
     assert {s.attributes.get(semconv.RAY_SERVE_APPLICATION) for s in (ingress, child)} == {
         "default"
     }
-    assert {s.resource[semconv.SERVICE_NAME] for s in spans} == {"ray-tests-client", "ray-tests"}
+    services = {s.name.split(" ")[0]: s.resource[semconv.SERVICE_NAME] for s in spans}
+    assert services["proxy_http_request"] == "ray-serve-proxy"  # the job's environment
+    assert {services[name] for name in ("client", "POST", "Child.run")} == {
+        "ray-tests-client",
+        "ray-tests",
+    }
+
+
+def test_the_breakdown_names_serves_proxy_router_replicas_and_queues(
+    port: int, otelkit_receiver: ReceiverCapture
+) -> None:
+    """With Serve's own tracing on, a request's time splits into Serve's proxy, its router,
+    each replica's queue and own time and the stage, with nothing left unexplained."""
+    with trace.get_tracer("tests.ray").start_as_current_span("event") as event:
+        trace_id, status, _ = traced_post(port, "double", [1.0])
+    otelkit.flush()
+    assert status == 200
+    spans = otelkit_receiver.wait_for_trace(trace_id, 11)
+    (built,) = build_traces(spans).values()
+    root = built.spans[f"{event.get_span_context().span_id:016x}"]
+    components, problems = trace_components(built, root)
+    assert problems == []
+    for name in (SERVE_PROXY, SERVE_ROUTER, SERVER_QUEUE, "server Ingress replica"):
+        assert components[name] > 0, name
+    assert components["server Child replica"] > 0 and components["server double"] > 0
+    assert abs(components[SERVER_OTHER]) < 1e-6
+    total = components.pop(TOTAL)
+    assert sum(components.values()) == pytest.approx(total, rel=0.01)
 
 
 def test_a_batched_call_is_linked_to_every_request_of_its_batch(
@@ -141,10 +183,12 @@ def test_a_malformed_traceparent_starts_a_new_trace_and_the_request_is_served(
         lambda s: s.attributes.get(semconv.URL_PATH) == path, what="a span of the malformed request"
     )
     assert server.parent_span_id is None
-    spans = otelkit_receiver.wait_for_trace(server.trace_id, 4)
+    spans = otelkit_receiver.wait_for_trace(server.trace_id, 6)
     assert [name for _, name, _ in tree(spans)] == [
         f"POST {PREFIX}",
         semconv.RAY_SERVE_QUEUE_SPAN,
+        "route_to_replica Child run",
+        "replica_handle_request Child run",
         "Child.run",
         "double",
     ]
@@ -179,6 +223,16 @@ def assert_http_500(error: Exception | None) -> None:
     assert str(error.status()) == "500", error
 
 
+def ancestors(spans: list[Span], span: Span) -> list[Span]:
+    """``span``'s parent, its parent's, and so on, nearest first."""
+    by_id = {found.span_id: found for found in spans}
+    out = []
+    while (parent := by_id.get(span.parent_span_id or "")) is not None:
+        out.append(parent)
+        span = parent
+    return out
+
+
 def _ingress(spans: list[Span]) -> list[Span]:
     return [s for s in spans if s.kind.name == "SERVER" and s.name.startswith("POST")]
 
@@ -186,15 +240,29 @@ def _ingress(spans: list[Span]) -> list[Span]:
 def assert_failed_at_both_ends(captured: ReceiverCapture, trace_id: str, model: str) -> list[Span]:
     """The trace's CLIENT span and the ingress's SERVER span (its child) are both errors;
     the trace's spans, once both arrived (the replicas' export in their own time)."""
-    captured.wait_for_spans(
-        lambda s: s.trace_id == trace_id and bool(_ingress([s])), what=f"{trace_id}'s ingress"
-    )
-    spans = captured.wait_for_trace(trace_id, 2)
+
+    def joined() -> list[Span]:
+        """The trace's spans once the ingress's span is there and joins the client's through
+        Serve's own spans of its proxy, router and replica (each process exports in its own
+        time); empty before."""
+        spans = captured.trace(trace_id)
+        clients = [s for s in spans if s.kind.name == "CLIENT"]
+        ingress = _ingress(spans)
+        if len(clients) != 1 or len(ingress) != 1:
+            return []
+        return spans if clients[0] in ancestors(spans, ingress[0]) else []
+
+    spans = wait_until(joined, what=f"{trace_id}'s ingress joined to its client")
     (client,) = [s for s in spans if s.kind.name == "CLIENT"]
     (ingress,) = _ingress(spans)
     assert (client.name, client.status_code.name) == (f"v2/models/infer {model}", "ERROR")
     assert client.attributes[semconv.ERROR_TYPE] == "500"
-    assert ingress.parent_span_id == client.span_id
+    between = ancestors(spans, ingress)[: ancestors(spans, ingress).index(client)]
+    assert [s.name.split(" ")[0] for s in between] == [
+        "replica_handle_request",
+        "route_to_replica",
+        "proxy_http_request",
+    ]
     assert ingress.status_code.name == "ERROR"
     assert ingress.attributes[semconv.HTTP_RESPONSE_STATUS_CODE] == 500
     assert ingress.attributes[semconv.RAY_SERVE_APPLICATION] == KSERVE_APP
@@ -210,7 +278,12 @@ def test_a_replica_that_raises_gives_error_spans_and_500_and_keeps_serving(
     otelkit_receiver.wait_for_trace(trace_id, 5)
     spans = assert_failed_at_both_ends(otelkit_receiver, trace_id, "fail")
     failed = {s.name for s in spans if s.status_code.name == "ERROR"}
-    assert failed == {"v2/models/infer fail", "POST /v2/models/{model_name}/infer", "Child.fail"}
+    assert failed == {
+        "v2/models/infer fail",
+        "proxy_http_request KServeIngress POST /v2/models/fail/infer",  # Serve's, by its status
+        "POST /v2/models/{model_name}/infer",
+        "Child.fail",
+    }
     (child,) = [s for s in spans if s.name == "Child.fail"]
     assert child.attributes[semconv.ERROR_TYPE] == "ValueError"
     assert post(port, "double", [1.0], {}) == (200, b'{"y":[2.0]}')

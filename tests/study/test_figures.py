@@ -282,7 +282,7 @@ def test_a_stage_that_grew_beyond_what_one_at_a_time_allows_is_no_lock() -> None
 
 
 def test_a_client_busy_with_its_own_work_is_the_limit_not_the_network() -> None:
-    # the wait for the GIL lies between the client's span and the server's: network + offload
+    # the wait for the GIL lies between the client's span and the server's: network + client wait
     # grows, but the client's own CPU (9.5 ms a request, one core) is what the laws name
     low = point({"concurrency": 1}, 96.0, {NETWORK: 0.5, "server m": 1.0}, cpu_s=9.1)
     high = point({"concurrency": 8}, 104.0, {NETWORK: 46.0, "server m": 1.0}, cpu_s=9.9, index=1)

@@ -30,7 +30,7 @@ def _evidence(kind: str, name: str, growth: float = 1.0) -> Evidence:
         ("server queue", False),
         ("the host's 2 cores", True),
         ("client threads", True),
-        ("network + offload", False),
+        ("network + client wait", False),
         ("gnn", False),
     ],
 )

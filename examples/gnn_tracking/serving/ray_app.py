@@ -10,7 +10,8 @@ process (``Pipeline``: service option 4), and the KServe ingress (``Ingress``), 
 The instrumented ``tritonclient.http`` code that calls Triton and the FastAPI twin calls this
 server unchanged. ``otelkit.instrument`` on each deployment sets otelkit up in its replicas:
 each request gets a SERVER span in the caller's trace, each handle call a span in the called
-replica (and one of its wait), each stage its ``otelkit.stage`` span.
+replica (and one of its wait), each stage its ``otelkit.stage`` span. Serve's own tracing, with
+otelkit as its exporter, adds the proxy's and the router's spans (on a Ray it starts).
 
     with ray_serve_app(traces_url) as url:   # "127.0.0.1:<port>"; starts Ray if needed
         ...
@@ -43,6 +44,7 @@ from gnn_tracking.serving.stages import (
     Stage,
 )
 from gnn_tracking.serving.triton_model import TORCH_THREADS
+from otelkit.server import ray_serve
 from otelkit.server.ray_serve import instrument_deployment
 from otelkit.tritonserver import free_port
 
@@ -160,6 +162,12 @@ def ray_serve_app(
     """
     import ray
 
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url,
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "OTEL_TRACES_SAMPLER": "parentbased_always_off",  # follow the client's decision
+        "OTEL_SERVICE_NAME": "gnn-tracking-ray-serve",
+    } | dict(env_vars or {})
     started = not ray.is_initialized()
     if started:  # the proxy imports ray_grpc: the examples on every worker's path
         path = {"PYTHONPATH": os.pathsep.join([str(_EXAMPLES.parent), str(_EXAMPLES)])}
@@ -167,15 +175,10 @@ def ray_serve_app(
             num_cpus=num_cpus,
             include_dashboard=False,
             log_to_driver=False,
-            runtime_env={"env_vars": path},
+            # Serve's proxy traced too, from the job's environment (its only one)
+            runtime_env=ray_serve.runtime_env(path | env, serve_tracing=True),
         )
     port = free_port()
-    env = {
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url,
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
-        "OTEL_TRACES_SAMPLER": "parentbased_always_off",  # follow the client's decision
-        "OTEL_SERVICE_NAME": "gnn-tracking-ray-serve",
-    } | dict(env_vars or {})
     try:
         grpc = grpc_options(grpc_port) if grpc_port is not None else None
         serve.start(http_options={"host": "127.0.0.1", "port": port}, grpc_options=grpc)

@@ -87,7 +87,7 @@ RENAMED = {"network + offload": NETWORK}
 CONNECTION = "connection set-up"  # a call that opened its connection: resolve and connect
 LOAD_BALANCER = "load balancer"
 NO_SERVER_SPAN = "call, server span missing"
-_MODEL_PARTS = (" hand-off", " compute")
+_MODEL_PARTS = (" hand-off", " wait for a core", " compute")
 #: the share of a request's time that ``server other`` and ``client other`` may each hold
 #: before the breakdown says what would explain it (issue 47)
 UNEXPLAINED_BUDGET = 0.05

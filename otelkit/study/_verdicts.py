@@ -7,7 +7,10 @@ The method (docs/study.md): at the point where throughput peaks, every resource'
 weighed with the demand it had at the lowest point, U* = X_peak . D_low / m. A demand that grows
 with load is a wait for something else, so the low-load demand is the resource's own: the
 resource whose U* is nearest 1 is the one that stops throughput, and the bottleneck law predicts
-the plateau from the lowest point alone, m / D_low.
+the plateau from the lowest point alone, m / D_low. Where throughput stopped (a plateau, a fall
+past its peak) or more instances did not pay, and nothing is at its limit by U* there, the
+resources are read at the highest point by the utilisation law itself, U = X . D of that point:
+a run whose highest point fell and one whose peak held then name the same limit.
 
 - **saturated**: a model's instances (or a GPU) are busy all the time with their demand flat:
   add instances or batch; or the load balancer in front of a fleet (its worker threads' CPU):
@@ -480,7 +483,12 @@ def judge(
         # along servers a model's instances grow with them: they are not what every one shares;
         # the shared ones are judged at their limit as along load, within their noise
         shared = [c for c in candidates if c.kind != "instances" and _at_its_limit(c, facts, busy)]
-        return _instances(facts, _rivals(shared, facts, busy), verdict)
+        if shared:
+            return _instances(facts, _rivals(shared, facts, busy), verdict)
+        # none by U* at the most instances: what their own point measures at its limit
+        there, measured = _measured(facts, high, busy)
+        measured = [c for c in measured if c.kind != "instances"]
+        return _instances(facts, _rivals(measured, there, busy), verdict, there)
     batcher = _batching(facts)
     if batcher is not None and not (facts.stopped or at_limit):
         model, queue, delay = batcher
@@ -494,6 +502,8 @@ def judge(
             ),
             "lower max_queue_delay for latency at light load; keep it for throughput",
         )
+    if (top is None or not at_limit) and (fallen := _fallen_on(facts, busy)) is not None:
+        return fallen(verdict)
     if top is None or not at_limit:
         # in a closed loop, a time per request that grows is a wait for something
         waits = axis == "concurrency" and (
@@ -515,6 +525,65 @@ def judge(
     if len(rivals) > 1:
         return _undecided(facts, rivals, verdict)
     return _at_limit(facts, top, verdict)
+
+
+def _measured(facts: _Curve, point: Point, busy: float) -> tuple[_Curve, list[Evidence]]:
+    """The resources at ``point`` as the utilisation law measures them there (U = X . D of
+    that point, not U* from the lowest point's demand), busiest first, those at their limit
+    within the point's noise only; with the facts their noise is read from."""
+    there = replace(facts, low=point, peak=point, stopped=True)
+    rows = [
+        r
+        for r in _evidence(point, point)
+        if r.load is not None
+        and r.kind not in ("stage", *_HYPOTHESES)
+        and (r.utilisation is None or r.utilisation <= 1 + facts.tolerance)
+        and _at_its_limit(r, there, busy)
+    ]
+    rows.sort(key=lambda r: r.load or 0.0, reverse=True)
+    return there, rows
+
+
+def _fallen_on(facts: _Curve, busy: float) -> Callable[[_Make], Verdict] | None:
+    """Where throughput stopped along a load axis (a plateau, or a fall past its peak) with
+    nothing at its limit by U* at the peak: what is at its limit at the highest load, as the
+    utilisation law measures it there, as the peak's verdict would name it: one resource, or
+    those the point's noise cannot separate. A study whose highest point fell in one run and
+    held in the next then says the same of both (docs/study.md's example: the client's CPU
+    and the host's cores, U 0.78 and 0.75 where it fell, U* 0.79 and 0.79 at a held peak).
+    None where throughput still rises, or nothing is at its limit there either."""
+    low, peak, high = facts.low, facts.peak, facts.high
+    if facts.axis in _SCALE_AXES or high is peak:
+        return None
+    fell = high.throughput < (1 - facts.tolerance) * peak.throughput
+    if not (fell or facts.stopped):
+        return None
+    there, rows = _measured(facts, high, busy)
+    if not rows:
+        return None
+    rivals = _rivals(rows, there, busy)
+    where = "fell" if fell else "stopped"
+    words = f"{facts.throughput()}; measured at {high.label}, where it {where}"
+
+    def judged(verdict: _Make) -> Verdict:
+        if len(rivals) > 1:
+            return _undecided(there, rivals, verdict, words=words, measured=True)
+        (top,) = rivals
+        first = resources(low).get(top.key)
+        before = f", {first.demand_ms:.2f} at {low.label}" if first is not None else ""
+        return verdict(
+            "contended",
+            top,
+            (
+                f"{_resource_words(top)} is at its limit where throughput {where}: U "
+                f"{top.load:.2f} ± {_spread(top, there):.2f} at {high.label} "
+                f"({top.peak_ms:.2f} ms a {facts.unit}{before}); {facts.throughput()}"
+            ),
+            f"lift {_resource_words(top)} alone: {_what_if(top) or 'more of it'}",
+            predicted=False,
+        )
+
+    return judged
 
 
 def _demand_point(row: Evidence, facts: _Curve) -> Point | None:
@@ -595,10 +664,20 @@ def _what_if(row: Evidence) -> str:
     return ""
 
 
-def _undecided(facts: _Curve, rivals: Sequence[Evidence], verdict: _Make) -> Verdict:
-    """Two resources or more at their limit, within their noise of each other."""
+def _undecided(
+    facts: _Curve,
+    rivals: Sequence[Evidence],
+    verdict: _Make,
+    *,
+    words: str | None = None,
+    measured: bool = False,
+) -> Verdict:
+    """Two resources or more at their limit, within their noise of each other; ``words``:
+    how throughput went (the curve's, where ``facts`` are one point's); ``measured``: their
+    U is the point's own (X . D there), not U*."""
+    u = "U" if measured else "U*"
     named = " and ".join(
-        f"{_resource_words(r)} (U* {r.load:.2f} ± {_spread(r, facts):.2f}, "
+        f"{_resource_words(r)} ({u} {r.load:.2f} ± {_spread(r, facts):.2f}, "
         f"at most {facts.per_s(r.limit_per_s or 0.0)})"
         for r in rivals
     )
@@ -610,7 +689,7 @@ def _undecided(facts: _Curve, rivals: Sequence[Evidence], verdict: _Make) -> Ver
         first,
         (
             f"cannot separate {named} at {facts.peak.label}: each is at its limit within the "
-            f"point's noise; {facts.throughput()}{separate}"
+            f"point's noise; {words or facts.throughput()}{separate}"
         ),
         "measure the change that lifts one of them alone: "
         + ", ".join(_what_if(r) or _resource_words(r) for r in rivals),
@@ -915,10 +994,13 @@ def _unexplained(
     )
 
 
-def _instances(facts: _Curve, shared: Sequence[Evidence], verdict: _Make) -> Verdict:
+def _instances(
+    facts: _Curve, shared: Sequence[Evidence], verdict: _Make, there: _Curve | None = None
+) -> Verdict:
     """More instances (or servers) at the same load: they pay while ε stays near 1, unless
     ``shared``, resources every instance shares, are at their limit (more than one: the
-    figures cannot tell which)."""
+    figures cannot tell which); ``there``: the most instances' point, where ``shared`` were
+    measured (U there, not U*)."""
     low, high, unit, axis = facts.low, facts.high, facts.unit, facts.axis
     n_low, n_high = low.params[axis], high.params[axis]
     what = "servers" if axis == "servers" else "instances"
@@ -929,6 +1011,22 @@ def _instances(facts: _Curve, shared: Sequence[Evidence], verdict: _Make) -> Ver
     )
     if epsilon >= 1 - facts.tolerance:
         return verdict("rising", None, f"{trend}: more {what} pay")
+    if shared and there is not None:  # measured at the most instances' point
+        if len(shared) > 1:
+            found = _undecided(there, shared, verdict, words=facts.throughput(), measured=True)
+            return replace(found, sentence=f"{trend}: {found.sentence}")
+        (top,) = shared
+        return verdict(
+            "contended",
+            top,
+            (
+                f"{trend}: {_resource_words(top)} is at its limit there: U {top.load:.2f} ± "
+                f"{_spread(top, there):.2f} at {high.label}"
+            ),
+            f"lift {_resource_words(top)} alone: {_what_if(top) or 'more of it'}; more "
+            f"{what} will not help",
+            predicted=False,
+        )
     if shared:  # a resource every instance shares is at its limit
         if len(shared) > 1:
             found = _undecided(facts, shared, verdict)

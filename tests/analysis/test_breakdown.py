@@ -197,6 +197,38 @@ def test_a_stub_process_spans_get_their_own_time_and_never_join_a_stage() -> Non
     assert slowest is not None and slowest.name == "server gnn"
 
 
+def test_the_stubs_wait_for_a_core_is_taken_from_its_hand_off_before_the_first_stage() -> None:
+    """The first stage says how long the stub's thread waited for a core once handed the
+    request (its run-queue wait): that much of the hand-off before it is the wait, never more
+    than the hand-off holds, and the stage's own time is unchanged."""
+    spans = one_event()
+    model, outer = spans[4], spans[6]
+
+    def waited(seconds: float) -> dict[str, float]:
+        attributes = {**outer.attributes, semconv.STAGE_CORE_WAIT_S: seconds}
+        first = Span(
+            outer.trace_id,
+            outer.span_id,
+            model.span_id,
+            outer.name,
+            outer.kind,
+            outer.start_ns,
+            outer.end_ns,
+            attributes,
+        )
+        return _components_ms([*spans[:6], first, spans[7]])
+
+    ms = waited(0.0001)  # 0.1 ms of the 0.25 ms from COMPUTE_INPUT_END (7.75) to the stage (8)
+    assert ms["server gnn wait for a core"] == pytest.approx(0.1)
+    assert ms["server gnn hand-off"] == pytest.approx(0.15 + (10.75 - 10))
+    assert ms["server gnn"] == 2
+    ms = waited(0.005)  # more than the hand-off before the stage: the kernel's count is capped
+    assert ms["server gnn wait for a core"] == pytest.approx(0.25)
+    assert ms["server gnn hand-off"] == pytest.approx(10.75 - 10)
+    group = breakdown(build_traces(spans).values())[()]
+    assert group.slowest_stage() is not None and group.slowest_stage().name == "server gnn"  # type: ignore[union-attr]
+
+
 def test_grpc_receive_counts_from_the_end_of_the_clients_serialising() -> None:
     """Triton's gRPC frontend waits for a read before the request exists: its
     ``GRPC_WAITREAD_START`` may precede the call, and only the wait after the client's

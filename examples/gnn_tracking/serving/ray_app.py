@@ -20,6 +20,7 @@ otelkit as its exporter, adds the proxy's and the router's spans (on a Ray it st
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -185,6 +186,8 @@ def ray_serve_app(
         serve.run(build_app(env), name="gnn-tracking", route_prefix="/")
         yield f"127.0.0.1:{port}"
     finally:
+        if started:  # Serve's proxy is killed on shutdown, its last spans unexported: let it
+            time.sleep(2 * float(env["OTEL_BSP_SCHEDULE_DELAY"]) / 1000)  # export them first
         serve.shutdown()  # type: ignore[no-untyped-call]
         if started:
             ray.shutdown()

@@ -5,6 +5,7 @@ and ``run(args) -> int``; this module only dispatches.
 
     otelkit receive --port 4318 --out ./otelkit-traces   # embedded OTLP/HTTP receiver
     otelkit breakdown ./otelkit-traces --group-by KEY     # where the time of each trace goes
+    otelkit import ./otelkit-traces --out ./span-store   # JSON lines to Parquet, parsed once
     otelkit gpu-exporter --port 9400                     # NVML GPU metrics for Prometheus
     otelkit gpu record --out gpus.json                   # real NVML readings, for replay
     otelkit study run --triton REPO --model M --sweep concurrency=1,2,4  # what caps throughput
@@ -30,6 +31,7 @@ __all__ = ["main"]
 _COMMANDS = {
     "receive": ("otelkit.receiver", "run the embedded OTLP/HTTP trace receiver"),
     "breakdown": ("otelkit.analysis._breakdown", "where the time of traced requests goes"),
+    "import": ("otelkit.analysis._import", "trace files into the span store's Parquet segments"),
     "gpu": ("otelkit.gpu._cli", "show the GPUs as otelkit samples them, or record them"),
     "gpu-exporter": ("otelkit.gpu._exporter", "serve NVML GPU metrics to Prometheus"),
     "dashboards": ("otelkit.dashboards._cli", "write the Grafana dashboards' JSON"),

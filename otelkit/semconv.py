@@ -173,10 +173,6 @@ ANSWERED_BY = f"{PREFIX}.server.answered"
 STAGE_GPU_S = f"{PREFIX}.stage.gpu_s"  # GPU time between CUDA events around the stage
 STAGE_GPU_MEMORY_GROWTH = f"{PREFIX}.stage.gpu.memory_growth"  # torch bytes allocated, end - start
 STAGE_BATCH_REQUESTS = f"{PREFIX}.stage.batch_requests"  # requests of a batch-wide stage
-# on a request's first stage in a Triton Python backend's stub: the stub thread's run-queue wait
-# (/proc/thread-self/schedstat) since it finished its previous request, in seconds: its wait
-# for a core once handed this one
-STAGE_CORE_WAIT_S = f"{PREFIX}.stage.core_wait_before_s"
 # events on an HTTP server span (FastAPI, Starlette): the request's body read whole, the
 # response's headers sent, its body sent whole; the breakdown cuts the span at them
 HTTP_REQUEST_RECEIVED = f"{PREFIX}.http.request.received"

@@ -87,10 +87,11 @@ RENAMED = {"network + offload": NETWORK}
 CONNECTION = "connection set-up"  # a call that opened its connection: resolve and connect
 LOAD_BALANCER = "load balancer"
 NO_SERVER_SPAN = "call, server span missing"
-_MODEL_PARTS = (" hand-off", " wait for a core", " compute")
+_MODEL_PARTS = (" hand-off", " compute")
 #: the share of a request's time that ``server other`` and ``client other`` may each hold
 #: before the breakdown says what would explain it (issue 47)
 UNEXPLAINED_BUDGET = 0.05
+_SERVE_SCOPE = "ray.serve"  # the instrumentation scope of Ray Serve's own tracing
 _NS = 1e-9
 
 
@@ -284,15 +285,18 @@ def answered_by(trace: Trace, root: Span) -> str:
 
 
 def _adopted(trace: Trace, call: Span, problems: list[str]) -> list[Span]:
-    """The server's span of a call whose first hop's spans went elsewhere (Ray Serve's proxy
-    exporting to another collector than its replicas'): the earliest SERVER span of the trace
-    whose parent is missing and that started within the call, said as a problem; the missing
-    hop's time stays in the network's share. Empty when there is none."""
+    """The server's span of a call whose first hop's spans went elsewhere: Ray Serve's proxy
+    exports where the job's environment says, its replicas where their deployment's does (a
+    study's own receiver). The earliest span of Serve's own tracing in the trace whose parent
+    is missing and that started within the call, said as a problem; the missing hop's time
+    stays in the network's share. Empty when there is none: any other call without its
+    server's span is left out, as before (a proxy's lost span says nothing of who answered)."""
     found = [
         span
         for span in trace.roots
         if trace.is_orphan(span)
         and span.kind == SpanKind.SERVER
+        and span.scope.startswith(_SERVE_SCOPE)
         and call.start_ns <= span.start_ns < call.end_ns
     ]
     if not found:

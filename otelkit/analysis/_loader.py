@@ -1,7 +1,8 @@
 """Load OTLP JSON trace files into ``Span`` records and assemble them into trees.
 
 Reads what otelkit's receiver and JSON-lines exporter write and what the OpenTelemetry
-Collector's file exporter writes: one OTLP JSON document per line, plain or gzipped. Lines
+Collector's file exporter writes: one OTLP JSON document per line, plain or gzipped; and the
+zstd Parquet segments of otelkit's span store (``otelkit import``, ``_store``). Lines
 holding metrics or logs are skipped, ids are hex whatever the input used, and a line that
 cannot be read (the last one of a killed writer, say) is skipped with a warning
 (``otelkit.analysis._decode``; the records are ``otelkit.analysis._spans``'s).
@@ -23,6 +24,7 @@ from typing import TextIO
 
 from otelkit.analysis._decode import spans_of_line
 from otelkit.analysis._spans import Span, SpanEvent, SpanKind, SpanLink, StatusCode
+from otelkit.analysis._store import SUFFIX, StoreError, read_segment
 
 __all__ = [
     "Span",
@@ -57,9 +59,21 @@ def iter_spans(*paths: str | Path) -> Iterator[Span]:
     '4bf92f3577b34da6a3ce929d0e0e4736'
     """
     for path in _files(paths):
+        if path.name.endswith(SUFFIX):
+            yield from _segment(path)
+            continue
         with _open(path) as lines:
             for number, line in enumerate(lines, 1):
                 yield from spans_of_line(line, f"{path}:{number}")
+
+
+def _segment(path: Path) -> Iterator[Span]:
+    """A Parquet segment's spans; one that cannot be read is logged, named, and left out
+    (as a malformed line of a JSON file is), the rows read before the fault kept."""
+    try:
+        yield from read_segment(path)
+    except StoreError as error:
+        _log.warning("otelkit: %s; its spans from there on are left out", error)
 
 
 def trace_files(*paths: str | Path) -> list[Path]:
@@ -77,12 +91,14 @@ def _files(paths: Iterable[str | Path]) -> Iterator[Path]:
         if path.is_dir():
             found = sorted(
                 f
-                for pattern in ("*.jsonl", "*.jsonl.gz")
+                for pattern in ("*.jsonl", "*.jsonl.gz", f"*{SUFFIX}")
                 for f in path.rglob(pattern)
                 if f.is_file()
             )
             if not found:
-                _log.warning("%s: no trace file (*.jsonl or *.jsonl.gz) in this folder", path)
+                _log.warning(
+                    "%s: no trace file (*.jsonl, *.jsonl.gz or *%s) in this folder", path, SUFFIX
+                )
             yield from found
         elif path.is_file():
             yield path

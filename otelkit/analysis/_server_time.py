@@ -30,9 +30,6 @@ holds it, so the parts never count an instant twice, and an instant no interval 
 - ``server <model> hand-off``: ``COMPUTE_INPUT_END`` to ``COMPUTE_OUTPUT_START`` outside the
   model's stages, where the model has stages: for the Python backend, the hand-off to its stub
   process and back, the stub's wait for a core, and the model's code around its stages;
-- ``server <model> wait for a core``: of that hand-off, the stub's wait for a core once handed
-  the request, as the kernel counts it (the run-queue wait of its thread, which its first
-  stage carries), placed just before that stage;
 - ``server <model> compute``: the same for a model without stages (an ONNX or TensorRT model,
   a Python model not instrumented): its whole execution as Triton times it;
 - PyTriton's spans, by their own time: ``server proxy hand-off`` (``python_backend_execute``:
@@ -234,24 +231,6 @@ def uncovered(interval: tuple[int, int], holes: Iterable[tuple[int, int]]) -> li
     return pieces
 
 
-def _core_waits(
-    trace: Trace, model_span: Span, compute: Span, model: str, rank: tuple[int, ...]
-) -> Iterator[Part]:
-    """A Python model's wait for a core once handed a request (its first stage says how long:
-    the stub thread's run-queue wait, as the kernel counts it), as a part of the hand-off
-    before that stage: it waited before it ran, so the wait ends where the stage starts."""
-    handed = event(compute, "COMPUTE_INPUT_END") or compute.start_ns
-    pending = list(trace.children(model_span))
-    while pending:
-        span = pending.pop()
-        waited = span.attributes.get(semconv.STAGE_CORE_WAIT_S)
-        if waited is not None and semconv.STAGE_NAME in span.attributes:
-            start = max(handed, span.start_ns - round(float(waited) * 1e9))
-            yield Part(start, span.start_ns, f"server {model} wait for a core", rank)
-        elif span.kind != SpanKind.CLIENT and _model(span) is None:
-            pending.extend(trace.children(span))
-
-
 def _labelled(
     trace: Trace, span: Span, depth: int, model: str | None, taken: Collection[str]
 ) -> Iterator[Part]:
@@ -289,8 +268,6 @@ def _labelled(
         parent = trace.spans.get(span.parent_span_id or "")
         staged = parent is not None and _has_stages(trace, parent)
         yield from _compute(span, model, staged, (2, depth))
-        if parent is not None and staged:
-            yield from _core_waits(trace, parent, span, model, (2, depth, 1))
     elif span.name == semconv.RAY_SERVE_QUEUE_SPAN:
         pass  # a wait, accounted as the queue (less the router's part of it)
     elif (serve := _serve(trace, span, (3, depth))) is not None:

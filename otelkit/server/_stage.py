@@ -31,7 +31,7 @@ from otelkit._core.hotmetrics import HOT, HistogramSeries, UpDownSeries
 from otelkit._core.spans import SpanRecorder, error_type, with_span
 from otelkit.gpu import _cuda_events as _gpu
 
-__all__ = ["BATCH_LINKS", "CORE_WAIT", "CURRENT_MODEL", "Stage", "StageRun", "stage"]
+__all__ = ["BATCH_LINKS", "CURRENT_MODEL", "Stage", "StageRun", "stage"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,11 +39,6 @@ CURRENT_MODEL: contextvars.ContextVar[str] = contextvars.ContextVar("otelkit_mod
 # Links to every request of a dynamic batch, for the next stage that runs over the whole batch.
 BATCH_LINKS: contextvars.ContextVar[Sequence[Link]] = contextvars.ContextVar(
     "otelkit_batch_links", default=()
-)
-# The wait for a core of the request being served, for its first stage to carry (a list of at
-# most one value, emptied by that stage).
-CORE_WAIT: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
-    "otelkit_core_wait", default=None
 )
 _RUN: contextvars.ContextVar[StageRun | _NoRun | None] = contextvars.ContextVar(
     "otelkit_stage", default=None
@@ -94,8 +89,6 @@ class StageRun:
                 attributes[semconv.MODEL_NAME] = series.labels[0]
             if links:
                 attributes[semconv.STAGE_BATCH_REQUESTS] = len(links)
-            if waited := CORE_WAIT.get():
-                attributes[semconv.STAGE_CORE_WAIT_S] = waited.pop()
             if stage.attributes:
                 attributes.update(stage.attributes)
             self._token = _current_context.attach(with_span(span.context))

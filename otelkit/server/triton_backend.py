@@ -6,10 +6,6 @@ Run a request's work under it and ``otelkit.stage`` spans hang under Triton's mo
 the client's trace. A stage that runs once over a whole dynamic batch gets one span, a child of
 the first request's context, linked to every request of the batch.
 
-The first stage of a request (or of a batch) also carries ``otelkit.stage.core_wait_before_s``:
-the stub thread's wait for a core (its run-queue wait, ``/proc/thread-self/schedstat``) since
-it finished its previous request, which is when it was handed this one and waited to run.
-
 >>> from otelkit.server import triton_backend as otb
 >>> class TritonPythonModel:
 ...     def initialize(self, args):
@@ -28,8 +24,6 @@ it finished its previous request, which is when it was handed this one and waite
 from __future__ import annotations
 
 import json
-import os
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -41,45 +35,9 @@ from opentelemetry.trace import Link
 
 from otelkit._core.guard import internal_error
 from otelkit._propagation import extract
-from otelkit.server._stage import BATCH_LINKS, CORE_WAIT, CURRENT_MODEL
+from otelkit.server._stage import BATCH_LINKS, CURRENT_MODEL
 
 __all__ = ["batch", "each_request", "request_context", "serving"]
-
-_SCHEDSTAT = "/proc/thread-self/schedstat"  # run time, run-queue wait (ns), time slices
-
-
-class _CoreWait:
-    """This thread's run-queue wait (the kernel's schedstat) at the end of its last request."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def _read_ns(self) -> int | None:
-        local = self._local
-        fd = getattr(local, "fd", None)
-        try:
-            if fd is None:
-                local.fd = fd = os.open(_SCHEDSTAT, os.O_RDONLY)
-            return int(os.pread(fd, 64, 0).split()[1])
-        except (OSError, ValueError, IndexError):
-            local.fd = -1  # no schedstat here (not Linux, no /proc): not read again
-            return None
-
-    def since_last(self) -> list[float] | None:
-        """Seconds this thread waited for a core since its last request ended (``None`` for
-        its first, or where the kernel does not say), as a one-value list for a stage."""
-        if getattr(self._local, "fd", None) == -1:
-            return None
-        now = self._read_ns()
-        last = getattr(self._local, "last", None)
-        return None if now is None or last is None else [max(0, now - last) / 1e9]
-
-    def done(self) -> None:
-        if getattr(self._local, "fd", None) != -1:
-            self._local.last = self._read_ns()
-
-
-_CORE_WAIT = _CoreWait()
 
 
 def request_context(request: Any) -> Context | None:
@@ -108,13 +66,9 @@ def serving(request: Any, model: str = "") -> Iterator[Context | None]:
     context = request_context(request)
     model_token = CURRENT_MODEL.set(model) if model else None
     token = otel_context.attach(context) if context is not None else None
-    wait_token = CORE_WAIT.set(_CORE_WAIT.since_last()) if context is not None else None
     try:
         yield context
     finally:
-        if wait_token is not None:
-            CORE_WAIT.reset(wait_token)
-            _CORE_WAIT.done()
         if token is not None:
             otel_context.detach(token)
         if model_token is not None:
@@ -137,13 +91,9 @@ def batch(requests: Sequence[Any], model: str = "") -> Iterator[None]:
     model_token = CURRENT_MODEL.set(model) if model else None
     token = otel_context.attach(contexts[0]) if contexts else None
     links_token = BATCH_LINKS.set(links)
-    wait_token = CORE_WAIT.set(_CORE_WAIT.since_last()) if contexts else None
     try:
         yield
     finally:
-        if wait_token is not None:
-            CORE_WAIT.reset(wait_token)
-            _CORE_WAIT.done()
         BATCH_LINKS.reset(links_token)
         if token is not None:
             otel_context.detach(token)

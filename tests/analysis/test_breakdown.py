@@ -6,6 +6,7 @@ right place (client stage vs server stage), and a broken nesting must be reporte
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -197,38 +198,6 @@ def test_a_stub_process_spans_get_their_own_time_and_never_join_a_stage() -> Non
     assert slowest is not None and slowest.name == "server gnn"
 
 
-def test_the_stubs_wait_for_a_core_is_taken_from_its_hand_off_before_the_first_stage() -> None:
-    """The first stage says how long the stub's thread waited for a core once handed the
-    request (its run-queue wait): that much of the hand-off before it is the wait, never more
-    than the hand-off holds, and the stage's own time is unchanged."""
-    spans = one_event()
-    model, outer = spans[4], spans[6]
-
-    def waited(seconds: float) -> dict[str, float]:
-        attributes = {**outer.attributes, semconv.STAGE_CORE_WAIT_S: seconds}
-        first = Span(
-            outer.trace_id,
-            outer.span_id,
-            model.span_id,
-            outer.name,
-            outer.kind,
-            outer.start_ns,
-            outer.end_ns,
-            attributes,
-        )
-        return _components_ms([*spans[:6], first, spans[7]])
-
-    ms = waited(0.0001)  # 0.1 ms of the 0.25 ms from COMPUTE_INPUT_END (7.75) to the stage (8)
-    assert ms["server gnn wait for a core"] == pytest.approx(0.1)
-    assert ms["server gnn hand-off"] == pytest.approx(0.15 + (10.75 - 10))
-    assert ms["server gnn"] == 2
-    ms = waited(0.005)  # more than the hand-off before the stage: the kernel's count is capped
-    assert ms["server gnn wait for a core"] == pytest.approx(0.25)
-    assert ms["server gnn hand-off"] == pytest.approx(10.75 - 10)
-    group = breakdown(build_traces(spans).values())[()]
-    assert group.slowest_stage() is not None and group.slowest_stage().name == "server gnn"  # type: ignore[union-attr]
-
-
 def test_grpc_receive_counts_from_the_end_of_the_clients_serialising() -> None:
     """Triton's gRPC frontend waits for a read before the request exists: its
     ``GRPC_WAITREAD_START`` may precede the call, and only the wait after the client's
@@ -340,6 +309,9 @@ def test_a_receive_marked_while_the_client_connected_counts_once() -> None:
     assert ms[NETWORK] == 9 - 1 - 1 - 2 - 0.5 - 0.5 - 3  # 8 to 9 only: no instant twice
 
 
+SERVE_NAMES = ("proxy_http_request", "route_to_replica", "replica_handle_request")
+
+
 def serve_request() -> list[Span]:
     """A request through Ray Serve with Serve's own tracing on (its proxy, router and replica
     spans, as Ray 2.60 names them), otelkit's spans of the request nested in Serve's, and a
@@ -412,7 +384,11 @@ def test_a_call_whose_first_hop_went_elsewhere_joins_the_earliest_orphan_server_
     """Ray Serve's proxy may export to another collector than its replicas: the replica's
     span, whose parent is missing, is the call's server, said as a problem; its hop's time is
     the network's."""
-    spans = serve_request()
+    serve = "ray.serve._private.tracing_utils"  # the scope of Serve's own spans
+    spans = [
+        dataclasses.replace(s, scope=serve) if s.name.split(" ")[0] in SERVE_NAMES else s
+        for s in serve_request()
+    ]
     kept = [s for s in spans if not s.name.startswith(("proxy_", "route_to_replica Ingress"))]
     traces = build_traces(kept)
     (trace,) = traces.values()
@@ -423,6 +399,10 @@ def test_a_call_whose_first_hop_went_elsewhere_joins_the_earliest_orphan_server_
     assert components[SERVER_OTHER] == pytest.approx((28 - 25) * 1e-3)
     assert components["server Ingress replica"] == pytest.approx(5e-3)
     assert any("parent span is missing" in p and "replica_handle_request" in p for p in problems)
+    # an orphan of anything else (a proxy's lost span says nothing of who answered): left out
+    unscoped = [dataclasses.replace(s, scope="") for s in kept]
+    group = breakdown(build_traces(unscoped).values())[()]
+    assert (group.traces, group.incomplete) == (0, 1)
 
 
 def test_results_naming_the_network_as_earlier_releases_did_read_with_its_name() -> None:

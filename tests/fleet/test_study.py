@@ -149,9 +149,15 @@ def test_a_busy_load_balancer_is_named_and_its_plateau_predicted(
     assert all(cores is not None and seconds for cores, seconds in parts)
     envoy_s = sum((cores or 0.0) * (seconds or 0.0) for cores, seconds in parts)
     assert envoy_s == pytest.approx(low.host.balancer_cores * low.seconds, abs=0.05)
-    # Envoy's span less the server's, in the breakdown: the spin, by the clock
+    # Envoy's span less the server's, in the breakdown: the spin, by the clock. Lua's
+    # os.clock counts the whole Envoy process's CPU, so its other threads working meanwhile
+    # (the tracer exporting the sampled spans, stats) end a spin early by the clock, by what
+    # they burn during it: Envoy's demand beyond the spin a request, which bunches up (a CI
+    # run read 2.53 ms for the 3 ms spin, 0.37 ms beyond it a request): twice that bounds it.
     assert low.traces is not None and low.traces.traces >= 10
-    assert SPIN_S * 1e3 <= (low.component_ms(LOAD_BALANCER) or 0.0) <= SPIN_S * 1e3 * 2
+    others_ms = max(0.0, demand - SPIN_S * 1e3)
+    balanced = low.component_ms(LOAD_BALANCER) or 0.0
+    assert SPIN_S * 1e3 - 2 * others_ms <= balanced <= SPIN_S * 1e3 * 2
     measured = max(p.throughput for p in results.points)
     # against the limit by construction: one worker spinning 3 ms a request allows at most
     # 1 / 3 ms (Envoy's own CPU lowers it); the worker shares the 2 cores with both servers

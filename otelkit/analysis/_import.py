@@ -1,0 +1,55 @@
+"""``otelkit import``: trace files into the span store's Parquet segments (``_store``).
+
+otelkit import ./otelkit-traces collector/traces.jsonl.gz --out ./span-store
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+from otelkit.analysis._loader import iter_spans, trace_files
+from otelkit.analysis._store import SUFFIX, StoreError, write_segment
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Convert trace files (OTLP JSON lines, plain or gzipped: otelkit's receiver's, the "
+        "Collector's file exporter's) into zstd Parquet segments of otelkit's span store, "
+        "which breakdown, report and study read as they read JSON, parsed once."
+    )
+    parser.add_argument("paths", nargs="+", help="trace files, or folders holding them")
+    parser.add_argument("--out", required=True, help="the store's folder")
+    parser.add_argument(
+        "--segment-spans",
+        type=int,
+        default=1_000_000,
+        help="spans a segment holds at most (default: 1,000,000)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.segment_spans < 1:
+        print("otelkit import: --segment-spans must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        sources = [p for p in trace_files(*args.paths) if not p.name.endswith(SUFFIX)]
+        spans = iter_spans(*sources)
+        out = Path(args.out)
+        first = len(list(out.glob(f"spans-*{SUFFIX}"))) if out.is_dir() else 0
+        total = segments = 0
+        while True:
+            chunk = list(itertools.islice(spans, args.segment_spans))
+            if not chunk:
+                break
+            total += write_segment(chunk, out / f"spans-{first + segments:05d}{SUFFIX}")
+            segments += 1
+    except (FileNotFoundError, StoreError, OSError) as error:
+        print(f"otelkit import: {error}", file=sys.stderr)
+        return 2
+    print(f"{total} spans from {len(sources)} files into {segments} segments in {out}")
+    return 0 if total else 1

@@ -1,0 +1,241 @@
+"""Spans as columns: zstd Parquet segments, one flat row a span.
+
+A segment holds spans in their order of arrival (the first of duplicate ids wins when traces are
+built, as from JSON lines). Its columns are named as the OpenTelemetry Collector's ClickHouse
+exporter names ``otel_traces``'s, so one query reads either, plus what that table leaves out
+and otelkit reads back exactly:
+
+- ``Timestamp`` (start, ns since the epoch, UTC), ``Duration`` (ns), ``TraceId``, ``SpanId``,
+  ``ParentSpanId`` (lowercase hex; ``""`` for a root), ``SpanName``, ``SpanKind`` (the
+  exporter's ``Server``, ``Client``...), ``ServiceName``, ``ScopeName``, ``StatusCode``
+  (``Unset``, ``Ok``, ``Error``), ``StatusMessage``;
+- ``SpanAttributes`` and ``ResourceAttributes``: maps of strings, as the exporter writes them;
+- ``SpanAttributesJson``, ``ResourceAttributesJson``: the same with their types (a number stays
+  a number), which otelkit reads;
+- ``Events``: a list of (``Timestamp``, ``Name``, ``AttributesJson``); ``Links``: a list of
+  (``TraceId``, ``SpanId``, ``AttributesJson``).
+
+pyarrow is imported on first use (``import otelkit`` stays cheap): ``pip install
+otelkit[store]``.
+
+>>> write_segment(load_spans("otelkit-traces"), "store/segment-0.parquet")  # doctest: +SKIP
+1200
+>>> next(read_segment("store/segment-0.parquet")).name  # doctest: +SKIP
+'reconstruct event'
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from otelkit.analysis._spans import Span, SpanEvent, SpanKind, SpanLink, StatusCode
+
+__all__ = ["SUFFIX", "StoreError", "read_segment", "write_segment"]
+
+SUFFIX = ".parquet"
+_KINDS = {
+    SpanKind.UNSPECIFIED: "Unspecified",
+    SpanKind.INTERNAL: "Internal",
+    SpanKind.SERVER: "Server",
+    SpanKind.CLIENT: "Client",
+    SpanKind.PRODUCER: "Producer",
+    SpanKind.CONSUMER: "Consumer",
+}
+_KIND_OF = {name: kind for kind, name in _KINDS.items()}
+_STATUSES = {StatusCode.UNSET: "Unset", StatusCode.OK: "Ok", StatusCode.ERROR: "Error"}
+_STATUS_OF = {name: status for status, name in _STATUSES.items()}
+_ROWS_PER_GROUP = 65_536  # a row group's spans: what a reader holds at once
+
+
+class StoreError(Exception):
+    """A segment that cannot be read: not Parquet, cut short (no footer), or of an unknown
+    shape; the message names the file and what is wrong."""
+
+
+def _arrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as error:  # the extra is not installed
+        raise StoreError(
+            "otelkit's span store needs pyarrow: pip install 'otelkit[store]'"
+        ) from error
+    return pyarrow
+
+
+def _schema(pa: Any) -> Any:
+    strings = pa.map_(pa.string(), pa.string())
+    return pa.schema(
+        [
+            ("Timestamp", pa.timestamp("ns", tz="UTC")),
+            ("TraceId", pa.string()),
+            ("SpanId", pa.string()),
+            ("ParentSpanId", pa.string()),
+            ("SpanName", pa.string()),
+            ("SpanKind", pa.string()),
+            ("ServiceName", pa.string()),
+            ("ScopeName", pa.string()),
+            ("Duration", pa.int64()),
+            ("StatusCode", pa.string()),
+            ("StatusMessage", pa.string()),
+            ("SpanAttributes", strings),
+            ("ResourceAttributes", strings),
+            ("SpanAttributesJson", pa.string()),
+            ("ResourceAttributesJson", pa.string()),
+            (
+                "Events",
+                pa.list_(
+                    pa.struct(
+                        [
+                            ("Timestamp", pa.int64()),
+                            ("Name", pa.string()),
+                            ("AttributesJson", pa.string()),
+                        ]
+                    )
+                ),
+            ),
+            (
+                "Links",
+                pa.list_(
+                    pa.struct(
+                        [
+                            ("TraceId", pa.string()),
+                            ("SpanId", pa.string()),
+                            ("AttributesJson", pa.string()),
+                        ]
+                    )
+                ),
+            ),
+        ]
+    )
+
+
+def _json(attributes: dict[str, Any]) -> str:
+    return json.dumps(attributes, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _texts(attributes: dict[str, Any]) -> list[tuple[str, str]]:
+    """Attribute values as the ClickHouse exporter writes them: strings (lists as JSON)."""
+    return [
+        (key, value if isinstance(value, str) else json.dumps(value, default=str))
+        for key, value in attributes.items()
+    ]
+
+
+def _row(span: Span) -> dict[str, Any]:
+    return {
+        "Timestamp": span.start_ns,
+        "TraceId": span.trace_id,
+        "SpanId": span.span_id,
+        "ParentSpanId": span.parent_span_id or "",
+        "SpanName": span.name,
+        "SpanKind": _KINDS.get(span.kind, "Unspecified"),
+        "ServiceName": str(span.resource.get("service.name", "")),
+        "ScopeName": span.scope,
+        "Duration": span.end_ns - span.start_ns,
+        "StatusCode": _STATUSES.get(span.status_code, "Unset"),
+        "StatusMessage": span.status_message,
+        "SpanAttributes": _texts(span.attributes),
+        "ResourceAttributes": _texts(span.resource),
+        "SpanAttributesJson": _json(span.attributes),
+        "ResourceAttributesJson": _json(span.resource),
+        "Events": [
+            {"Timestamp": e.time_ns, "Name": e.name, "AttributesJson": _json(e.attributes)}
+            for e in span.events
+        ],
+        "Links": [
+            {"TraceId": k.trace_id, "SpanId": k.span_id, "AttributesJson": _json(k.attributes)}
+            for k in span.links
+        ],
+    }
+
+
+def write_segment(spans: Iterable[Span], path: str | Path) -> int:
+    """Write ``spans`` to one zstd Parquet segment at ``path`` (written whole under a
+    temporary name, then renamed: a reader never sees half a segment); the count written."""
+    pa = _arrow()
+    schema = _schema(pa)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    written = 0
+    with pa.parquet.ParquetWriter(partial, schema, compression="zstd") as writer:
+        rows: list[dict[str, Any]] = []
+        for span in spans:
+            rows.append(_row(span))
+            if len(rows) == _ROWS_PER_GROUP:
+                writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+                written += len(rows)
+                rows = []
+        if rows or not written:
+            writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+            written += len(rows)
+    partial.replace(target)
+    return written
+
+
+_NEEDED = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "Duration")
+
+
+def read_segment(path: str | Path) -> Iterator[Span]:
+    """The spans of one segment, in the order they were written, a row group at a time.
+
+    Raises ``StoreError`` for a file that is not a readable segment (cut short, not Parquet,
+    lacking a column otelkit needs), naming it."""
+    pa = _arrow()
+    try:
+        segment = pa.parquet.ParquetFile(path)
+    except (OSError, pa.ArrowException) as error:
+        raise StoreError(f"{path}: not a readable span segment ({error})") from error
+    names = set(segment.schema_arrow.names)
+    missing = [name for name in _NEEDED if name not in names]
+    if missing:
+        raise StoreError(f"{path}: not a span segment: no column {', '.join(missing)}")
+    for group in range(segment.num_row_groups):
+        try:
+            table = segment.read_row_group(group)
+        except (OSError, pa.ArrowException) as error:
+            raise StoreError(f"{path}: row group {group} unreadable ({error})") from error
+        # as integers: a timestamp read as Python's datetime would lose its nanoseconds
+        column = table.schema.get_field_index("Timestamp")
+        table = table.set_column(column, "Timestamp", table["Timestamp"].cast(pa.int64()))
+        for row in table.to_pylist():
+            yield _span(row)
+
+
+def _loads(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    found = json.loads(text)
+    return found if isinstance(found, dict) else {}
+
+
+def _span(row: dict[str, Any]) -> Span:
+    start_ns = int(row["Timestamp"])
+    attributes = row.get("SpanAttributesJson")
+    resource = row.get("ResourceAttributesJson")
+    return Span(
+        row["TraceId"],
+        row["SpanId"],
+        row["ParentSpanId"] or None,
+        row["SpanName"],
+        _KIND_OF.get(row["SpanKind"], SpanKind.UNSPECIFIED),
+        start_ns,
+        start_ns + int(row["Duration"]),
+        _loads(attributes) if attributes is not None else dict(row.get("SpanAttributes") or ()),
+        _loads(resource) if resource is not None else dict(row.get("ResourceAttributes") or ()),
+        row.get("ScopeName") or "",
+        tuple(
+            SpanEvent(e["Name"], int(e["Timestamp"]), _loads(e.get("AttributesJson")))
+            for e in row.get("Events") or ()
+        ),
+        tuple(
+            SpanLink(k["TraceId"], k["SpanId"], _loads(k.get("AttributesJson")))
+            for k in row.get("Links") or ()
+        ),
+        _STATUS_OF.get(row.get("StatusCode") or "Unset", StatusCode.UNSET),
+        row.get("StatusMessage") or "",
+    )

@@ -1,0 +1,150 @@
+"""otelkit.analysis._store: spans as Parquet segments, read back exactly as from JSON lines.
+
+Every span of the committed demo traces and of hand-built traces with the shapes the breakdown
+must survive (orphans, duplicate ids, a parent cycle, a Ray Serve wait, Envoy's proxy spans,
+typed attributes, events, links, statuses) round-trips through a segment unchanged, in order,
+and gives the same breakdown; a segment cut short, of another shape, or not Parquet at all is
+named and left out, the other files still read.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from otelkit import semconv
+from otelkit.analysis import (
+    Span,
+    SpanEvent,
+    SpanKind,
+    SpanLink,
+    StatusCode,
+    build_traces,
+    load_spans,
+)
+from otelkit.analysis._breakdown import breakdown
+from otelkit.analysis._store import StoreError, read_segment, write_segment
+from otelkit.cli import main
+
+pytest.importorskip("pyarrow")
+
+DEMO = Path(__file__).resolve().parents[1] / "report" / "data" / "demo-traces.jsonl"
+MS = 1_000_000
+A, B = "ab" * 16, "cd" * 16
+
+
+def shapes() -> list[Span]:
+    """Traces the breakdown must read alike from any source."""
+    root = Span(A, "1" * 16, None, "event", SpanKind.INTERNAL, 0, 20 * MS, {"option": 4})
+    call = Span(
+        A,
+        "2" * 16,
+        root.span_id,
+        "infer",
+        SpanKind.CLIENT,
+        1 * MS,
+        19 * MS,
+        {semconv.SERIALIZE_S: 0.0005, "retries": 2, "ok": True, "shape": [1, 3]},
+        {"service.name": "client", "process.pid": 42},
+        "otelkit.client",
+        status_code=StatusCode.ERROR,
+        status_message="<b>refused</b> «quoted»",
+    )
+    proxy = Span(
+        A,
+        "3" * 16,
+        call.span_id,
+        "ingress",
+        SpanKind.SERVER,
+        2 * MS,
+        18 * MS,
+        {semconv.PROXY_COMPONENT: semconv.PROXY},
+    )
+    attempt = Span(A, "4" * 16, proxy.span_id, "router", SpanKind.CLIENT, 3 * MS, 17 * MS)
+    server = Span(
+        A,
+        "5" * 16,
+        attempt.span_id,
+        "InferRequest",
+        SpanKind.SERVER,
+        4 * MS,
+        16 * MS,
+        events=(
+            SpanEvent("HTTP_RECV_START", 3 * MS),
+            SpanEvent("HTTP_RECV_END", 4 * MS, {"bytes": 64}),
+        ),
+        links=(SpanLink(B, "9" * 16, {"why": "batch"}),),
+    )
+    waited = Span(
+        A, "6" * 16, server.span_id, semconv.RAY_SERVE_QUEUE_SPAN, SpanKind.INTERNAL, 5 * MS, 6 * MS
+    )
+    duplicate = Span(A, "6" * 16, server.span_id, "second of its id", SpanKind.INTERNAL, 0, 1)
+    orphan = Span(A, "7" * 16, "f" * 16, "orphan", SpanKind.SERVER, 7 * MS, 8 * MS)
+    cycle = [
+        Span(B, "a" * 16, "b" * 16, "one", SpanKind.INTERNAL, 0, 2 * MS),
+        Span(B, "b" * 16, "a" * 16, "two", SpanKind.INTERNAL, 1 * MS, 2 * MS),
+    ]
+    return [root, call, proxy, attempt, server, waited, duplicate, orphan, *cycle]
+
+
+def summary(spans: list[Span]) -> dict[tuple[str, ...], tuple[object, ...]]:
+    groups = breakdown(build_traces(spans).values(), group_by=("option",))
+    return {k: (g.components, g.problems, g.incomplete, g.parts) for k, g in groups.items()}
+
+
+@pytest.mark.parametrize("source", ["demo", "shapes"])
+def test_spans_round_trip_a_segment_unchanged_and_break_down_alike(
+    source: str, tmp_path: Path
+) -> None:
+    spans = load_spans(DEMO) if source == "demo" else shapes()
+    path = tmp_path / "spans-00000.parquet"
+    assert write_segment(spans, path) == len(spans)
+    back = list(read_segment(path))
+    assert back == spans  # every field, in the order written: the first of duplicate ids wins
+    assert [s.attributes for s in back] == [s.attributes for s in spans]  # types kept
+    assert summary(load_spans(tmp_path)) == summary(spans)
+
+
+def test_import_converts_files_into_segments_the_breakdown_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "store"
+    assert main(["import", str(DEMO), "--out", str(store), "--segment-spans", "100"]) == 0
+    spans = load_spans(DEMO)
+    assert f"{len(spans)} spans from 1 files into 4 segments" in capsys.readouterr().out
+    assert sorted(p.name for p in store.iterdir()) == [f"spans-0000{i}.parquet" for i in range(4)]
+    assert load_spans(store) == spans
+    # a second import adds segments after the first's
+    assert main(["import", str(DEMO), "--out", str(store), "--segment-spans", "1000"]) == 0
+    assert len(load_spans(store)) == 2 * len(spans)
+
+
+def test_a_segment_that_cannot_be_read_is_named_and_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = tmp_path / "a-good.parquet"
+    write_segment(shapes(), good)
+    cut = tmp_path / "b-cut.parquet"
+    cut.write_bytes(good.read_bytes()[:-100])  # a writer killed before its footer
+    (tmp_path / "c-text.parquet").write_text("not parquet")
+    with pytest.raises(StoreError, match=r"b-cut\.parquet: not a readable span segment"):
+        list(read_segment(cut))
+    with caplog.at_level(logging.WARNING, logger="otelkit.analysis"):
+        assert load_spans(tmp_path) == shapes()
+    named = [r.getMessage() for r in caplog.records]
+    assert any("b-cut.parquet" in m and "left out" in m for m in named), named
+    assert any("c-text.parquet" in m for m in named), named
+
+
+def test_a_parquet_file_of_another_shape_is_refused_by_name(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"TraceId": ["ab"], "x": [1]}), other)
+    with pytest.raises(
+        StoreError, match=r"other\.parquet: not a span segment: no column Timestamp"
+    ):
+        list(read_segment(other))

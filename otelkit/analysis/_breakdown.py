@@ -352,23 +352,21 @@ def _call(
                 f"{server.name}: server span starts before the proxy's ({trace.trace_id})"
             )
     spans = list(_subtree(trace, server))
-    queued = [q for span in spans if (q := _queue_interval(trace, span))]
+    waits = [(span, q) for span in spans if (q := _queue_interval(trace, span))]
     # Serve's router (its own tracing) says which part of a handle call's wait (otelkit's
     # ``queued`` span, from the caller) was its choice of a replica and the hand-off: the
     # queue is the rest, and the replica's own queue, which the router's span overlaps while
     # it waits for the replica's reply
     routers = [(s.start_ns, s.end_ns) for s in spans if routed(s)]
-    if routers:
-        queued = [
-            piece
-            for span in spans
-            if (interval := _queue_interval(trace, span))
-            for piece in (
-                uncovered(interval, routers)
-                if span.name == semconv.RAY_SERVE_QUEUE_SPAN
-                else [interval]
-            )
-        ]
+    queued = [
+        piece
+        for span, interval in waits
+        for piece in (
+            uncovered(interval, routers)
+            if routers and span.name == semconv.RAY_SERVE_QUEUE_SPAN
+            else [interval]
+        )
+    ]
     # each instant once: a handle call's wait and its replica's queue meet, parallel steps'
     # queues overlap
     queue = sum(end - start for start, end in _union(queued)) * _NS

@@ -237,8 +237,8 @@ def _labelled(
     """The parts of ``span`` (at ``depth`` below the server span) and of those under it;
     ``model``: the Triton model whose span holds it; ``taken``: the stages' component names,
     which a span's own time never joins."""
-    if semconv.STAGE_NAME in span.attributes:
-        return  # a stage is a component of its own, accounted apart
+    if semconv.STAGE_NAME in span.attributes or span.name == semconv.RAY_SERVE_QUEUE_SPAN:
+        return  # a stage is a component of its own, a Ray Serve wait the queue's, apart
     if span.kind == SpanKind.CLIENT:
         yield Part(span.start_ns, span.end_ns, CALLS_OUT, (3, depth))
         return  # the server's own calls: their servers' time is theirs
@@ -268,8 +268,6 @@ def _labelled(
         parent = trace.spans.get(span.parent_span_id or "")
         staged = parent is not None and _has_stages(trace, parent)
         yield from _compute(span, model, staged, (2, depth))
-    elif span.name == semconv.RAY_SERVE_QUEUE_SPAN:
-        pass  # a wait, accounted as the queue (less the router's part of it)
     elif (serve := _serve(trace, span, (3, depth))) is not None:
         yield serve
     elif deployment:

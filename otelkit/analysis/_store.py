@@ -70,6 +70,11 @@ def _arrow() -> Any:
     return pyarrow
 
 
+def _records(pa: Any, *fields: tuple[str, Any]) -> Any:
+    """A list of structs of ``fields`` and their typed attributes (``AttributesJson``)."""
+    return pa.list_(pa.struct([*fields, ("AttributesJson", pa.string())]))
+
+
 def _schema(pa: Any) -> Any:
     strings = pa.map_(pa.string(), pa.string())
     return pa.schema(
@@ -89,30 +94,8 @@ def _schema(pa: Any) -> Any:
             ("ResourceAttributes", strings),
             ("SpanAttributesJson", pa.string()),
             ("ResourceAttributesJson", pa.string()),
-            (
-                "Events",
-                pa.list_(
-                    pa.struct(
-                        [
-                            ("Timestamp", pa.int64()),
-                            ("Name", pa.string()),
-                            ("AttributesJson", pa.string()),
-                        ]
-                    )
-                ),
-            ),
-            (
-                "Links",
-                pa.list_(
-                    pa.struct(
-                        [
-                            ("TraceId", pa.string()),
-                            ("SpanId", pa.string()),
-                            ("AttributesJson", pa.string()),
-                        ]
-                    )
-                ),
-            ),
+            ("Events", _records(pa, ("Timestamp", pa.int64()), ("Name", pa.string()))),
+            ("Links", _records(pa, ("TraceId", pa.string()), ("SpanId", pa.string()))),
         ]
     )
 

@@ -566,24 +566,37 @@ def _fallen_on(facts: _Curve, busy: float) -> Callable[[_Make], Verdict] | None:
     words = f"{facts.throughput()}; measured at {high.label}, where it {where}"
 
     def judged(verdict: _Make) -> Verdict:
-        if len(rivals) > 1:
-            return _undecided(there, rivals, verdict, words=words, measured=True)
-        (top,) = rivals
-        first = resources(low).get(top.key)
-        before = f", {first.demand_ms:.2f} at {low.label}" if first is not None else ""
-        return verdict(
-            "contended",
-            top,
-            (
-                f"{_resource_words(top)} is at its limit where throughput {where}: U "
-                f"{top.load:.2f} ± {_spread(top, there):.2f} at {high.label} "
-                f"({top.peak_ms:.2f} ms a {facts.unit}{before}); {facts.throughput()}"
-            ),
-            f"lift {_resource_words(top)} alone: {_what_if(top) or 'more of it'}",
-            predicted=False,
-        )
+        return _named_where_measured(there, rivals, verdict, words, low)
 
     return judged
+
+
+def _named_where_measured(
+    there: _Curve,
+    rivals: Sequence[Evidence],
+    verdict: _Make,
+    words: str,
+    low: Point | None = None,
+    change: str = "",
+) -> Verdict:
+    """``rivals``, at their limit at ``there``'s one point by the U measured there: undecided
+    between them, or the one contended; ``words``: how throughput went along the curve;
+    ``low``: where the resource's demand is quoted from beside; ``change``: added advice."""
+    if len(rivals) > 1:
+        return _undecided(there, rivals, verdict, words=words, measured=True)
+    (top,) = rivals
+    first = resources(low).get(top.key) if low is not None else None
+    before = f", {first.demand_ms:.2f} at {low.label}" if first and low is not None else ""
+    return verdict(
+        "contended",
+        top,
+        (
+            f"{_resource_words(top)} is at its limit at {there.high.label}: U {top.load:.2f} ± "
+            f"{_spread(top, there):.2f} ({top.peak_ms:.2f} ms a {there.unit}{before}); {words}"
+        ),
+        f"lift {_resource_words(top)} alone: {_what_if(top) or 'more of it'}{change}",
+        predicted=False,
+    )
 
 
 def _demand_point(row: Evidence, facts: _Curve) -> Point | None:
@@ -1012,21 +1025,10 @@ def _instances(
     if epsilon >= 1 - facts.tolerance:
         return verdict("rising", None, f"{trend}: more {what} pay")
     if shared and there is not None:  # measured at the most instances' point
-        if len(shared) > 1:
-            found = _undecided(there, shared, verdict, words=facts.throughput(), measured=True)
-            return replace(found, sentence=f"{trend}: {found.sentence}")
-        (top,) = shared
-        return verdict(
-            "contended",
-            top,
-            (
-                f"{trend}: {_resource_words(top)} is at its limit there: U {top.load:.2f} ± "
-                f"{_spread(top, there):.2f} at {high.label}"
-            ),
-            f"lift {_resource_words(top)} alone: {_what_if(top) or 'more of it'}; more "
-            f"{what} will not help",
-            predicted=False,
+        found = _named_where_measured(
+            there, shared, verdict, facts.throughput(), change=f"; more {what} will not help"
         )
+        return replace(found, sentence=f"{trend}: {found.sentence}")
     if shared:  # a resource every instance shares is at its limit
         if len(shared) > 1:
             found = _undecided(facts, shared, verdict)

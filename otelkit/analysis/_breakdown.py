@@ -510,9 +510,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", help="OTLP JSON files, or folders holding them")
     parser.add_argument("--group-by", action="append", default=[], help="root attribute key")
     parser.add_argument("--root", default=None, help="only roots with this span name")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "duckdb", "python"),
+        default="auto",
+        help="duckdb: SQL over span store segments (otelkit import), no Python object per "
+        "span; python: every span read into Python; auto (default): duckdb where every "
+        "file is a segment and DuckDB is installed",
+    )
+
+
+def _engine(args: argparse.Namespace) -> str:
+    """The engine that breaks ``args.paths`` down ("" and a message printed: none can)."""
+    from otelkit.analysis._loader import trace_files
+    from otelkit.analysis._store import SUFFIX
+
+    files = trace_files(*args.paths)
+    segments = bool(files) and all(path.name.endswith(SUFFIX) for path in files)
+    if args.engine == "python" or (args.engine == "auto" and not segments):
+        return "python"
+    if not segments:
+        print(
+            "otelkit breakdown: --engine duckdb reads span store segments only "
+            "(otelkit import converts trace files into them)",
+            file=sys.stderr,
+        )
+        return ""
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        if args.engine == "auto":
+            return "python"
+        print("otelkit breakdown: DuckDB is not installed: pip install 'otelkit[store]'")
+        return ""
+    return "duckdb"
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        engine = _engine(args)
+    except FileNotFoundError as error:
+        print(f"otelkit breakdown: {error}", file=sys.stderr)
+        return 2
+    if not engine:
+        return 2
+    if engine == "duckdb":
+        from otelkit.analysis._loader import trace_files
+        from otelkit.analysis._sql import breakdown_store
+
+        found = breakdown_store(trace_files(*args.paths), args.group_by, args.root)
+        if not found.spans:
+            print(f"otelkit breakdown: no span read from {' '.join(args.paths)}", file=sys.stderr)
+            return 1
+        print(format_breakdowns(found.groups, labels=args.group_by) or "no complete traces found")
+        return 0
     try:
         spans = load_spans(*args.paths)
     except FileNotFoundError as error:

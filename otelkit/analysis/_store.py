@@ -34,7 +34,14 @@ from typing import Any
 
 from otelkit.analysis._spans import Span, SpanEvent, SpanKind, SpanLink, StatusCode
 
-__all__ = ["SUFFIX", "StoreError", "read_segment", "write_segment"]
+__all__ = [
+    "SUFFIX",
+    "StoreError",
+    "check_segment",
+    "read_segment",
+    "spans_of_table",
+    "write_segment",
+]
 
 SUFFIX = ".parquet"
 _KINDS = {
@@ -165,6 +172,21 @@ def write_segment(spans: Iterable[Span], path: str | Path) -> int:
 
 
 _NEEDED = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "Duration")
+#: what the SQL breakdown reads besides
+_QUERIED = ("ScopeName", "SpanAttributes", "SpanAttributesJson", "Events")
+
+
+def check_segment(path: str | Path) -> None:
+    """Raise ``StoreError`` unless ``path`` is a whole segment (its footer written, the
+    columns otelkit needs there): what the SQL breakdown checks before it reads a file."""
+    pa = _arrow()
+    try:
+        names = set(pa.parquet.ParquetFile(path).schema_arrow.names)
+    except (OSError, pa.ArrowException) as error:
+        raise StoreError(f"{path}: not a readable span segment ({error})") from error
+    missing = [name for name in (*_NEEDED, *_QUERIED) if name not in names]
+    if missing:
+        raise StoreError(f"{path}: not a span segment: no column {', '.join(missing)}")
 
 
 def read_segment(path: str | Path) -> Iterator[Span]:
@@ -190,13 +212,20 @@ def read_segment(path: str | Path) -> Iterator[Span]:
             table = segment.read_row_group(group, columns=columns)
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"{path}: row group {group} unreadable ({error})") from error
-        # as integers: a timestamp read as Python's datetime would lose its nanoseconds
-        column = table.schema.get_field_index("Timestamp")
-        table = table.set_column(column, "Timestamp", table["Timestamp"].cast(pa.int64()))
-        # column by column: a list per column is several times cheaper than a dict per row
-        values = {name: table.column(name).to_pylist() for name in table.column_names}
-        for index in range(table.num_rows):
-            yield _span({name: found[index] for name, found in values.items()})
+        yield from spans_of_table(table)
+
+
+def spans_of_table(table: Any) -> Iterator[Span]:
+    """The spans of an Arrow table of the segments' columns (a row group, a query's answer),
+    in its order."""
+    pa = _arrow()
+    # as integers: a timestamp read as Python's datetime would lose its nanoseconds
+    column = table.schema.get_field_index("Timestamp")
+    table = table.set_column(column, "Timestamp", table["Timestamp"].cast(pa.int64()))
+    # column by column: a list per column is several times cheaper than a dict per row
+    values = {name: table.column(name).to_pylist() for name in table.column_names}
+    for index in range(table.num_rows):
+        yield _span({name: found[index] for name, found in values.items()})
 
 
 def _loads(text: str | None) -> dict[str, Any]:

@@ -1,0 +1,628 @@
+"""The breakdown as DuckDB SQL over the span store's columns: no Python object per span.
+
+``breakdown_store`` gives what ``breakdown(build_traces(load_spans(segments)))`` gives (each
+root's components, the groups, the problems, the incomplete counts, the server's parts), read
+from Parquet segments by DuckDB: the trees are walked by recursive queries, the queue is the
+union of Triton's queue intervals, the server's parts come from one sweep over the edges of the
+intervals of ``_server_time`` (each instant to the innermost interval holding it).
+
+The queries cover the shapes a site's traces have: a client's roots, its stages and calls;
+Triton's request, model, ensemble and compute spans with their events; otelkit's servers
+(FastAPI's cuts included) and any span under a server by its own time. A trace of another
+shape is handed whole to the Python path and its result merged in place, so the two agree
+trace for trace: one with an orphan, a parent cycle or a span its own parent (corrupt or partial
+data), one through a proxy (Envoy), one of Ray Serve's (its queue spans, its own tracing, its
+deployments' spans). ``SqlBreakdown.delegated`` says how many traces took that path.
+
+DuckDB and pyarrow are imported on first use: ``pip install 'otelkit[store]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otelkit import semconv
+from otelkit.analysis._breakdown import (
+    CLIENT_OTHER,
+    CONNECTION,
+    NETWORK,
+    NO_SERVER_SPAN,
+    SERVER_OTHER,
+    SERVER_QUEUE,
+    TOTAL,
+    Breakdown,
+    _components,
+    group_key,
+)
+from otelkit.analysis._loader import build_traces
+from otelkit.analysis._server_time import (
+    _KNOWN_SPANS,
+    _SERVE_DEPLOYMENT,
+    _SERVE_REPLICA,
+    _SERVE_SPANS,
+    CALLS_OUT,
+    COMPUTE_INPUT,
+    COMPUTE_OUTPUT,
+    ENSEMBLE,
+    FRONTEND,
+    HANDLER,
+    RECEIVE,
+    SCHEDULER,
+    SEND,
+)
+from otelkit.analysis._store import StoreError, check_segment, spans_of_table
+
+__all__ = ["SqlBreakdown", "breakdown_store"]
+
+_SERVE_SCOPE = "ray.serve"
+_log = logging.getLogger("otelkit.analysis")
+#: what DuckDB may hold in memory before it spills to disk
+MEMORY_LIMIT = "1GB"
+
+
+@dataclass
+class SqlBreakdown:
+    """The groups, and how the traces were read: ``traces`` in all, ``delegated`` of them by
+    the Python path (a shape the queries leave to it), ``spans`` read."""
+
+    groups: dict[tuple[str, ...], Breakdown]
+    spans: int
+    traces: int
+    delegated: int
+
+
+def _duckdb() -> Any:
+    try:
+        import duckdb
+    except ImportError as error:
+        raise StoreError(
+            "the breakdown over the span store needs DuckDB: pip install 'otelkit[store]'"
+        ) from error
+    return duckdb
+
+
+def _q(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _first(event: str) -> str:
+    """The time of a span's first event named ``event`` (NULL: none)."""
+    return f"times[list_position(names, {_q(event)})]"
+
+
+def _attr(key: str) -> str:
+    return f"SpanAttributes[{_q(key)}]"
+
+
+def _spans_sql(files: list[str], group_by: Sequence[str]) -> str:
+    """One row a span, the first of duplicate ids in arrival order, with what the queries read."""
+    listed = "[" + ", ".join(_q(f) for f in files) + "]"
+    events = {
+        "q_start": "QUEUE_START",
+        "c_start": "COMPUTE_START",
+        "c_in": "COMPUTE_INPUT_END",
+        "c_out": "COMPUTE_OUTPUT_START",
+        "c_end": "COMPUTE_END",
+        "hr0": "HTTP_RECV_START",
+        "hr1": "HTTP_RECV_END",
+        "gr0": "GRPC_WAITREAD_START",
+        "gr1": "GRPC_WAITREAD_END",
+        "hs0": "HTTP_SEND_START",
+        "hs1": "HTTP_SEND_END",
+        "gs0": "GRPC_SEND_START",
+        "gs1": "GRPC_SEND_END",
+        "m_recv": semconv.HTTP_REQUEST_RECEIVED,
+        "m_start": semconv.HTTP_RESPONSE_STARTED,
+        "m_sent": semconv.HTTP_RESPONSE_SENT,
+    }
+    picked = ",\n        ".join(f"{_first(name)} AS {column}" for column, name in events.items())
+    serve_heads = [*_SERVE_SPANS, _SERVE_REPLICA]
+    odd = " OR ".join(
+        [
+            f"starts_with(ScopeName, {_q(_SERVE_SCOPE)})",
+            f"SpanName = {_q(semconv.RAY_SERVE_QUEUE_SPAN)}",
+            f"{_attr(semconv.RAY_SERVE_DEPLOYMENT)} IS NOT NULL",
+            f"{_attr(_SERVE_DEPLOYMENT)} IS NOT NULL",
+            f"split_part(SpanName, ' ', 1) IN ({', '.join(_q(h) for h in serve_heads)})",
+            f"(SpanKind = 'Server' AND {_attr(semconv.PROXY_COMPONENT)} = {_q(semconv.PROXY)})",
+        ]
+    )
+    keys = (
+        ", ".join(
+            "NULL::VARCHAR"
+            if key == semconv.ANSWERED_BY
+            else f"json_extract(SpanAttributesJson, {_q(_path(key))})::VARCHAR"
+            for key in group_by
+        )
+        or "NULL::VARCHAR"
+    )
+    return f"""
+CREATE TEMP TABLE raw AS
+SELECT * FROM (
+  SELECT
+    TraceId AS t, SpanId AS id, NULLIF(ParentSpanId, '') AS p, SpanName AS name,
+    SpanKind = 'Client' AS is_client,
+    epoch_ns(Timestamp)::BIGINT AS st, epoch_ns(Timestamp)::BIGINT + Duration AS en,
+    {_attr(semconv.STAGE_NAME)} AS stage,
+    NULLIF({_attr(semconv.TRITON_SPAN_MODEL_NAME)}, '') AS model,
+    coalesce(({odd}), false) AS odd,
+    coalesce(TRY_CAST({_attr(semconv.SERIALIZE_S)} AS DOUBLE), 0) AS ser,
+    coalesce(TRY_CAST({_attr(semconv.DESERIALIZE_S)} AS DOUBLE), 0) AS deser,
+    coalesce(TRY_CAST({_attr(semconv.CONNECT_S)} AS DOUBLE), 0) AS conn,
+    coalesce({_attr(semconv.MODEL_NAME)}, SpanName) AS called,
+    coalesce({_attr(semconv.SERVER_ADDRESS)}, '') AS host,
+    coalesce({_attr(semconv.SERVER_PORT)}, '') AS port,
+    -- a root's group values (JSON), read for roots alone
+    CASE WHEN ParentSpanId = '' THEN [{keys}] END AS gvals,
+    {picked},
+    (list_position({listed}, filename)::BIGINT << 32) + file_row_number AS ord
+  FROM (
+    SELECT *, list_transform(Events, lambda e: e.Name) AS names,
+              list_transform(Events, lambda e: e.Timestamp) AS times
+    FROM read_parquet({listed}, filename = true, file_row_number = true))
+) QUALIFY row_number() OVER (PARTITION BY t, id ORDER BY ord) = 1;
+
+-- each span's place among its parent's children (start order, arrival breaking ties), its
+-- frontend's receive and send (HTTP's, else gRPC's), its ASGI cuts in order
+CREATE TEMP TABLE k AS
+SELECT raw.*,
+  row_number() OVER (PARTITION BY t, p ORDER BY st, en, ord) AS pos,
+  CASE WHEN hr0 <= hr1 THEN hr0 WHEN gr0 <= gr1 THEN gr0 END AS r0,
+  CASE WHEN hr0 <= hr1 THEN hr1 WHEN gr0 <= gr1 THEN gr1 END AS r1,
+  CASE WHEN hs0 <= hs1 THEN hs0 WHEN gs0 <= gs1 THEN gs0 END AS s0,
+  CASE WHEN hs0 <= hs1 THEN hs1 WHEN gs0 <= gs1 THEN gs1 END AS s1,
+  coalesce(m_recv <= m_start AND m_start <= m_sent, false) AS marked
+FROM raw;
+"""
+
+
+_TREE = """
+-- from each root down: the path (child positions), whether the client's own level holds the
+-- span (no call and no stage above it), whether no call is above it (``answered_by``)
+CREATE TEMP TABLE walk AS
+WITH RECURSIVE w(t, id, root, path, lvl, free, cl, stg) AS (
+  SELECT t, id, id, []::BIGINT[], true, true, is_client, stage IS NOT NULL FROM k
+  WHERE p IS NULL
+  UNION ALL
+  SELECT c.t, c.id, w.root, list_append(w.path, c.pos),
+         w.id = w.root OR (w.lvl AND NOT w.cl AND NOT w.stg),
+         w.id = w.root OR (w.free AND NOT w.cl),
+         c.is_client, c.stage IS NOT NULL
+  FROM w JOIN k c ON c.t = w.t AND c.p = w.id
+)
+SELECT t, id, root, path, lvl, free FROM w;
+
+-- traces left to the Python path: a span of an odd kind, a span its own parent or whose
+-- parent is missing, a span no root reaches (a cycle)
+CREATE TEMP TABLE odd AS
+SELECT t FROM k GROUP BY t HAVING bool_or(odd) OR bool_or(p IS NOT NULL AND p = id)
+UNION SELECT k.t FROM k ANTI JOIN k q ON q.t = k.t AND q.id = k.p WHERE k.p IS NOT NULL
+UNION SELECT t FROM (SELECT t, count(*) AS n FROM k GROUP BY t) a
+  ANTI JOIN (SELECT t, count(*) AS n FROM walk GROUP BY t) b ON a.t = b.t AND a.n = b.n;
+"""
+
+
+def _components_sql(root_name: str | None) -> str:
+    named = f"AND r.name = {_q(root_name)}" if root_name is not None else ""
+    known = " ".join(f"WHEN {_q(span)} THEN {_q(part)}" for span, part in _KNOWN_SPANS.items())
+    return f"""
+-- the roots (their order: the trace's first arrival, then start), their group's values
+CREATE TEMP TABLE roots AS
+SELECT r.t, r.id, r.ord AS root, r.st, r.en, r.name, f.first AS tord, r.gvals
+FROM k r JOIN (SELECT t, min(ord) AS first FROM k GROUP BY t) f ON f.t = r.t
+WHERE r.p IS NULL AND r.t NOT IN (SELECT t FROM odd) {named};
+
+-- the client's calls and stages: reached from a root through spans of neither kind
+CREATE TEMP TABLE level AS
+SELECT r.root, w.path, k.* FROM walk w JOIN roots r ON r.t = w.t AND r.id = w.root
+JOIN k ON k.t = w.t AND k.id = w.id
+WHERE w.id <> w.root AND w.lvl AND (k.is_client OR k.stage IS NOT NULL);
+
+-- the first call under each root, no call above it: the server that answered
+CREATE TEMP TABLE answered AS
+SELECT r.root, arg_min(
+  CASE WHEN k.host <> '' AND k.port NOT IN ('', '0') THEN k.host || ':' || k.port
+       ELSE k.host END, w.path) AS address
+FROM walk w JOIN roots r ON r.t = w.t AND r.id = w.root JOIN k ON k.t = w.t AND k.id = w.id
+WHERE w.id <> w.root AND w.free AND k.is_client GROUP BY r.root;
+
+-- each call (keyed by its arrival: unique) and its server, the call's first child
+CREATE TEMP TABLE calls AS
+SELECT c.t, c.ord AS call, c.root, c.path AS cpath, c.st AS cst, c.en AS cen, c.ser, c.deser,
+       c.conn, c.called, v.id AS srv, v.st AS vst, v.en AS ven, least(v.en, c.en) AS upto,
+       round((c.ser + c.conn) / 1e-9)::BIGINT AS sent_after, v.r0, v.r1, v.s0, v.s1
+FROM level c LEFT JOIN k v ON v.t = c.t AND v.p = c.id AND v.pos = 1
+WHERE c.is_client;
+
+-- every span under a server: its depth, whether the parts' walk reaches it (no stage and no
+-- call between), the Triton model whose span holds it (``ctx``), its path from the server
+CREATE TEMP TABLE sub AS
+WITH RECURSIVE u(t, call, id, depth, reach, ctx, path, cl, stg, mine) AS (
+  SELECT c.t, c.call, v.id, 0, true, NULL::VARCHAR, []::BIGINT[], v.is_client,
+         v.stage IS NOT NULL,
+         -- the model a span hands the spans under it: its own, where the parts' walk reads it
+         -- as a model's span (not a stage, a call, or the frontend's request span)
+         CASE WHEN v.stage IS NULL AND NOT v.is_client AND v.r0 IS NULL AND v.s0 IS NULL
+                   AND NOT v.marked THEN v.model END
+  FROM calls c JOIN k v ON v.t = c.t AND v.id = c.srv
+  UNION ALL
+  SELECT c.t, u.call, c.id, u.depth + 1, u.reach AND NOT u.cl AND NOT u.stg,
+         coalesce(u.mine, u.ctx), list_append(u.path, c.pos), c.is_client,
+         c.stage IS NOT NULL, CASE WHEN c.stage IS NULL AND NOT c.is_client THEN c.model END
+  FROM u JOIN k c ON c.t = u.t AND c.p = u.id
+)
+SELECT u.call, u.depth, u.reach, u.ctx, u.path, k.* FROM u JOIN k ON k.t = u.t AND k.id = u.id;
+
+-- Triton's queue: QUEUE_START to its first child's COMPUTE_START (in start order)
+CREATE TEMP TABLE waits AS
+SELECT q.call, q.q_start AS a, greatest(q.q_start, arg_min(c.c_start, c.pos)) AS b
+FROM sub q JOIN k c ON c.t = q.t AND c.p = q.id
+WHERE q.q_start IS NOT NULL AND c.c_start IS NOT NULL
+GROUP BY q.call, q.id, q.q_start;
+
+-- each instant once: the union of the queue's intervals
+CREATE TEMP TABLE queue AS
+SELECT call, sum(b - a) AS ns FROM (
+  SELECT call, min(a) AS a, max(b) AS b FROM (
+    SELECT *, sum(CASE WHEN a <= top THEN 0 ELSE 1 END)
+                OVER (PARTITION BY call ORDER BY a, b ROWS UNBOUNDED PRECEDING) AS island
+    FROM (SELECT *, max(b) OVER (PARTITION BY call ORDER BY a, b
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS top
+          FROM waits)
+  ) GROUP BY call, island
+) GROUP BY call;
+
+-- the server's outermost stages
+CREATE TEMP TABLE stages AS
+SELECT call, 'server ' || stage AS name, st, en, path FROM sub
+WHERE depth > 0 AND reach AND stage IS NOT NULL;
+
+-- the parents of compute spans that hold stages (through spans neither calls nor models)
+CREATE TEMP TABLE staged AS
+WITH RECURSIVE h(t, top, id, go) AS (
+  SELECT c.t, c.p, c.id, NOT c.is_client AND c.model IS NULL
+  FROM k c SEMI JOIN (SELECT t, p FROM sub WHERE c_start IS NOT NULL AND ctx IS NOT NULL) x
+    ON x.t = c.t AND x.p = c.p
+  UNION ALL
+  SELECT c.t, h.top, c.id, NOT c.is_client AND c.model IS NULL
+  FROM h JOIN k c ON c.t = h.t AND c.p = h.id WHERE h.go
+)
+SELECT DISTINCT h.t, h.top FROM h JOIN k ON k.t = h.t AND k.id = h.id WHERE k.stage IS NOT NULL;
+
+-- the labelled intervals of the parts (``_server_time._labelled``): name, rank, walk order
+CREATE TEMP TABLE labels AS
+WITH x AS (
+  SELECT sub.*,
+    EXISTS (SELECT 1 FROM k c WHERE c.t = sub.t AND c.p = sub.id AND c.model IS NOT NULL)
+      AS steps,
+    EXISTS (SELECT 1 FROM staged g WHERE g.t = sub.t AND g.top = sub.p) AS has_stages
+  FROM sub WHERE reach AND stage IS NULL
+), kinds AS (
+  SELECT *,
+    CASE
+      WHEN is_client THEN 'call'
+      WHEN depth = 0 AND (r0 IS NOT NULL OR s0 IS NOT NULL) THEN 'frontend'
+      WHEN depth = 0 AND marked THEN 'asgi'
+      WHEN model IS NOT NULL THEN 'model'
+      WHEN c_start IS NOT NULL AND ctx IS NOT NULL THEN 'compute'
+      WHEN depth > 0 THEN 'span'
+    END AS kind,
+    'server ' || ctx || CASE WHEN has_stages THEN ' hand-off' ELSE ' compute' END AS infer,
+    c_in IS NOT NULL AND c_out IS NOT NULL AND c_end IS NOT NULL AS cut
+  FROM x
+), taken AS (SELECT DISTINCT call, name FROM stages)
+SELECT call, a, b, label, r1, r2, path, part FROM (
+  SELECT call, st AS a, en AS b, {_q(CALLS_OUT)} AS label, 3 AS r1, depth AS r2, path,
+         0 AS part FROM kinds WHERE kind = 'call'
+  UNION ALL SELECT call, st, en, {_q(FRONTEND)}, 0, 0, path, 0 FROM kinds
+    WHERE kind = 'frontend'
+  UNION ALL SELECT call, r0, r1, {_q(RECEIVE)}, 4, 0, path, 1 FROM kinds
+    WHERE kind = 'frontend' AND r0 IS NOT NULL
+  UNION ALL SELECT call, s0, s1, {_q(SEND)}, 4, 0, path, 2 FROM kinds
+    WHERE kind = 'frontend' AND s0 IS NOT NULL
+  UNION ALL SELECT call, st, m_recv, {_q(RECEIVE)}, 0, 1, path, 0 FROM kinds WHERE kind = 'asgi'
+  UNION ALL SELECT call, m_recv, m_start, {_q(HANDLER)}, 0, 1, path, 1 FROM kinds
+    WHERE kind = 'asgi'
+  UNION ALL SELECT call, m_start, m_sent, {_q(SEND)}, 0, 1, path, 2 FROM kinds
+    WHERE kind = 'asgi'
+  UNION ALL SELECT call, st, en, CASE WHEN steps THEN {_q(ENSEMBLE)} ELSE {_q(SCHEDULER)} END,
+    1, depth, path, 0 FROM kinds WHERE kind = 'model'
+  UNION ALL SELECT call, st, en, infer, 2, depth, path, 0 FROM kinds
+    WHERE kind = 'compute' AND NOT cut
+  UNION ALL SELECT call, c_start, c_in, {_q(COMPUTE_INPUT)}, 2, depth, path, 0 FROM kinds
+    WHERE kind = 'compute' AND cut
+  UNION ALL SELECT call, c_in, c_out, infer, 2, depth, path, 1 FROM kinds
+    WHERE kind = 'compute' AND cut
+  UNION ALL SELECT call, c_out, c_end, {_q(COMPUTE_OUTPUT)}, 2, depth, path, 2 FROM kinds
+    WHERE kind = 'compute' AND cut
+  UNION ALL SELECT s.call, st, en,
+    CASE WHEN taken.name IS NOT NULL THEN own || ' (span)' ELSE own END, 3, depth, path, 0
+  FROM (SELECT *, CASE name {known} ELSE 'server ' || name END AS own FROM kinds
+        WHERE kind = 'span') s
+  LEFT JOIN taken ON taken.call = s.call AND taken.name = s.own
+) WHERE b > a;
+
+-- what the stages and the queue hold: no part counts there
+CREATE TEMP TABLE held AS
+SELECT call, st AS a, en AS b FROM stages WHERE en > st
+UNION ALL SELECT call, a, b FROM waits WHERE b > a;
+
+-- the sweep: between consecutive edges, the innermost part open (the highest rank, then the
+-- first opened), unless the stages or the queue hold that time; within the server's span,
+-- up to the call's end
+CREATE TEMP TABLE pieces AS
+WITH edges AS (
+  SELECT DISTINCT call, e FROM (
+    SELECT call, a AS e FROM labels UNION ALL SELECT call, b FROM labels
+    UNION ALL SELECT call, a FROM held UNION ALL SELECT call, b FROM held)
+), segs AS (
+  SELECT g.call, g.a, g.b, greatest(g.a, c.vst) AS lo, least(g.b, c.upto) AS hi FROM (
+    SELECT call, e AS a, lead(e) OVER (PARTITION BY call ORDER BY e) AS b FROM edges
+  ) g JOIN calls c ON c.call = g.call WHERE g.b IS NOT NULL
+), free AS (
+  SELECT * FROM segs g WHERE hi > lo
+    AND NOT EXISTS (SELECT 1 FROM held h WHERE h.call = g.call AND h.a <= g.a AND h.b >= g.b)
+), ordered AS (
+  SELECT *, row_number() OVER (PARTITION BY call ORDER BY path, part) AS idx FROM labels
+)
+SELECT g.call, g.a, arg_max(l.label, [l.r1, l.r2, -l.a, -l.idx]) AS label, g.hi - g.lo AS ns
+FROM free g JOIN ordered l ON l.call = g.call AND l.a <= g.a AND l.b >= g.b
+GROUP BY g.call, g.a, g.lo, g.hi;
+
+-- the server's receive, frontend and send outside its span (``_server_time.around``)
+CREATE TEMP TABLE outside AS
+WITH o AS (
+  SELECT call, cst + sent_after AS sent, least(r1, vst) AS rend, * EXCLUDE (call)
+  FROM calls WHERE srv IS NOT NULL
+)
+SELECT call, {_q(RECEIVE)} AS name, rend - greatest(r0, sent) AS ns, 0 AS n FROM o
+  WHERE r0 < vst AND rend > greatest(r0, sent)
+UNION ALL SELECT call, {_q(FRONTEND)}, vst - greatest(rend, sent), 1 FROM o
+  WHERE r0 < vst AND vst > greatest(rend, sent)
+UNION ALL SELECT call, {_q(SEND)}, least(s1, cen) - greatest(s0, ven), 2 FROM o
+  WHERE s1 > ven AND least(s1, cen) > greatest(s0, ven);
+
+-- each root's components: (name, seconds, where in the root it first comes, a part or not)
+CREATE TEMP TABLE comp AS
+WITH per_call AS (
+  SELECT c.*, coalesce(q.ns, 0) * 1e-9 AS queue_s,
+    coalesce((SELECT sum(o.ns) FROM outside o WHERE o.call = c.call), 0) * 1e-9 AS around_s,
+    coalesce((SELECT sum((g.en - g.st) * 1e-9) FROM stages g WHERE g.call = c.call), 0)
+      AS staged_s,
+    coalesce((SELECT sum(p.ns) FROM pieces p WHERE p.call = c.call), 0) * 1e-9 AS parts_s
+  FROM calls c LEFT JOIN queue q ON q.call = c.call WHERE c.srv IS NOT NULL
+)
+SELECT root, 'client serialize' AS name, ser AS s, cpath AS path, 0 AS seq, 0 AS sub,
+  false AS part FROM calls
+UNION ALL SELECT root, 'client deserialize', deser, cpath, 1, 0, false FROM calls
+UNION ALL SELECT root, {_q(CONNECTION)}, conn, cpath, 2, 0, false FROM calls
+  WHERE srv IS NOT NULL AND conn <> 0
+UNION ALL SELECT c.root, o.name, o.ns * 1e-9, c.cpath, 3, o.n, true
+  FROM outside o JOIN calls c ON c.call = o.call
+UNION ALL SELECT root, {_q(NETWORK)},
+  ((cen - cst) - (upto - vst)) * 1e-9 - ser - deser - conn - around_s, cpath, 4, 0, false
+  FROM per_call
+UNION ALL SELECT root, {_q(SERVER_QUEUE)}, queue_s, cpath, 5, 0, false FROM per_call
+UNION ALL SELECT c.root, g.name, (g.en - g.st) * 1e-9, c.cpath, 6, row_number() OVER
+  (PARTITION BY c.call ORDER BY g.path), false FROM stages g JOIN calls c ON c.call = g.call
+UNION ALL SELECT c.root, p.label, sum(p.ns) * 1e-9, c.cpath, 7, min(p.a), true
+  FROM pieces p JOIN calls c ON c.call = p.call GROUP BY c.root, c.call, c.cpath, p.label
+UNION ALL SELECT root, {_q(SERVER_OTHER)},
+  (upto - vst) * 1e-9 - queue_s - staged_s - parts_s, cpath, 8, 0, false FROM per_call
+UNION ALL SELECT root, 'client ' || stage, (en - st) * 1e-9, path, 0, 0, false FROM level
+  WHERE NOT is_client
+UNION ALL SELECT r.root, {_q(CLIENT_OTHER)},
+  (r.en - r.st) * 1e-9 - coalesce((SELECT sum((l.en - l.st) * 1e-9) FROM level l
+                                   WHERE l.root = r.root), 0), [9223372036854775807], 0, 0,
+  false FROM roots r
+UNION ALL SELECT root, {_q(TOTAL)}, (en - st) * 1e-9, [9223372036854775807], 1, 0, false
+  FROM roots;
+
+-- the nesting problems, in each root's order
+CREATE TEMP TABLE problems AS
+SELECT root, cpath AS path, 0 AS n,
+  called || ': server span starts before its client span (' || t || ')' AS text
+FROM calls WHERE srv IS NOT NULL AND vst < cst
+UNION ALL SELECT c.root, c.cpath, 1,
+  c.called || ': stages + queue exceed the server span (' || c.t || ')'
+FROM calls c LEFT JOIN queue q ON q.call = c.call
+WHERE c.srv IS NOT NULL AND coalesce((SELECT sum((g.en - g.st) * 1e-9) FROM stages g
+                                      WHERE g.call = c.call), 0) + coalesce(q.ns, 0) * 1e-9
+      > (c.ven - c.vst) * 1e-9 * (1 + 1e-6);
+"""
+
+
+def _path(key: str) -> str:
+    """A JSON path naming one top-level key, whatever it holds (dots, quotes)."""
+    return '$."' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_ROWS = """
+-- the roots' places, their combination of group values, whether a call lost its server
+CREATE TEMP TABLE rk AS
+SELECT r.root, r.t, r.tord,
+  row_number() OVER (PARTITION BY r.t ORDER BY r.st, r.en, r.root) AS idx,
+  dense_rank() OVER (ORDER BY r.gvals, coalesce(a.address, '')) AS combo, r.gvals,
+  coalesce(a.address, '') AS address,
+  EXISTS (SELECT 1 FROM calls c WHERE c.root = r.root AND c.srv IS NULL) AS bad
+FROM roots r LEFT JOIN answered a ON a.root = r.root;
+
+-- each root's components once, in the order the Python path adds them
+CREATE TEMP TABLE percomp AS
+SELECT root, name, s, row_number() OVER (PARTITION BY root ORDER BY place) AS pos, part FROM (
+  SELECT root, name, sum(s) AS s, min({'path': path, 'seq': seq, 'sub': sub}) AS place,
+         bool_or(part) AS part
+  FROM comp GROUP BY root, name);
+"""
+
+# The traces the Python path broke down join the queries' here, as rows of the same tables.
+_MERGE = """
+CREATE TEMP TABLE allroots AS
+SELECT r.root, g.gid, r.tord, r.idx, r.bad FROM rk r JOIN gids g ON g.combo = r.combo
+UNION ALL SELECT root, gid, tord, idx, bad FROM droots;
+
+CREATE TEMP TABLE allcomp AS
+SELECT root, name, s, pos, part FROM percomp
+UNION ALL SELECT root, name, s, pos, part FROM dcomp;
+
+-- each group's components (first seen: the first root holding them, their place in it),
+-- and their values for each complete root in order, 0 where a root lacks one
+CREATE TEMP TABLE cells AS
+WITH good AS (SELECT * FROM allroots WHERE NOT bad),
+held AS (SELECT c.*, g.gid, g.tord, g.idx FROM allcomp c JOIN good g ON g.root = c.root),
+names AS (SELECT gid, name, min([tord, idx, pos]) AS first, bool_or(part) AS part
+          FROM held GROUP BY gid, name)
+SELECT n.gid, n.name, n.first, n.part,
+       list(coalesce(h.s, 0.0) ORDER BY g.tord, g.idx) AS vals
+FROM names n JOIN good g ON g.gid = n.gid
+LEFT JOIN held h ON h.root = g.root AND h.name = n.name
+GROUP BY n.gid, n.name, n.first, n.part;
+
+CREATE TEMP TABLE said AS
+SELECT g.gid, list(p.text ORDER BY g.tord, g.idx, p.n) AS texts
+FROM (SELECT root, row_number() OVER (PARTITION BY root ORDER BY path, n) AS n, text
+      FROM problems
+      UNION ALL SELECT root, n, text FROM dproblems) p
+JOIN allroots g ON g.root = p.root WHERE NOT g.bad GROUP BY g.gid;
+"""
+
+
+def breakdown_store(
+    files: Sequence[str | Path], group_by: Sequence[str] = (), root_name: str | None = None
+) -> SqlBreakdown:
+    """``breakdown`` of the spans in the segments ``files`` (in arrival order), by DuckDB."""
+    duckdb = _duckdb()
+    names = []
+    for path in files:
+        try:
+            check_segment(path)
+            names.append(str(path))
+        except StoreError as error:  # as load_spans does: named, left out, the rest read
+            _log.warning("otelkit: %s; left out", error)
+    if not names:
+        return SqlBreakdown({}, 0, 0, 0)
+    spill = tempfile.mkdtemp(prefix="otelkit-duckdb-")
+    # bounded: past the limit DuckDB spills its tables to a temporary folder of its own
+    con = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "temp_directory": spill})
+    try:
+        try:
+            con.execute(_spans_sql(names, group_by))
+        except duckdb.Error as error:
+            raise StoreError(f"the span store could not be read: {error}") from error
+        con.execute(_TREE)
+        con.execute(_components_sql(root_name))
+        con.execute(_ROWS)
+        spans, traces = con.execute("SELECT count(*), count(DISTINCT t) FROM k").fetchone()
+        # each combination of group values as the Python path writes it: one group each
+        keys: dict[tuple[str, ...], int] = {}
+        combos, gids = [], []
+        for combo, values, address in con.execute(
+            "SELECT DISTINCT combo, gvals, address FROM rk"
+        ).fetchall():
+            key = tuple(
+                address if name == semconv.ANSWERED_BY else _text(value)
+                for name, value in zip(group_by, values, strict=False)
+            )
+            combos.append(combo)
+            gids.append(keys.setdefault(key, len(keys)))
+        con.execute(
+            "CREATE TEMP TABLE gids AS SELECT unnest(?::BIGINT[]) AS combo, "
+            "unnest(?::BIGINT[]) AS gid",
+            [combos, gids],
+        )
+        odd = [t for (t,) in con.execute("SELECT t FROM odd").fetchall()]
+        _delegate(con, names, odd, group_by, root_name, keys)
+        con.execute(_MERGE)
+        groups = {key: Breakdown(key) for key in keys}
+        by_gid = {gid: groups[key] for key, gid in keys.items()}
+        for gid, count in con.execute(
+            "SELECT gid, count(*) FILTER (bad) FROM allroots GROUP BY gid"
+        ).fetchall():
+            by_gid[gid].incomplete = count
+        for gid, name, part, values in con.execute(
+            "SELECT gid, name, part, vals FROM cells ORDER BY gid, first"
+        ).fetchall():
+            by_gid[gid].components[name] = values
+            if part:
+                by_gid[gid].parts.add(name)
+        for gid, texts in con.execute("SELECT gid, texts FROM said").fetchall():
+            by_gid[gid].problems = texts
+    finally:
+        con.close()
+        shutil.rmtree(spill, ignore_errors=True)
+    return SqlBreakdown(groups, spans, traces, len(odd))
+
+
+def _text(value: str | None) -> str:
+    """A group's value as the Python path writes it (``str`` of the attribute's value)."""
+    if value is None:
+        return ""
+    return str(json.loads(value))
+
+
+def _delegate(
+    con: Any,
+    files: list[str],
+    odd: list[str],
+    group_by: Sequence[str],
+    root_name: str | None,
+    keys: dict[tuple[str, ...], int],
+) -> None:
+    """Break down the traces ``odd`` by the Python path, into the tables ``droots``,
+    ``dcomp`` and ``dproblems`` (a root keyed by a negative number), new groups into ``keys``."""
+    roots: dict[str, list[Any]] = {"root": [], "gid": [], "tord": [], "idx": [], "bad": []}
+    comps: dict[str, list[Any]] = {"root": [], "name": [], "s": [], "pos": [], "part": []}
+    said: dict[str, list[Any]] = {"root": [], "n": [], "text": []}
+    if odd:
+        con.execute("CREATE TEMP TABLE wanted AS SELECT unnest(?::VARCHAR[]) AS t", [odd])
+        table = con.sql(
+            "SELECT r.* EXCLUDE (filename, file_row_number, ord, SpanAttributes,"
+            " ResourceAttributes), f.first AS tord FROM ("
+            "  SELECT *, (list_position($files, filename)::BIGINT << 32) + file_row_number AS ord"
+            "  FROM read_parquet($files, filename = true, file_row_number = true)) r"
+            " SEMI JOIN wanted w ON w.t = r.TraceId"
+            " JOIN (SELECT t, min(ord) AS first FROM k GROUP BY t) f ON f.t = r.TraceId"
+            " ORDER BY r.ord",
+            params={"files": files},
+        ).to_arrow_table()
+        first = dict(
+            zip(table.column("TraceId").to_pylist(), table.column("tord").to_pylist(), strict=True)
+        )
+        spans = spans_of_table(table.drop(["tord"]))
+        for trace_id, trace in build_traces(spans).items():
+            index = 0
+            for root in trace.roots:
+                if trace.is_orphan(root) or (root_name is not None and root.name != root_name):
+                    continue
+                index += 1
+                key = -len(roots["root"]) - 1
+                components, problems, named = _components(trace, root)
+                gid = keys.setdefault(group_key(trace, root, group_by), len(keys))
+                for column, value in zip(
+                    roots,
+                    (key, gid, first[trace_id], index, NO_SERVER_SPAN in components),
+                    strict=True,
+                ):
+                    roots[column].append(value)
+                for pos, (name, seconds) in enumerate(components.items(), 1):
+                    for column, value in zip(
+                        comps, (key, name, seconds, pos, name in named), strict=True
+                    ):
+                        comps[column].append(value)
+                for n, text in enumerate(problems, 1):
+                    for column, value in zip(said, (key, n, text), strict=True):
+                        said[column].append(value)
+    types = {"root": "BIGINT", "gid": "BIGINT", "tord": "BIGINT", "idx": "BIGINT"}
+    types |= {"bad": "BOOLEAN", "name": "VARCHAR", "s": "DOUBLE", "pos": "BIGINT"}
+    types |= {"part": "BOOLEAN", "n": "BIGINT", "text": "VARCHAR"}
+    for table_name, columns in (("droots", roots), ("dcomp", comps), ("dproblems", said)):
+        select = ", ".join(f"unnest(?::{types[c]}[]) AS {c}" for c in columns)
+        con.execute(f"CREATE TEMP TABLE {table_name} AS SELECT {select}", list(columns.values()))

@@ -6,13 +6,13 @@ from Parquet segments by DuckDB: the trees are walked by recursive queries, the 
 union of Triton's queue intervals, the server's parts come from one sweep over the edges of the
 intervals of ``_server_time`` (each instant to the innermost interval holding it).
 
-The queries cover the shapes a site's traces have: a client's roots, its stages and calls;
-Triton's request, model, ensemble and compute spans with their events; otelkit's servers
-(FastAPI's cuts included) and any span under a server by its own time. A trace of another
-shape is handed whole to the Python path and its result merged in place, so the two agree
-trace for trace: one with an orphan, a parent cycle or a span its own parent (corrupt or partial
-data), one through a proxy (Envoy), one of Ray Serve's (its queue spans, its own tracing, its
-deployments' spans). ``SqlBreakdown.delegated`` says how many traces took that path.
+The queries cover the shapes a site's traces have: a client's roots, its stages and calls
+(through a proxy such as Envoy, its retries included); Triton's request, model, ensemble and
+compute spans with their events; otelkit's servers (FastAPI's cuts included); Ray Serve's
+handle calls, router, replicas and their queues; any other span under a server by its own time.
+A trace whose tree is broken (an orphan, a span its own parent, a parent cycle: partial or
+corrupt data) is handed whole to the Python path, whose answer is merged in its place, so the
+two agree trace for trace. ``SqlBreakdown.delegated`` says how many traces took that path.
 
 DuckDB and pyarrow are imported on first use: ``pip install 'otelkit[store]'``.
 """
@@ -32,6 +32,7 @@ from otelkit import semconv
 from otelkit.analysis._breakdown import (
     CLIENT_OTHER,
     CONNECTION,
+    LOAD_BALANCER,
     NETWORK,
     NO_SERVER_SPAN,
     SERVER_OTHER,
@@ -56,12 +57,12 @@ from otelkit.analysis._server_time import (
     RECEIVE,
     SCHEDULER,
     SEND,
+    SERVE_ROUTER,
 )
 from otelkit.analysis._store import StoreError, check_segment, spans_of_table
 
 __all__ = ["SqlBreakdown", "breakdown_store"]
 
-_SERVE_SCOPE = "ray.serve"
 _log = logging.getLogger("otelkit.analysis")
 #: what DuckDB may hold in memory before it spills to disk
 MEMORY_LIMIT = "1GB"
@@ -91,6 +92,11 @@ def _duckdb() -> Any:
 def _q(text: str) -> str:
     """``text`` as an SQL string literal."""
     return "'" + text.replace("'", "''") + "'"
+
+
+_SERVE_HEADS = ", ".join(_q(head) for head in _SERVE_SPANS)
+_SERVE_NAMES = " ".join(f"WHEN {_q(head)} THEN {_q(name)}" for head, name in _SERVE_SPANS.items())
+_ROUTER = next(head for head, name in _SERVE_SPANS.items() if name == SERVE_ROUTER)
 
 
 def _first(event: str) -> str:
@@ -124,17 +130,6 @@ def _spans_sql(files: list[str], group_by: Sequence[str]) -> str:
         "m_sent": semconv.HTTP_RESPONSE_SENT,
     }
     picked = ",\n        ".join(f"{_first(name)} AS {column}" for column, name in events.items())
-    serve_heads = [*_SERVE_SPANS, _SERVE_REPLICA]
-    odd = " OR ".join(
-        [
-            f"starts_with(ScopeName, {_q(_SERVE_SCOPE)})",
-            f"SpanName = {_q(semconv.RAY_SERVE_QUEUE_SPAN)}",
-            f"{_attr(semconv.RAY_SERVE_DEPLOYMENT)} IS NOT NULL",
-            f"{_attr(_SERVE_DEPLOYMENT)} IS NOT NULL",
-            f"split_part(SpanName, ' ', 1) IN ({', '.join(_q(h) for h in serve_heads)})",
-            f"(SpanKind = 'Server' AND {_attr(semconv.PROXY_COMPONENT)} = {_q(semconv.PROXY)})",
-        ]
-    )
     keys = (
         ", ".join(
             "NULL::VARCHAR"
@@ -153,7 +148,14 @@ SELECT * FROM (
     epoch_ns(Timestamp)::BIGINT AS st, epoch_ns(Timestamp)::BIGINT + Duration AS en,
     {_attr(semconv.STAGE_NAME)} AS stage,
     NULLIF({_attr(semconv.TRITON_SPAN_MODEL_NAME)}, '') AS model,
-    coalesce(({odd}), false) AS odd,
+    SpanKind = 'Server' AND {_attr(semconv.PROXY_COMPONENT)} IS NOT DISTINCT FROM
+      {_q(semconv.PROXY)} AS is_proxy,
+    coalesce({_attr(semconv.PROXY_UPSTREAM_ADDRESS)}, '') AS upstream,
+    split_part(SpanName, ' ', 1) AS head,
+    SpanName = {_q(semconv.RAY_SERVE_QUEUE_SPAN)} AS queued,
+    {_attr(semconv.RAY_SERVE_DEPLOYMENT)} IS NOT NULL AS ours,
+    NULLIF({_attr(semconv.RAY_SERVE_DEPLOYMENT)}, '') AS dep,
+    NULLIF({_attr(_SERVE_DEPLOYMENT)}, '') AS sdep,
     coalesce(TRY_CAST({_attr(semconv.SERIALIZE_S)} AS DOUBLE), 0) AS ser,
     coalesce(TRY_CAST({_attr(semconv.DESERIALIZE_S)} AS DOUBLE), 0) AS deser,
     coalesce(TRY_CAST({_attr(semconv.CONNECT_S)} AS DOUBLE), 0) AS conn,
@@ -200,10 +202,10 @@ WITH RECURSIVE w(t, id, root, path, lvl, free, cl, stg) AS (
 )
 SELECT t, id, root, path, lvl, free FROM w;
 
--- traces left to the Python path: a span of an odd kind, a span its own parent or whose
--- parent is missing, a span no root reaches (a cycle)
+-- traces left to the Python path: a span its own parent or whose parent is missing (an
+-- orphan: partial data, or a hop exported elsewhere), a span no root reaches (a cycle)
 CREATE TEMP TABLE odd AS
-SELECT t FROM k GROUP BY t HAVING bool_or(odd) OR bool_or(p IS NOT NULL AND p = id)
+SELECT t FROM k WHERE p IS NOT NULL AND p = id
 UNION SELECT k.t FROM k ANTI JOIN k q ON q.t = k.t AND q.id = k.p WHERE k.p IS NOT NULL
 UNION SELECT t FROM (SELECT t, count(*) AS n FROM k GROUP BY t) a
   ANTI JOIN (SELECT t, count(*) AS n FROM walk GROUP BY t) b ON a.t = b.t AND a.n = b.n;
@@ -226,49 +228,114 @@ SELECT r.root, w.path, k.* FROM walk w JOIN roots r ON r.t = w.t AND r.id = w.ro
 JOIN k ON k.t = w.t AND k.id = w.id
 WHERE w.id <> w.root AND w.lvl AND (k.is_client OR k.stage IS NOT NULL);
 
--- the first call under each root, no call above it: the server that answered
+-- each call (keyed by its arrival: unique) and what answered it: its first child (``front``)
+-- and, where that is a proxy's span (Envoy), the server span under the proxy's last attempt
+-- that reached one (``srv``); the call's end within the front's (``upto0``) and the server's
+CREATE TEMP TABLE calls AS
+WITH c0 AS (
+  SELECT c.t, c.ord AS call, c.root, c.path AS cpath, c.st AS cst, c.en AS cen, c.ser,
+         c.deser, c.conn, c.called, v.id AS fid, v.st AS fst, v.en AS fen,
+         v.r0 AS fr0, v.r1 AS fr1, v.s0 AS fs0, v.s1 AS fs1,
+         coalesce(v.is_proxy, false) AS proxied
+  FROM level c LEFT JOIN k v ON v.t = c.t AND v.p = c.id AND v.pos = 1
+  WHERE c.is_client
+), tries AS (
+  SELECT a.t, a.p AS proxy, arg_max(a.id, a.pos) AS att FROM k a
+  SEMI JOIN c0 ON c0.t = a.t AND c0.fid = a.p AND c0.proxied
+  SEMI JOIN k x ON x.t = a.t AND x.p = a.id
+  WHERE a.is_client GROUP BY a.t, a.p
+), c1 AS (
+  SELECT c0.*, a.id AS att, a.st AS ast, a.en AS aen, a.upstream,
+         CASE WHEN c0.proxied THEN s.id ELSE c0.fid END AS srv
+  FROM c0 LEFT JOIN tries y ON c0.proxied AND y.t = c0.t AND y.proxy = c0.fid
+  LEFT JOIN k a ON a.t = y.t AND a.id = y.att
+  LEFT JOIN k s ON s.t = y.t AND s.p = y.att AND s.pos = 1
+)
+SELECT c1.*, v.st AS vst, v.en AS ven, v.name AS vname, v.r0, v.r1, v.s0, v.s1,
+       least(c1.fen, c1.cen) AS upto0, least(v.en, c1.fen, c1.cen) AS upto,
+       round((c1.ser + c1.conn) / 1e-9)::BIGINT AS sent_after,
+       c1.fid IS NULL OR c1.srv IS NULL AS missing
+FROM c1 LEFT JOIN k v ON v.t = c1.t AND v.id = c1.srv;
+
+-- the first call under each root, no call above it: the server that answered (through a
+-- proxy, the address it forwarded to)
 CREATE TEMP TABLE answered AS
 SELECT r.root, arg_min(
-  CASE WHEN k.host <> '' AND k.port NOT IN ('', '0') THEN k.host || ':' || k.port
+  CASE WHEN c.proxied AND c.srv IS NOT NULL THEN c.upstream
+       WHEN k.host <> '' AND k.port NOT IN ('', '0') THEN k.host || ':' || k.port
        ELSE k.host END, w.path) AS address
 FROM walk w JOIN roots r ON r.t = w.t AND r.id = w.root JOIN k ON k.t = w.t AND k.id = w.id
+LEFT JOIN calls c ON c.call = k.ord
 WHERE w.id <> w.root AND w.free AND k.is_client GROUP BY r.root;
 
--- each call (keyed by its arrival: unique) and its server, the call's first child
-CREATE TEMP TABLE calls AS
-SELECT c.t, c.ord AS call, c.root, c.path AS cpath, c.st AS cst, c.en AS cen, c.ser, c.deser,
-       c.conn, c.called, v.id AS srv, v.st AS vst, v.en AS ven, least(v.en, c.en) AS upto,
-       round((c.ser + c.conn) / 1e-9)::BIGINT AS sent_after, v.r0, v.r1, v.s0, v.s1
-FROM level c LEFT JOIN k v ON v.t = c.t AND v.p = c.id AND v.pos = 1
-WHERE c.is_client;
-
--- every span under a server: its depth, whether the parts' walk reaches it (no stage and no
--- call between), the Triton model whose span holds it (``ctx``), its path from the server
+-- every span under a server: its depth, whether the parts' walk reaches it (no stage, Ray
+-- Serve wait or call between), the Triton model whose span holds it (``ctx``), its path
 CREATE TEMP TABLE sub AS
-WITH RECURSIVE u(t, call, id, depth, reach, ctx, path, cl, stg, mine) AS (
-  SELECT c.t, c.call, v.id, 0, true, NULL::VARCHAR, []::BIGINT[], v.is_client,
-         v.stage IS NOT NULL,
+WITH RECURSIVE u(t, call, id, depth, reach, ctx, path, stop, mine) AS (
+  SELECT c.t, c.call, v.id, 0, true, NULL::VARCHAR, []::BIGINT[],
+         v.is_client OR v.stage IS NOT NULL OR v.queued,
          -- the model a span hands the spans under it: its own, where the parts' walk reads it
          -- as a model's span (not a stage, a call, or the frontend's request span)
-         CASE WHEN v.stage IS NULL AND NOT v.is_client AND v.r0 IS NULL AND v.s0 IS NULL
-                   AND NOT v.marked THEN v.model END
+         CASE WHEN v.stage IS NULL AND NOT v.is_client AND NOT v.queued AND v.r0 IS NULL
+                   AND v.s0 IS NULL AND NOT v.marked THEN v.model END
   FROM calls c JOIN k v ON v.t = c.t AND v.id = c.srv
   UNION ALL
-  SELECT c.t, u.call, c.id, u.depth + 1, u.reach AND NOT u.cl AND NOT u.stg,
-         coalesce(u.mine, u.ctx), list_append(u.path, c.pos), c.is_client,
-         c.stage IS NOT NULL, CASE WHEN c.stage IS NULL AND NOT c.is_client THEN c.model END
+  SELECT c.t, u.call, c.id, u.depth + 1, u.reach AND NOT u.stop,
+         coalesce(u.mine, u.ctx), list_append(u.path, c.pos),
+         c.is_client OR c.stage IS NOT NULL OR c.queued,
+         CASE WHEN c.stage IS NULL AND NOT c.is_client AND NOT c.queued THEN c.model END
   FROM u JOIN k c ON c.t = u.t AND c.p = u.id
 )
 SELECT u.call, u.depth, u.reach, u.ctx, u.path, k.* FROM u JOIN k ON k.t = u.t AND k.id = u.id;
 
--- Triton's queue: QUEUE_START to its first child's COMPUTE_START (in start order)
-CREATE TEMP TABLE waits AS
-SELECT q.call, q.q_start AS a, greatest(q.q_start, arg_min(c.c_start, c.pos)) AS b
+-- otelkit's spans of a request directly under Ray Serve's replica span (``_ours``)
+CREATE TEMP TABLE ours AS
+SELECT q.call, q.id, min(c.st) AS first, arg_max(c.en, [c.st, c.en]) AS last
 FROM sub q JOIN k c ON c.t = q.t AND c.p = q.id
-WHERE q.q_start IS NOT NULL AND c.c_start IS NOT NULL
-GROUP BY q.call, q.id, q.q_start;
+WHERE q.head = {_q(_SERVE_REPLICA)} AND c.ours GROUP BY q.call, q.id;
 
--- each instant once: the union of the queue's intervals
+-- the waits (``_queue_interval``): a Ray Serve handle call's ``queued`` span, a replica's
+-- queue (Serve's span to otelkit's), Triton's QUEUE_START to its first child's COMPUTE_START
+CREATE TEMP TABLE waits AS
+SELECT call, st AS a, en AS b, true AS routed FROM sub WHERE queued
+UNION ALL SELECT q.call, q.st, greatest(q.st, o.first), false FROM sub q
+  JOIN ours o ON o.call = q.call AND o.id = q.id WHERE NOT q.queued
+UNION ALL SELECT q.call, q.q_start, greatest(q.q_start, arg_min(c.c_start, c.pos)), false
+  FROM sub q JOIN k c ON c.t = q.t AND c.p = q.id
+  WHERE q.q_start IS NOT NULL AND c.c_start IS NOT NULL AND NOT q.queued
+    AND NOT EXISTS (SELECT 1 FROM ours o WHERE o.call = q.call AND o.id = q.id)
+  GROUP BY q.call, q.id, q.q_start;
+
+-- Serve's router's spans: the part of a handle call's wait that was its choice of a replica
+-- and the hand-off, merged where they overlap
+CREATE TEMP TABLE routers AS
+SELECT call, min(a) AS a, max(b) AS b FROM (
+  SELECT *, sum(CASE WHEN a <= top THEN 0 ELSE 1 END)
+              OVER (PARTITION BY call ORDER BY a, b ROWS UNBOUNDED PRECEDING) AS island
+  FROM (SELECT call, st AS a, en AS b, max(en) OVER (PARTITION BY call ORDER BY st, en
+          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS top
+        FROM sub WHERE head = {_q(_ROUTER)}))
+GROUP BY call, island;
+
+-- the queue's pieces: a handle call's wait less its router's spans, every other wait whole
+CREATE TEMP TABLE queued AS
+WITH cut AS (
+  SELECT w.call, w.a, w.b, r.a AS ra, r.b AS rb FROM waits w
+  JOIN routers r ON r.call = w.call AND r.b > w.a AND r.a < w.b WHERE w.routed
+), gaps AS (
+  SELECT call, a AS wa, b AS wb,
+         coalesce(lag(rb) OVER (PARTITION BY call, a, b ORDER BY ra), a) AS a, ra AS b FROM cut
+  UNION ALL SELECT call, a, b, max(rb), b FROM cut GROUP BY call, a, b
+)
+SELECT call, greatest(a, wa) AS a, least(b, wb) AS b FROM gaps
+  WHERE least(b, wb) > greatest(a, wa)
+UNION ALL SELECT w.call, w.a, w.b FROM waits w
+  WHERE NOT (w.routed AND EXISTS (SELECT 1 FROM routers r WHERE r.call = w.call))
+UNION ALL SELECT w.call, w.a, w.b FROM waits w
+  WHERE w.routed AND EXISTS (SELECT 1 FROM routers r WHERE r.call = w.call)
+    AND NOT EXISTS (SELECT 1 FROM routers r WHERE r.call = w.call AND r.b > w.a AND r.a < w.b);
+
+-- each instant once: the union of the queue's pieces
 CREATE TEMP TABLE queue AS
 SELECT call, sum(b - a) AS ns FROM (
   SELECT call, min(a) AS a, max(b) AS b FROM (
@@ -276,7 +343,7 @@ SELECT call, sum(b - a) AS ns FROM (
                 OVER (PARTITION BY call ORDER BY a, b ROWS UNBOUNDED PRECEDING) AS island
     FROM (SELECT *, max(b) OVER (PARTITION BY call ORDER BY a, b
                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS top
-          FROM waits)
+          FROM queued)
   ) GROUP BY call, island
 ) GROUP BY call;
 
@@ -304,7 +371,7 @@ WITH x AS (
     EXISTS (SELECT 1 FROM k c WHERE c.t = sub.t AND c.p = sub.id AND c.model IS NOT NULL)
       AS steps,
     EXISTS (SELECT 1 FROM staged g WHERE g.t = sub.t AND g.top = sub.p) AS has_stages
-  FROM sub WHERE reach AND stage IS NULL
+  FROM sub WHERE reach AND stage IS NULL AND NOT queued
 ), kinds AS (
   SELECT *,
     CASE
@@ -313,6 +380,9 @@ WITH x AS (
       WHEN depth = 0 AND marked THEN 'asgi'
       WHEN model IS NOT NULL THEN 'model'
       WHEN c_start IS NOT NULL AND ctx IS NOT NULL THEN 'compute'
+      WHEN head IN ({_SERVE_HEADS}) THEN 'serve'
+      WHEN head = {_q(_SERVE_REPLICA)} AND sdep IS NOT NULL THEN 'replica'
+      WHEN dep IS NOT NULL THEN 'deployment'
       WHEN depth > 0 THEN 'span'
     END AS kind,
     'server ' || ctx || CASE WHEN has_stages THEN ' hand-off' ELSE ' compute' END AS infer,
@@ -343,6 +413,13 @@ SELECT call, a, b, label, r1, r2, path, part FROM (
     WHERE kind = 'compute' AND cut
   UNION ALL SELECT call, c_out, c_end, {_q(COMPUTE_OUTPUT)}, 2, depth, path, 2 FROM kinds
     WHERE kind = 'compute' AND cut
+  UNION ALL SELECT call, st, en, CASE head {_SERVE_NAMES} END, 3, depth, path, 0 FROM kinds
+    WHERE kind = 'serve'
+  UNION ALL SELECT s.call, st, coalesce(o.last, en), 'server ' || sdep || ' replica', 3, depth,
+    path, 0 FROM kinds s LEFT JOIN ours o ON o.call = s.call AND o.id = s.id
+    WHERE kind = 'replica'
+  UNION ALL SELECT call, st, en, 'server ' || dep || ' replica', 3, depth, path, 0 FROM kinds
+    WHERE kind = 'deployment'
   UNION ALL SELECT s.call, st, en,
     CASE WHEN taken.name IS NOT NULL THEN own || ' (span)' ELSE own END, 3, depth, path, 0
   FROM (SELECT *, CASE name {known} ELSE 'server ' || name END AS own FROM kinds
@@ -353,7 +430,7 @@ SELECT call, a, b, label, r1, r2, path, part FROM (
 -- what the stages and the queue hold: no part counts there
 CREATE TEMP TABLE held AS
 SELECT call, st AS a, en AS b FROM stages WHERE en > st
-UNION ALL SELECT call, a, b FROM waits WHERE b > a;
+UNION ALL SELECT call, a, b FROM queued WHERE b > a;
 
 -- the sweep: between consecutive edges, the innermost part open (the highest rank, then the
 -- first opened), unless the stages or the queue hold that time; within the server's span,
@@ -377,46 +454,56 @@ SELECT g.call, g.a, arg_max(l.label, [l.r1, l.r2, -l.a, -l.idx]) AS label, g.hi 
 FROM free g JOIN ordered l ON l.call = g.call AND l.a <= g.a AND l.b >= g.b
 GROUP BY g.call, g.a, g.lo, g.hi;
 
--- the server's receive, frontend and send outside its span (``_server_time.around``)
+-- the server's receive, frontend and send outside its span (``_server_time.around``): the
+-- front's within the call (``n`` 0-2), the answering server's within the proxy's attempt (3-5)
 CREATE TEMP TABLE outside AS
 WITH o AS (
-  SELECT call, cst + sent_after AS sent, least(r1, vst) AS rend, * EXCLUDE (call)
-  FROM calls WHERE srv IS NOT NULL
-)
-SELECT call, {_q(RECEIVE)} AS name, rend - greatest(r0, sent) AS ns, 0 AS n FROM o
+  SELECT call, fst AS vst, fen AS ven, cst AS bst, cen AS ben, cst + sent_after AS sent,
+         fr0 AS r0, fr1 AS r1, fs0 AS s0, fs1 AS s1, 0 AS n
+  FROM calls WHERE NOT missing
+  UNION ALL SELECT call, vst, ven, ast, aen, ast, r0, r1, s0, s1, 3 FROM calls
+  WHERE NOT missing AND proxied
+), p AS (SELECT *, least(r1, vst) AS rend FROM o)
+SELECT call, {_q(RECEIVE)} AS name, rend - greatest(r0, sent) AS ns, n FROM p
   WHERE r0 < vst AND rend > greatest(r0, sent)
-UNION ALL SELECT call, {_q(FRONTEND)}, vst - greatest(rend, sent), 1 FROM o
+UNION ALL SELECT call, {_q(FRONTEND)}, vst - greatest(rend, sent), n + 1 FROM p
   WHERE r0 < vst AND vst > greatest(rend, sent)
-UNION ALL SELECT call, {_q(SEND)}, least(s1, cen) - greatest(s0, ven), 2 FROM o
-  WHERE s1 > ven AND least(s1, cen) > greatest(s0, ven);
+UNION ALL SELECT call, {_q(SEND)}, least(s1, ben) - greatest(s0, ven), n + 2 FROM p
+  WHERE s1 > ven AND least(s1, ben) > greatest(s0, ven);
 
 -- each root's components: (name, seconds, where in the root it first comes, a part or not)
 CREATE TEMP TABLE comp AS
 WITH per_call AS (
   SELECT c.*, coalesce(q.ns, 0) * 1e-9 AS queue_s,
-    coalesce((SELECT sum(o.ns) FROM outside o WHERE o.call = c.call), 0) * 1e-9 AS around_s,
+    coalesce((SELECT sum(o.ns) FROM outside o WHERE o.call = c.call AND o.n < 3), 0) * 1e-9
+      AS around_s,
+    coalesce((SELECT sum(o.ns) FROM outside o WHERE o.call = c.call AND o.n >= 3), 0) * 1e-9
+      AS behind_s,
     coalesce((SELECT sum((g.en - g.st) * 1e-9) FROM stages g WHERE g.call = c.call), 0)
       AS staged_s,
     coalesce((SELECT sum(p.ns) FROM pieces p WHERE p.call = c.call), 0) * 1e-9 AS parts_s
-  FROM calls c LEFT JOIN queue q ON q.call = c.call WHERE c.srv IS NOT NULL
+  FROM calls c LEFT JOIN queue q ON q.call = c.call WHERE NOT c.missing
 )
 SELECT root, 'client serialize' AS name, ser AS s, cpath AS path, 0 AS seq, 0 AS sub,
   false AS part FROM calls
 UNION ALL SELECT root, 'client deserialize', deser, cpath, 1, 0, false FROM calls
 UNION ALL SELECT root, {_q(CONNECTION)}, conn, cpath, 2, 0, false FROM calls
-  WHERE srv IS NOT NULL AND conn <> 0
-UNION ALL SELECT c.root, o.name, o.ns * 1e-9, c.cpath, 3, o.n, true
-  FROM outside o JOIN calls c ON c.call = o.call
+  WHERE fid IS NOT NULL AND conn <> 0
+UNION ALL SELECT c.root, o.name, o.ns * 1e-9, c.cpath, CASE WHEN o.n < 3 THEN 3 ELSE 5 END,
+  o.n, true FROM outside o JOIN calls c ON c.call = o.call
 UNION ALL SELECT root, {_q(NETWORK)},
-  ((cen - cst) - (upto - vst)) * 1e-9 - ser - deser - conn - around_s, cpath, 4, 0, false
+  ((cen - cst) - (upto0 - fst)) * 1e-9 - ser - deser - conn - around_s, cpath, 4, 0, false
   FROM per_call
-UNION ALL SELECT root, {_q(SERVER_QUEUE)}, queue_s, cpath, 5, 0, false FROM per_call
-UNION ALL SELECT c.root, g.name, (g.en - g.st) * 1e-9, c.cpath, 6, row_number() OVER
+UNION ALL SELECT root, {_q(LOAD_BALANCER)},
+  (upto0 - fst - (least(ven, upto0) - vst)) * 1e-9 - behind_s, cpath, 6, 0, false
+  FROM per_call WHERE proxied
+UNION ALL SELECT root, {_q(SERVER_QUEUE)}, queue_s, cpath, 7, 0, false FROM per_call
+UNION ALL SELECT c.root, g.name, (g.en - g.st) * 1e-9, c.cpath, 8, row_number() OVER
   (PARTITION BY c.call ORDER BY g.path), false FROM stages g JOIN calls c ON c.call = g.call
-UNION ALL SELECT c.root, p.label, sum(p.ns) * 1e-9, c.cpath, 7, min(p.a), true
+UNION ALL SELECT c.root, p.label, sum(p.ns) * 1e-9, c.cpath, 9, min(p.a), true
   FROM pieces p JOIN calls c ON c.call = p.call GROUP BY c.root, c.call, c.cpath, p.label
 UNION ALL SELECT root, {_q(SERVER_OTHER)},
-  (upto - vst) * 1e-9 - queue_s - staged_s - parts_s, cpath, 8, 0, false FROM per_call
+  (upto - vst) * 1e-9 - queue_s - staged_s - parts_s, cpath, 10, 0, false FROM per_call
 UNION ALL SELECT root, 'client ' || stage, (en - st) * 1e-9, path, 0, 0, false FROM level
   WHERE NOT is_client
 UNION ALL SELECT r.root, {_q(CLIENT_OTHER)},
@@ -429,13 +516,16 @@ UNION ALL SELECT root, {_q(TOTAL)}, (en - st) * 1e-9, [9223372036854775807], 1, 
 -- the nesting problems, in each root's order
 CREATE TEMP TABLE problems AS
 SELECT root, cpath AS path, 0 AS n,
-  called || ': server span starts before its client span (' || t || ')' AS text
-FROM calls WHERE srv IS NOT NULL AND vst < cst
-UNION ALL SELECT c.root, c.cpath, 1,
+  vname || ': server span starts before the proxy''s (' || t || ')' AS text
+FROM calls WHERE NOT missing AND proxied AND vst < fst
+UNION ALL SELECT root, cpath, 1,
+  called || ': server span starts before its client span (' || t || ')'
+FROM calls WHERE NOT missing AND vst < cst
+UNION ALL SELECT c.root, c.cpath, 2,
   c.called || ': stages + queue exceed the server span (' || c.t || ')'
 FROM calls c LEFT JOIN queue q ON q.call = c.call
-WHERE c.srv IS NOT NULL AND coalesce((SELECT sum((g.en - g.st) * 1e-9) FROM stages g
-                                      WHERE g.call = c.call), 0) + coalesce(q.ns, 0) * 1e-9
+WHERE NOT c.missing AND coalesce((SELECT sum((g.en - g.st) * 1e-9) FROM stages g
+                                  WHERE g.call = c.call), 0) + coalesce(q.ns, 0) * 1e-9
       > (c.ven - c.vst) * 1e-9 * (1 + 1e-6);
 """
 
@@ -452,7 +542,7 @@ SELECT r.root, r.t, r.tord,
   row_number() OVER (PARTITION BY r.t ORDER BY r.st, r.en, r.root) AS idx,
   dense_rank() OVER (ORDER BY r.gvals, coalesce(a.address, '')) AS combo, r.gvals,
   coalesce(a.address, '') AS address,
-  EXISTS (SELECT 1 FROM calls c WHERE c.root = r.root AND c.srv IS NULL) AS bad
+  EXISTS (SELECT 1 FROM calls c WHERE c.root = r.root AND c.missing) AS bad
 FROM roots r LEFT JOIN answered a ON a.root = r.root;
 
 -- each root's components once, in the order the Python path adds them

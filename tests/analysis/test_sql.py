@@ -101,7 +101,7 @@ def test_the_demo_traces_break_down_alike_with_no_trace_delegated(tmp_path: Path
 def test_the_stores_odd_shapes_are_delegated_and_agree(tmp_path: Path) -> None:
     """Orphans, duplicate ids, a parent cycle, Envoy's spans, a Ray Serve wait: the Python path
     reads those traces, and its answer lands in the groups in their place."""
-    assert both_ways(shapes() + load_spans(DEMO), tmp_path, ("option",)) == 2
+    assert both_ways(shapes() + load_spans(DEMO), tmp_path, ("option",)) == 2  # orphan, cycle
 
 
 _ids = (f"{i:016x}" for i in itertools.count(1))
@@ -218,6 +218,42 @@ def queries_only() -> list[Span]:
         out += [model, compute]
         if name == "left":
             out.append(_stage(compute, "gnn", a + 5, b - 5))
+    # through Envoy: a first attempt that reached nothing, a retry that did (the server's
+    # receive before its span, within the attempt; the server starting before the proxy)
+    root3 = _span("5" * 32, "event", 0, 30, option=3)
+    call3 = _span(root3, "infer", 1, 29, SpanKind.CLIENT, **{semconv.SERIALIZE_S: 0.0002})
+    proxy = _span(call3, "ingress", 2, 28, SpanKind.SERVER, **{semconv.PROXY_COMPONENT: "proxy"})
+    failed = _span(proxy, "router a", 3, 6, SpanKind.CLIENT, upstream_address="10.0.0.1:8000")
+    out.append(_span(failed, "InferRequest", 4, 5, SpanKind.SERVER))  # answered, then retried
+    retry = _span(proxy, "router b", 7, 27, SpanKind.CLIENT, upstream_address="10.0.0.2:8000")
+    behind = {"HTTP_RECV_START": 7.5, "HTTP_RECV_END": 8.5, "HTTP_SEND_START": 25.5}
+    answered = _span(
+        retry, "InferRequest", 1.5, 26, SpanKind.SERVER, behind | {"HTTP_SEND_END": 26.5}
+    )
+    out += [root3, call3, proxy, failed, retry, answered]
+    # a proxy whose attempts reached no server: left out, counted
+    root4 = _span("6" * 32, "event", 0, 10, option=3)
+    call4 = _span(root4, "infer", 1, 9, SpanKind.CLIENT)
+    proxy4 = _span(call4, "ingress", 2, 8, SpanKind.SERVER, **{semconv.PROXY_COMPONENT: "proxy"})
+    out += [root4, call4, proxy4, _span(proxy4, "router a", 3, 7, SpanKind.CLIENT)]
+    # Ray Serve: a handle call's wait routed twice (two router spans inside it, one spilling
+    # past it), a replica span whose request outlives otelkit's two spans under it
+    root5 = _span("7" * 32, "event", 0, 40, option=5)
+    call5 = _span(root5, "POST /infer", 1, 39, SpanKind.CLIENT)
+    ingress = _span(
+        call5, "POST /infer", 2, 38, SpanKind.SERVER, **{semconv.RAY_SERVE_DEPLOYMENT: "In"}
+    )
+    wait = _span(
+        ingress, semconv.RAY_SERVE_QUEUE_SPAN, 3, 15, **{semconv.RAY_SERVE_DEPLOYMENT: "M"}
+    )
+    first = _span(ingress, "route_to_replica M run", 4, 6, SpanKind.SERVER)
+    again = _span(ingress, "route_to_replica M run", 9, 16, SpanKind.SERVER)
+    replica = _span(
+        again, "replica_handle_request M run", 15.5, 36, SpanKind.SERVER, deployment="M"
+    )
+    mine = _span(replica, "M.run", 17, 30, SpanKind.SERVER, **{semconv.RAY_SERVE_DEPLOYMENT: "M"})
+    late = _span(replica, "M.post", 18, 25, **{semconv.RAY_SERVE_DEPLOYMENT: "M"})
+    out += [root5, call5, ingress, wait, first, again, replica, mine, late]
     # a root with no call, one named otherwise, a root that is itself a call
     out.append(_span("3" * 32, "event", 0, 5, option=None))
     out.append(_span("3" * 32, "warm-up", 6, 9))

@@ -486,6 +486,10 @@ class SpanRecorder:
         """
         if root is NOT_SAMPLED:
             return UNSAMPLED
+        # the span starts as it is asked for: the sampler's decision and the span's making
+        # (about 13 µs on the 2-core VM) are then inside it, not in the gap before it that
+        # the breakdown reads as the caller's own code (``client other``)
+        now = time.time_ns()
         pipeline = self.pipeline if self._generation == SWITCH.generation else self._current()
         current = (_current_context() if context is None else context).get(_SPAN_KEY)
         if current is None:  # no span: skip the isinstance check against an ABC
@@ -545,6 +549,7 @@ class SpanRecorder:
             self._attributes(pipeline),
             links,
             traceparent,
+            now,
         )
 
 

@@ -143,7 +143,14 @@ def _spans_sql(files: list[str], group_by: Sequence[str]) -> str:
 CREATE TEMP TABLE raw AS
 SELECT * FROM (
   SELECT
-    TraceId AS t, SpanId AS id, NULLIF(ParentSpanId, '') AS p, SpanName AS name,
+    -- ids as the integers their hex spells: joins and sorts on them are several times
+    -- cheaper than on text; an id that is not hex marks its trace for the Python path
+    TraceId AS tt, TRY_CAST('0x' || TraceId AS UHUGEINT) AS t,
+    TRY_CAST('0x' || SpanId AS UBIGINT) AS id,
+    CASE WHEN ParentSpanId <> '' THEN TRY_CAST('0x' || ParentSpanId AS UBIGINT) END AS p,
+    TRY_CAST('0x' || TraceId AS UHUGEINT) IS NULL OR TRY_CAST('0x' || SpanId AS UBIGINT) IS NULL
+      OR (ParentSpanId <> '' AND TRY_CAST('0x' || ParentSpanId AS UBIGINT) IS NULL) AS badid,
+    SpanName AS name,
     SpanKind = 'Client' AS is_client,
     epoch_ns(Timestamp)::BIGINT AS st, epoch_ns(Timestamp)::BIGINT + Duration AS en,
     {_attr(semconv.STAGE_NAME)} AS stage,
@@ -170,7 +177,7 @@ SELECT * FROM (
     SELECT *, list_transform(Events, lambda e: e.Name) AS names,
               list_transform(Events, lambda e: e.Timestamp) AS times
     FROM read_parquet({listed}, filename = true, file_row_number = true))
-) QUALIFY row_number() OVER (PARTITION BY t, id ORDER BY ord) = 1;
+) QUALIFY row_number() OVER (PARTITION BY t, id, CASE WHEN badid THEN ord END ORDER BY ord) = 1;
 
 -- each span's place among its parent's children (start order, arrival breaking ties), its
 -- frontend's receive and send (HTTP's, else gRPC's), its ASGI cuts in order
@@ -205,9 +212,9 @@ SELECT t, id, root, path, lvl, free FROM w;
 -- traces left to the Python path: a span its own parent or whose parent is missing (an
 -- orphan: partial data, or a hop exported elsewhere), a span no root reaches (a cycle)
 CREATE TEMP TABLE odd AS
-SELECT t FROM k WHERE p IS NOT NULL AND p = id
-UNION SELECT k.t FROM k ANTI JOIN k q ON q.t = k.t AND q.id = k.p WHERE k.p IS NOT NULL
-UNION SELECT t FROM (SELECT t, count(*) AS n FROM k GROUP BY t) a
+SELECT tt FROM k WHERE badid OR (p IS NOT NULL AND p = id)
+UNION SELECT k.tt FROM k ANTI JOIN k q ON q.t = k.t AND q.id = k.p WHERE k.p IS NOT NULL
+UNION SELECT a.tt FROM (SELECT t, any_value(tt) AS tt, count(*) AS n FROM k GROUP BY t) a
   ANTI JOIN (SELECT t, count(*) AS n FROM walk GROUP BY t) b ON a.t = b.t AND a.n = b.n;
 """
 
@@ -220,7 +227,7 @@ def _components_sql(root_name: str | None) -> str:
 CREATE TEMP TABLE roots AS
 SELECT r.t, r.id, r.ord AS root, r.st, r.en, r.name, f.first AS tord, r.gvals
 FROM k r JOIN (SELECT t, min(ord) AS first FROM k GROUP BY t) f ON f.t = r.t
-WHERE r.p IS NULL AND r.t NOT IN (SELECT t FROM odd) {named};
+WHERE r.p IS NULL AND r.tt NOT IN (SELECT tt FROM odd) {named};
 
 -- the client's calls and stages: reached from a root through spans of neither kind
 CREATE TEMP TABLE level AS
@@ -233,7 +240,7 @@ WHERE w.id <> w.root AND w.lvl AND (k.is_client OR k.stage IS NOT NULL);
 -- that reached one (``srv``); the call's end within the front's (``upto0``) and the server's
 CREATE TEMP TABLE calls AS
 WITH c0 AS (
-  SELECT c.t, c.ord AS call, c.root, c.path AS cpath, c.st AS cst, c.en AS cen, c.ser,
+  SELECT c.t, c.tt, c.ord AS call, c.root, c.path AS cpath, c.st AS cst, c.en AS cen, c.ser,
          c.deser, c.conn, c.called, v.id AS fid, v.st AS fst, v.en AS fen,
          v.r0 AS fr0, v.r1 AS fr1, v.s0 AS fs0, v.s1 AS fs1,
          coalesce(v.is_proxy, false) AS proxied
@@ -516,13 +523,13 @@ UNION ALL SELECT root, {_q(TOTAL)}, (en - st) * 1e-9, [9223372036854775807], 1, 
 -- the nesting problems, in each root's order
 CREATE TEMP TABLE problems AS
 SELECT root, cpath AS path, 0 AS n,
-  vname || ': server span starts before the proxy''s (' || t || ')' AS text
+  vname || ': server span starts before the proxy''s (' || tt || ')' AS text
 FROM calls WHERE NOT missing AND proxied AND vst < fst
 UNION ALL SELECT root, cpath, 1,
-  called || ': server span starts before its client span (' || t || ')'
+  called || ': server span starts before its client span (' || tt || ')'
 FROM calls WHERE NOT missing AND vst < cst
 UNION ALL SELECT c.root, c.cpath, 2,
-  c.called || ': stages + queue exceed the server span (' || c.t || ')'
+  c.called || ': stages + queue exceed the server span (' || c.tt || ')'
 FROM calls c LEFT JOIN queue q ON q.call = c.call
 WHERE NOT c.missing AND coalesce((SELECT sum((g.en - g.st) * 1e-9) FROM stages g
                                   WHERE g.call = c.call), 0) + coalesce(q.ns, 0) * 1e-9
@@ -628,7 +635,7 @@ def breakdown_store(
             "unnest(?::BIGINT[]) AS gid",
             [combos, gids],
         )
-        odd = [t for (t,) in con.execute("SELECT t FROM odd").fetchall()]
+        odd = [t for (t,) in con.execute("SELECT tt FROM odd").fetchall()]
         _delegate(con, names, odd, group_by, root_name, keys)
         con.execute(_MERGE)
         groups = {key: Breakdown(key) for key in keys}
@@ -679,7 +686,7 @@ def _delegate(
             "  SELECT *, (list_position($files, filename)::BIGINT << 32) + file_row_number AS ord"
             "  FROM read_parquet($files, filename = true, file_row_number = true)) r"
             " SEMI JOIN wanted w ON w.t = r.TraceId"
-            " JOIN (SELECT t, min(ord) AS first FROM k GROUP BY t) f ON f.t = r.TraceId"
+            " JOIN (SELECT tt, min(ord) AS first FROM k GROUP BY tt) f ON f.tt = r.TraceId"
             " ORDER BY r.ord",
             params={"files": files},
         ).to_arrow_table()

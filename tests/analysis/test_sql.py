@@ -308,3 +308,26 @@ def test_the_cli_breaks_a_store_down_by_duckdb_as_by_python(
         first.name in r.getMessage() and "left out" in r.getMessage() for r in caplog.records
     )
     assert "traces" in capsys.readouterr().out
+
+
+def test_ids_that_are_not_hex_take_the_python_path(tmp_path: Path) -> None:
+    """The queries join on the integers the ids spell: a trace whose ids are not hex (another
+    writer's, or corrupt) is broken down by the Python path, alike."""
+    spans = load_spans(DEMO)
+    odd = [
+        Span(
+            "not-hex-" + s.trace_id[8:],
+            "span-" + s.span_id[5:],
+            None if s.parent_span_id is None else "span-" + s.parent_span_id[5:],
+            s.name,
+            s.kind,
+            s.start_ns,
+            s.end_ns,
+            s.attributes,
+            events=s.events,
+        )
+        for s in spans[:40]
+    ]
+    assert both_ways(spans + odd, tmp_path, ("gnn_tracking.option",)) == len(
+        {s.trace_id for s in odd}
+    )

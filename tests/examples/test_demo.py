@@ -58,8 +58,7 @@ def test_make_demo_runs_end_to_end_and_passes_its_checks(
             f"STAMP={stamp}",
             f"PY={sys.executable}",
             # about twenty events an option: the unexplained-time check is a mean over them
-            f"DEMO_ARGS=--seconds 1 --threads 1 --no-twin --no-ray --study-seconds 0.6 "
-            f"--out {out}",
+            f"DEMO_ARGS=--seconds 1 --threads 1 --no-twin --no-ray --study-seconds 0.6 --out {out}",
         ],
         cwd=ROOT,
         capture_output=True,

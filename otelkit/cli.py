@@ -30,7 +30,7 @@ __all__ = ["main"]
 # subcommand -> (module, one-line help)
 _COMMANDS = {
     "receive": ("otelkit.receiver", "run the embedded OTLP/HTTP trace receiver"),
-    "breakdown": ("otelkit.analysis._breakdown", "where the time of traced requests goes"),
+    "breakdown": ("otelkit.analysis._command", "where the time of traced requests goes"),
     "import": ("otelkit.analysis._import", "trace files into the span store's Parquet segments"),
     "gpu": ("otelkit.gpu._cli", "show the GPUs as otelkit samples them, or record them"),
     "gpu-exporter": ("otelkit.gpu._exporter", "serve NVML GPU metrics to Prometheus"),

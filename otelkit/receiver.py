@@ -31,6 +31,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otelkit._core.signals import stop_on_signals
 from otelkit._core.threads import ThreadGroup
+from otelkit.analysis._decode import spans_of_doc
+from otelkit.analysis._store import SegmentWriter, StoreError
 from otelkit.export._jsonl import JsonLinesWriter
 from otelkit.export._otlp_json import request_to_json, span_count
 from otelkit.export._otlp_json_normalize import normalize_json
@@ -40,6 +42,8 @@ __all__ = ["Receiver", "add_arguments", "run"]
 _log = logging.getLogger("otelkit.receiver")
 
 TRACES_PATH = "/v1/traces"
+#: what the receiver writes: OTLP JSON lines (``traces.jsonl``), the span store's segments
+FORMATS = ("jsonl", "parquet")
 _PROTOBUF, _JSON = "application/x-protobuf", "application/json"
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # deflate is zlib-wrapped
 _CHUNK_LINE_LIMIT = 4096  # a chunk's size line, with its extensions; a trailer line
@@ -76,9 +80,18 @@ class Receiver:
         max_concurrent: int = 4,
         slot_wait_s: float = 2.0,
         max_file_bytes: int | None = None,
+        formats: tuple[str, ...] = ("jsonl",),
+        segment_spans: int = 100_000,
+        segment_age_s: float = 60.0,
     ) -> None:
+        unknown = set(formats) - set(FORMATS)
+        if unknown or not formats:
+            raise ValueError(f"formats: one or both of {FORMATS}, not {formats!r}")
         self.out_dir, self.host, self._requested_port = Path(out_dir), host, port
         self.out_path = self.out_dir / "traces.jsonl"
+        self.formats = tuple(formats)
+        self._segment_spans, self._segment_age_s = segment_spans, segment_age_s
+        self._segments: SegmentWriter | None = None
         self.max_body_bytes, self.max_decoded_bytes = max_body_bytes, max_decoded_bytes
         self.max_concurrent, self.max_file_bytes = max_concurrent, max_file_bytes
         self.slot_wait_s = slot_wait_s
@@ -94,8 +107,15 @@ class Receiver:
         server = _Server((self.host, self._requested_port), _Handler)
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._writer = JsonLinesWriter(self.out_path, max_bytes=self.max_file_bytes)
-        except OSError:
+            if "jsonl" in self.formats:
+                self._writer = JsonLinesWriter(self.out_path, max_bytes=self.max_file_bytes)
+            if "parquet" in self.formats:
+                self._segments = SegmentWriter(
+                    self.out_dir,
+                    max_spans=self._segment_spans,
+                    max_age_s=self._segment_age_s,
+                )
+        except (OSError, StoreError):
             server.server_close()
             raise
         self._server, server.receiver, server.connections = server, self, set()
@@ -109,9 +129,21 @@ class Receiver:
         with self._threads.member():
             server.serve_forever(0.1)
 
+    def flush(self) -> None:
+        """Make every span stored so far readable: the JSON lines flushed, the segment being
+        filled written (a study calls it at the end of each point)."""
+        if self._segments is not None:  # JSON lines are flushed line by line
+            self._segments.flush()
+
+    def rotate(self) -> None:
+        """Write the segment being filled if its first span has waited ``segment_age_s``: what
+        a receiver left running calls now and then (spans arriving check it too)."""
+        if self._segments is not None:
+            self._segments.rotate()
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop accepting, let requests in progress finish, then flush and close the file."""
-        if self._server is None or self._writer is None:
+        """Stop accepting, let requests in progress finish, then flush and close the files."""
+        if self._server is None:
             return
         self._server.shutdown()
         self._server.server_close()
@@ -123,8 +155,11 @@ class Receiver:
         for connection in list(self._server.connections):  # wake idle keep-alive threads
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
-        self._writer.close()
-        self._server = self._writer = None
+        if self._writer is not None:
+            self._writer.close()
+        if self._segments is not None:
+            self._segments.close()
+        self._server = self._writer = self._segments = None
         for _ in range(held):
             self._slots.release()
 
@@ -189,9 +224,12 @@ class Receiver:
             except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
                 raise _Reject(HTTPStatus.BAD_REQUEST, f"invalid JSON body: {exc}") from exc
         if spans := span_count(doc):
-            if self._writer is None:
+            if self._writer is None and self._segments is None:
                 raise _Reject(HTTPStatus.SERVICE_UNAVAILABLE, "the receiver is stopping")
-            self._writer.write(doc)
+            if self._writer is not None:
+                self._writer.write(doc)
+            if self._segments is not None:
+                self._segments.add(spans_of_doc(doc))
         self._count(spans=spans)
 
     def _count(self, spans: int = 0, rejected: int = 0) -> None:
@@ -380,24 +418,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``otelkit receive`` options: ``--host``, ``--port`` and ``--out``."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=4318, help="TCP port (OTLP/HTTP: 4318)")
-    parser.add_argument("--out", default="./otelkit-traces", help="directory for traces.jsonl")
+    parser.add_argument(
+        "--out", default="./otelkit-traces", help="directory for traces.jsonl and segments"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("jsonl", "parquet", "both"),
+        default="jsonl",
+        help="OTLP JSON lines (traces.jsonl, the default), the span store's zstd Parquet "
+        "segments (spans-NNNNN.parquet: otelkit[store]), or both",
+    )
+    parser.add_argument(
+        "--segment-spans",
+        type=int,
+        default=100_000,
+        help="spans a segment holds before it is written (default 100,000)",
+    )
+    parser.add_argument(
+        "--segment-age",
+        type=float,
+        default=60.0,
+        help="seconds a segment's first span waits at most before it is written (default 60)",
+    )
 
 
 def run(args: argparse.Namespace, *, log_every: float = 30.0) -> int:
     """Serve until SIGTERM or SIGINT, then flush and return 0 (1 if it cannot start)."""
-    receiver = Receiver(args.out, args.host, args.port)
+    formats = ("jsonl", "parquet") if args.format == "both" else (args.format,)
+    receiver = Receiver(
+        args.out,
+        args.host,
+        args.port,
+        formats=formats,
+        segment_spans=args.segment_spans,
+        segment_age_s=args.segment_age,
+    )
     try:
         receiver.start()
-    except OSError as exc:
+    except (OSError, StoreError) as exc:
         _log.error("cannot start the receiver on %s:%s: %s", args.host, args.port, exc)
         return 1
     _log.info(
         "receiving OTLP/HTTP traces on %s, writing %s", receiver.traces_url, receiver.out_path
     )
-    logged = (0, 0)
+    logged, last = (0, 0), time.monotonic()
     with stop_on_signals() as stop:
         try:
-            while not stop.wait(log_every):
+            while not stop.wait(min(log_every, 1.0)):
+                receiver.rotate()
+                if time.monotonic() - last < log_every:
+                    continue
+                last = time.monotonic()
                 if (receiver.spans_stored, receiver.requests_rejected) != logged:
                     logged = (receiver.spans_stored, receiver.requests_rejected)
                     _log.info("%d spans stored, %d requests rejected", *logged)

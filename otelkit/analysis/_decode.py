@@ -25,7 +25,7 @@ from typing import Any
 from otelkit.analysis._spans import Attributes, Span, SpanEvent, SpanKind, SpanLink, StatusCode
 from otelkit.export._otlp_json_normalize import normalize_json
 
-__all__ = ["spans_of_line"]
+__all__ = ["spans_of_doc", "spans_of_line"]
 
 _log = logging.getLogger("otelkit.analysis")
 
@@ -55,6 +55,14 @@ def spans_of_line(line: str, where: str) -> list[Span]:
     except (ValueError, RecursionError, _NotCanonical) as exc:
         _log.warning("%s: skipped, not an OTLP JSON document: %s", where, exc)
         return []
+
+
+def spans_of_doc(doc: dict[str, Any]) -> list[Span]:
+    """The spans of one OTLP JSON document as the receiver writes it (``request_to_json``)."""
+    try:
+        return list(_spans(doc))
+    except (_NotCanonical, KeyError, TypeError, ValueError, AttributeError):
+        return list(_spans(normalize_json(doc)))
 
 
 def _hex(value: Any, size: int) -> str:

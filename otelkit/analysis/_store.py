@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,9 +38,11 @@ from otelkit.analysis._spans import Span, SpanEvent, SpanKind, SpanLink, StatusC
 
 __all__ = [
     "SUFFIX",
+    "SegmentWriter",
     "StoreError",
     "check_segment",
     "read_segment",
+    "segment_path",
     "spans_of_table",
     "write_segment",
 ]
@@ -145,6 +149,86 @@ def _row(span: Span) -> dict[str, Any]:
             for k in span.links
         ],
     }
+
+
+def segment_path(folder: str | Path, first: int = 0) -> Path:
+    """The next segment's name in ``folder``: ``spans-NNNNN.parquet``, after those there (the
+    loader reads segments in name order, which is their order of arrival)."""
+    taken = sorted(Path(folder).glob(f"spans-*{SUFFIX}"))
+    number = first
+    if taken:
+        with contextlib.suppress(ValueError):
+            number = max(number, int(taken[-1].name[6 : -len(SUFFIX)]) + 1)
+    return Path(folder) / f"spans-{number:05d}{SUFFIX}"
+
+
+class SegmentWriter:
+    """Spans as they arrive into a folder of segments: each ``add`` turns its spans into
+    columns at once (a span held costs its bytes, not a Python object), and a segment is
+    written whole when it holds ``max_spans``, when its first span has waited ``max_age_s``
+    (checked as spans arrive), and at ``flush`` and ``close``: a segment has no footer until
+    it is written, so a reader sees every span only once its segment is closed. Thread-safe.
+
+    >>> writer = SegmentWriter("span-store")  # doctest: +SKIP
+    >>> writer.add(spans); writer.flush()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self, folder: str | Path, *, max_spans: int = 100_000, max_age_s: float = 60.0
+    ) -> None:
+        self.folder = Path(folder)
+        self.max_spans, self.max_age_s = max_spans, max_age_s
+        self._lock = threading.Lock()
+        self._tables: list[Any] = []
+        self._held = 0
+        self._since = 0.0
+        self.spans_written = 0
+        self.segments_written = 0
+
+    def add(self, spans: Iterable[Span]) -> None:
+        """Hold ``spans`` for the next segment; write it if it is full or old enough."""
+        pa = _arrow()
+        rows = [_row(span) for span in spans]
+        if not rows:
+            return
+        table = pa.Table.from_pylist(rows, schema=_schema(pa))
+        with self._lock:
+            if not self._tables:
+                self._since = time.monotonic()
+            self._tables.append(table)
+            self._held += len(rows)
+            if self._held >= self.max_spans or time.monotonic() - self._since >= self.max_age_s:
+                self._write()
+
+    def rotate(self) -> int:
+        """Write the spans held if the first of them has waited ``max_age_s``; the count."""
+        with self._lock:
+            if self._tables and time.monotonic() - self._since >= self.max_age_s:
+                return self._write()
+            return 0
+
+    def flush(self) -> int:
+        """Write the spans held as one segment (none: nothing); the count written."""
+        with self._lock:
+            return self._write()
+
+    def close(self) -> None:
+        self.flush()
+
+    def _write(self) -> int:
+        if not self._tables:
+            return 0
+        pa = _arrow()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        target = segment_path(self.folder)
+        partial = target.with_name(f".{target.name}.partial")
+        table = pa.concat_tables(self._tables)
+        pa.parquet.write_table(table, partial, compression="zstd", row_group_size=_ROWS_PER_GROUP)
+        partial.replace(target)
+        self._tables, held, self._held = [], self._held, 0
+        self.spans_written += held
+        self.segments_written += 1
+        return held
 
 
 def write_segment(spans: Iterable[Span], path: str | Path) -> int:

@@ -10,6 +10,7 @@ named and left out, the other files still read.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from otelkit.analysis import (
 from otelkit.analysis._breakdown import breakdown
 from otelkit.analysis._store import StoreError, read_segment, write_segment
 from otelkit.cli import main
+from otelkit.receiver import Receiver
 
 pytest.importorskip("pyarrow")
 
@@ -148,3 +150,65 @@ def test_a_parquet_file_of_another_shape_is_refused_by_name(tmp_path: Path) -> N
         StoreError, match=r"other\.parquet: not a span segment: no column Timestamp"
     ):
         list(read_segment(other))
+
+
+def _export(url: str, spans: int, name: str = "infer") -> None:
+    """``spans`` spans of one trace sent to ``url`` by OpenTelemetry's own OTLP exporter."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider(resource=Resource({"service.name": "tests"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=url)))
+    tracer = provider.get_tracer("tests")
+    with tracer.start_as_current_span(name) as root:
+        root.set_attribute("option", 2)
+        for index in range(spans - 1):
+            with tracer.start_as_current_span(f"stage-{index}") as stage:
+                stage.add_event("COMPUTE_START", {"gpu": index})
+    provider.shutdown()
+
+
+def test_the_receiver_writes_segments_beside_json_lines_and_closes_one_on_flush(
+    tmp_path: Path,
+) -> None:
+    """Both formats hold the same spans; a segment is written when full and on ``flush`` (a
+    study's point end), not before: a reader never sees half of one."""
+    out = tmp_path / "traces"
+    with Receiver(out, formats=("jsonl", "parquet"), segment_spans=8) as receiver:
+        _export(receiver.traces_url, 5)
+        assert receiver.wait_for_spans(5, timeout=10)
+        assert not list(out.glob("*.parquet"))  # 5 of 8: held, not yet a segment
+        receiver.flush()
+        assert [p.name for p in out.glob("*.parquet")] == ["spans-00000.parquet"]
+        _export(receiver.traces_url, 9)  # a span a request: the eighth fills a segment
+        assert receiver.wait_for_spans(14, timeout=10)
+        assert len(list(out.glob("*.parquet"))) == 2
+    # stopping writes the one span held: 5, 8, 1
+    segments = sorted(out.glob("*.parquet"))
+    assert [p.name for p in segments] == [f"spans-0000{i}.parquet" for i in range(3)]
+    assert [len(list(read_segment(p))) for p in segments] == [5, 8, 1]
+    from_segments = [s for p in segments for s in read_segment(p)]
+    assert from_segments == load_spans(out / "traces.jsonl")
+    assert len(from_segments) == 14 and not list(out.glob(".*partial"))
+
+
+def test_the_receiver_writes_segments_alone_and_writes_an_old_one_on_rotate(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "traces"
+    receiver = Receiver(out, formats=("parquet",), segment_age_s=0.2).start()
+    try:
+        _export(receiver.traces_url, 3)
+        assert receiver.wait_for_spans(3, timeout=10)
+        receiver.rotate()  # too young: held
+        assert not list(out.glob("*.parquet"))
+        time.sleep(0.25)
+        receiver.rotate()
+        assert len(load_spans(out)) == 3
+    finally:
+        receiver.stop()
+    assert not (out / "traces.jsonl").exists()
+    with pytest.raises(ValueError, match="formats"):
+        Receiver(out, formats=("csv",))

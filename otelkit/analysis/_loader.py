@@ -1,7 +1,8 @@
 """Load OTLP JSON trace files into ``Span`` records and assemble them into trees.
 
 Reads what otelkit's receiver and JSON-lines exporter write and what the OpenTelemetry
-Collector's file exporter writes: one OTLP JSON document per line, plain or gzipped; and the
+Collector's file exporter writes: one OTLP JSON document per line, plain or gzipped, or its
+length-prefixed proto or JSON messages, zstd-compressed or not (``_collector``); and the
 zstd Parquet segments of otelkit's span store (``otelkit import``, ``_store``). Lines
 holding metrics or logs are skipped, ids are hex whatever the input used, and a line that
 cannot be read (the last one of a killed writer, say) is skipped with a warning
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from otelkit.analysis._collector import framed_spans, framing
 from otelkit.analysis._decode import spans_of_line
 from otelkit.analysis._spans import Span, SpanEvent, SpanKind, SpanLink, StatusCode
 from otelkit.analysis._store import SUFFIX, StoreError, read_segment
@@ -62,6 +64,9 @@ def iter_spans(*paths: str | Path) -> Iterator[Span]:
         if path.name.endswith(SUFFIX):
             yield from _segment(path)
             continue
+        if framing(path) != "lines":  # the Collector's proto or zstd framings
+            yield from _framed(path)
+            continue
         with _open(path) as lines:
             for number, line in enumerate(lines, 1):
                 yield from spans_of_line(line, f"{path}:{number}")
@@ -74,6 +79,13 @@ def _segment(path: Path) -> Iterator[Span]:
         yield from read_segment(path)
     except StoreError as error:
         _log.warning("otelkit: %s; its spans from there on are left out", error)
+
+
+def _framed(path: Path) -> Iterator[Span]:
+    try:
+        yield from framed_spans(path)
+    except StoreError as error:
+        _log.warning("otelkit: %s: left out: %s", path, error)
 
 
 def trace_files(*paths: str | Path) -> list[Path]:

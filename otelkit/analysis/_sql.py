@@ -140,7 +140,8 @@ def _spans_sql(files: list[str], group_by: Sequence[str]) -> str:
         or "NULL::VARCHAR"
     )
     return f"""
-CREATE TEMP TABLE raw AS
+CREATE TEMP TABLE k AS
+WITH raw AS (
 SELECT * FROM (
   SELECT
     -- ids as the integers their hex spells: joins and sorts on them are several times
@@ -177,11 +178,10 @@ SELECT * FROM (
     SELECT *, list_transform(Events, lambda e: e.Name) AS names,
               list_transform(Events, lambda e: e.Timestamp) AS times
     FROM read_parquet({listed}, filename = true, file_row_number = true))
-) QUALIFY row_number() OVER (PARTITION BY t, id, CASE WHEN badid THEN ord END ORDER BY ord) = 1;
-
+) QUALIFY row_number() OVER (PARTITION BY t, id, CASE WHEN badid THEN ord END ORDER BY ord) = 1
+)
 -- each span's place among its parent's children (start order, arrival breaking ties), its
 -- frontend's receive and send (HTTP's, else gRPC's), its ASGI cuts in order
-CREATE TEMP TABLE k AS
 SELECT raw.*,
   row_number() OVER (PARTITION BY t, p ORDER BY st, en, ord) AS pos,
   CASE WHEN hr0 <= hr1 THEN hr0 WHEN gr0 <= gr1 THEN gr0 END AS r0,
@@ -190,6 +190,11 @@ SELECT raw.*,
   CASE WHEN hs0 <= hs1 THEN hs1 WHEN gs0 <= gs1 THEN gs1 END AS s1,
   coalesce(m_recv <= m_start AND m_start <= m_sent, false) AS marked
 FROM raw;
+
+-- what the trees' walks read of a span beside its parent: narrow, for their repeated joins
+CREATE TEMP TABLE kids AS
+SELECT t, p, id, pos, is_client, stage IS NOT NULL AS stg, queued, model FROM k
+WHERE p IS NOT NULL;
 """
 
 
@@ -204,8 +209,8 @@ WITH RECURSIVE w(t, id, root, path, lvl, free, cl, stg) AS (
   SELECT c.t, c.id, w.root, list_append(w.path, c.pos),
          w.id = w.root OR (w.lvl AND NOT w.cl AND NOT w.stg),
          w.id = w.root OR (w.free AND NOT w.cl),
-         c.is_client, c.stage IS NOT NULL
-  FROM w JOIN k c ON c.t = w.t AND c.p = w.id
+         c.is_client, c.stg
+  FROM w JOIN kids c ON c.t = w.t AND c.p = w.id
 )
 SELECT t, id, root, path, lvl, free FROM w;
 
@@ -289,9 +294,9 @@ WITH RECURSIVE u(t, call, id, depth, reach, ctx, path, stop, mine) AS (
   UNION ALL
   SELECT c.t, u.call, c.id, u.depth + 1, u.reach AND NOT u.stop,
          coalesce(u.mine, u.ctx), list_append(u.path, c.pos),
-         c.is_client OR c.stage IS NOT NULL OR c.queued,
-         CASE WHEN c.stage IS NULL AND NOT c.is_client AND NOT c.queued THEN c.model END
-  FROM u JOIN k c ON c.t = u.t AND c.p = u.id
+         c.is_client OR c.stg OR c.queued,
+         CASE WHEN NOT c.stg AND NOT c.is_client AND NOT c.queued THEN c.model END
+  FROM u JOIN kids c ON c.t = u.t AND c.p = u.id
 )
 SELECT u.call, u.depth, u.reach, u.ctx, u.path, k.* FROM u JOIN k ON k.t = u.t AND k.id = u.id;
 
@@ -439,26 +444,44 @@ CREATE TEMP TABLE held AS
 SELECT call, st AS a, en AS b FROM stages WHERE en > st
 UNION ALL SELECT call, a, b FROM queued WHERE b > a;
 
+-- the same as islands: each instant held once, the islands apart
+CREATE TEMP TABLE islands AS
+SELECT call, min(a) AS a, max(b) AS b FROM (
+  SELECT *, sum(CASE WHEN a <= top THEN 0 ELSE 1 END)
+              OVER (PARTITION BY call ORDER BY a, b ROWS UNBOUNDED PRECEDING) AS island
+  FROM (SELECT *, max(b) OVER (PARTITION BY call ORDER BY a, b
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS top
+        FROM held))
+GROUP BY call, island;
+
 -- the sweep: between consecutive edges, the innermost part open (the highest rank, then the
 -- first opened), unless the stages or the queue hold that time; within the server's span,
--- up to the call's end
+-- up to the call's end. Each call's times sit apart on one axis (``x``: the call's number
+-- times 2^65, plus the time from its server's start), so that finding the parts open over a
+-- piece of time is one join on two inequalities, which DuckDB sorts rather than pairs
 CREATE TEMP TABLE pieces AS
-WITH edges AS (
+WITH base AS (
+  SELECT call, vst, upto, (row_number() OVER (ORDER BY call))::HUGEINT << 65 AS x0
+  FROM calls WHERE NOT missing
+), edges AS (
   SELECT DISTINCT call, e FROM (
     SELECT call, a AS e FROM labels UNION ALL SELECT call, b FROM labels
-    UNION ALL SELECT call, a FROM held UNION ALL SELECT call, b FROM held)
+    UNION ALL SELECT call, a FROM islands UNION ALL SELECT call, b FROM islands)
 ), segs AS (
-  SELECT g.call, g.a, g.b, greatest(g.a, c.vst) AS lo, least(g.b, c.upto) AS hi FROM (
-    SELECT call, e AS a, lead(e) OVER (PARTITION BY call ORDER BY e) AS b FROM edges
-  ) g JOIN calls c ON c.call = g.call WHERE g.b IS NOT NULL
+  SELECT g.call, g.a, g.b, greatest(g.a, c.vst) AS lo, least(g.b, c.upto) AS hi,
+         c.x0 + (g.a - c.vst) AS xa, c.x0 + (g.b - c.vst) AS xb
+  FROM (SELECT call, e AS a, lead(e) OVER (PARTITION BY call ORDER BY e) AS b FROM edges) g
+  JOIN base c ON c.call = g.call WHERE g.b IS NOT NULL
 ), free AS (
-  SELECT * FROM segs g WHERE hi > lo
-    AND NOT EXISTS (SELECT 1 FROM held h WHERE h.call = g.call AND h.a <= g.a AND h.b >= g.b)
+  SELECT g.* FROM segs g ASOF LEFT JOIN islands h ON h.call = g.call AND g.a >= h.a
+  WHERE g.hi > g.lo AND (h.b IS NULL OR h.b < g.b)
 ), ordered AS (
-  SELECT *, row_number() OVER (PARTITION BY call ORDER BY path, part) AS idx FROM labels
+  SELECT l.*, c.x0 + (l.a - c.vst) AS xa, c.x0 + (l.b - c.vst) AS xb,
+         row_number() OVER (PARTITION BY l.call ORDER BY l.path, l.part) AS idx
+  FROM labels l JOIN base c ON c.call = l.call
 )
 SELECT g.call, g.a, arg_max(l.label, [l.r1, l.r2, -l.a, -l.idx]) AS label, g.hi - g.lo AS ns
-FROM free g JOIN ordered l ON l.call = g.call AND l.a <= g.a AND l.b >= g.b
+FROM free g JOIN ordered l ON l.xa <= g.xa AND l.xb >= g.xb
 GROUP BY g.call, g.a, g.lo, g.hi;
 
 -- the server's receive, frontend and send outside its span (``_server_time.around``): the

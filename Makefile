@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install debian-packages helm test lint typecheck check check-lowest demo fleet bench-receiver bench-client bench-stage bench-import bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-fleet clean
+.PHONY: install debian-packages helm test lint typecheck check check-lowest demo fleet bench-receiver bench-client bench-stage bench-import bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-store bench-fleet clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -124,6 +124,11 @@ bench-grpc-server: install
 # otelkit report's scale targets: the demo's traces, 1 M spans (written once to /tmp), page size
 bench-report: install
 	$(PY) benchmarks/bench_report.py
+
+# The span store at a site's volume: import, the Python and DuckDB breakdowns side by side,
+# 10 M spans by DuckDB (issue 48).
+bench-store: install
+	$(PY) benchmarks/bench_store.py
 
 # Ray Serve: an instrumented application against its uninstrumented twin, on a local Ray.
 bench-ray: install

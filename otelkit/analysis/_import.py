@@ -10,6 +10,7 @@ import itertools
 import sys
 from pathlib import Path
 
+from otelkit.analysis._clickhouse import SCHEMES, import_clickhouse
 from otelkit.analysis._loader import iter_spans, trace_files
 from otelkit.analysis._store import SUFFIX, StoreError, write_segment
 
@@ -22,8 +23,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Collector's file exporter's) into zstd Parquet segments of otelkit's span store, "
         "which breakdown, report and study read as they read JSON, parsed once."
     )
-    parser.add_argument("paths", nargs="+", help="trace files, or folders holding them")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        help="trace files, or folders holding them; or a ClickHouse holding the Collector's "
+        "otel_traces: clickhouse://user:password@host:8123/database (chdb:///path: chDB's)",
+    )
     parser.add_argument("--out", required=True, help="the store's folder")
+    parser.add_argument("--table", default="otel_traces", help="ClickHouse: the spans' table")
+    parser.add_argument(
+        "--since", type=float, default=None, help="ClickHouse: traces from this Unix time (s)"
+    )
+    parser.add_argument(
+        "--until", type=float, default=None, help="ClickHouse: traces before this Unix time (s)"
+    )
+    parser.add_argument(
+        "--service",
+        action="append",
+        default=[],
+        help="ClickHouse: traces with a span of this service (repeatable)",
+    )
     parser.add_argument(
         "--segment-spans",
         type=int,
@@ -36,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     if args.segment_spans < 1:
         print("otelkit import: --segment-spans must be at least 1", file=sys.stderr)
         return 2
+    databases = [p for p in args.paths if p.startswith(SCHEMES)]
+    if databases:
+        return _from_clickhouse(args, databases)
     try:
         sources = [p for p in trace_files(*args.paths) if not p.name.endswith(SUFFIX)]
         spans = iter_spans(*sources)
@@ -52,4 +74,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"otelkit import: {error}", file=sys.stderr)
         return 2
     print(f"{total} spans from {len(sources)} files into {segments} segments in {out}")
+    return 0 if total else 1
+
+
+def _from_clickhouse(args: argparse.Namespace, databases: list[str]) -> int:
+    if len(databases) != len(args.paths):
+        print("otelkit import: a ClickHouse source is imported alone", file=sys.stderr)
+        return 2
+    total = segments = 0
+    try:
+        for dsn in databases:
+            spans, written = import_clickhouse(
+                dsn,
+                args.out,
+                table=args.table,
+                since_ns=None if args.since is None else int(args.since * 1e9),
+                until_ns=None if args.until is None else int(args.until * 1e9),
+                services=args.service,
+                segment_spans=args.segment_spans,
+            )
+            total, segments = total + spans, segments + written
+    except (StoreError, OSError) as error:
+        print(f"otelkit import: {error}", file=sys.stderr)
+        return 2
+    print(f"{total} spans from {args.table} into {segments} segments in {args.out}")
     return 0 if total else 1

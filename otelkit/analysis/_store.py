@@ -43,6 +43,7 @@ __all__ = [
     "check_segment",
     "read_segment",
     "segment_path",
+    "segment_schema",
     "spans_of_table",
     "write_segment",
 ]
@@ -109,6 +110,11 @@ def _schema(pa: Any) -> Any:
             ("Links", _records(pa, ("TraceId", pa.string()), ("SpanId", pa.string()))),
         ]
     )
+
+
+def segment_schema(pa: Any) -> Any:
+    """The segments' Arrow schema (``pa``: the pyarrow module), for writers of other sources."""
+    return _schema(pa)
 
 
 def _json(attributes: dict[str, Any]) -> str:

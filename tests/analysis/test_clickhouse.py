@@ -1,0 +1,213 @@
+"""otelkit.analysis._clickhouse: a site's ``otel_traces`` into the span store, on chDB.
+
+chDB is ClickHouse's engine in process; clickhouse-connect's ``chdb://`` backend talks to it as
+to a server. The table is made with the Collector ClickHouse exporter's own DDL
+(``exporter/clickhouseexporter/internal/sqltemplates/traces_table.sql``) and filled with the
+committed demo traces as the exporter writes them (attributes as strings; kinds and statuses in
+the names of its current and of its earlier releases). Imported and broken down, they must give
+what the same spans give from their JSON lines; a window must bring whole traces; a table of
+another shape, one with JSON attributes and a server that is not there must each say so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otelkit.analysis import Span, load_spans
+from otelkit.analysis._breakdown import Breakdown
+from otelkit.analysis._clickhouse import import_clickhouse
+from otelkit.analysis._sql import breakdown_store
+from otelkit.analysis._store import StoreError
+from otelkit.cli import main
+from tests.analysis.test_store import DEMO
+
+clickhouse_connect = pytest.importorskip("clickhouse_connect")
+pytest.importorskip("chdb")
+
+#: the exporter's DDL, its template filled as a single-node MergeTree table
+DDL = """
+CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta(8), ZSTD(1)),
+    TraceId String CODEC(ZSTD(1)),
+    SpanId String CODEC(ZSTD(1)),
+    ParentSpanId String CODEC(ZSTD(1)),
+    TraceState String CODEC(ZSTD(1)),
+    SpanName LowCardinality(String) CODEC(ZSTD(1)),
+    SpanKind LowCardinality(String) CODEC(ZSTD(1)),
+    ServiceName LowCardinality(String) CODEC(ZSTD(1)),
+    ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    ScopeName String CODEC(ZSTD(1)),
+    ScopeVersion String CODEC(ZSTD(1)),
+    SpanAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    Duration {duration} CODEC(T64, ZSTD(1)),
+    StatusCode LowCardinality(String) CODEC(ZSTD(1)),
+    StatusMessage String CODEC(ZSTD(1)),
+    Events Nested (
+        Timestamp DateTime64(9),
+        Name LowCardinality(String),
+        Attributes Map(LowCardinality(String), String)
+    ) CODEC(ZSTD(1)),
+    Links Nested (
+        TraceId String,
+        SpanId String,
+        TraceState String,
+        Attributes Map(LowCardinality(String), String)
+    ) CODEC(ZSTD(1)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_duration Duration TYPE minmax GRANULARITY 1
+) ENGINE = MergeTree
+PARTITION BY toDate(Timestamp)
+PRIMARY KEY (ServiceName, SpanName, toDateTime(Timestamp))
+ORDER BY (ServiceName, SpanName, toDateTime(Timestamp), Timestamp)
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1
+"""
+KINDS = ["Unspecified", "Internal", "Server", "Client", "Producer", "Consumer"]
+STATUSES = ["Unset", "Ok", "Error"]
+
+
+@pytest.fixture(scope="module")
+def chdb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    """One chDB engine for the module (chDB allows one a process, at one path)."""
+    dsn = f"chdb://{tmp_path_factory.mktemp('chdb')}"
+    client = clickhouse_connect.get_client(dsn=dsn)
+    yield dsn, client
+    client.close()
+
+
+def _text(value: Any) -> str:
+    """An attribute's value as the exporter stores it: a string."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _fill(client: Any, table: str, spans: list[Span], *, legacy: bool) -> None:
+    duration = "Int64" if legacy else "UInt64"
+    client.command(DDL.format(table=table, duration=duration))
+    rows = []
+    for s in spans:
+        kind = f"SPAN_KIND_{KINDS[s.kind].upper()}" if legacy else KINDS[s.kind]
+        status = (
+            f"STATUS_CODE_{STATUSES[s.status_code].upper()}" if legacy else STATUSES[s.status_code]
+        )
+        rows.append(
+            [
+                s.start_ns,
+                s.trace_id,
+                s.span_id,
+                s.parent_span_id or "",
+                s.name,
+                kind,
+                str(s.resource.get("service.name", "")),
+                {k: _text(v) for k, v in s.resource.items()},
+                s.scope,
+                {k: _text(v) for k, v in s.attributes.items()},
+                s.end_ns - s.start_ns,
+                status,
+                s.status_message,
+                [e.time_ns for e in s.events],
+                [e.name for e in s.events],
+                [{k: _text(v) for k, v in e.attributes.items()} for e in s.events],
+            ]
+        )
+    columns = [
+        "Timestamp", "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "ServiceName",
+        "ResourceAttributes", "ScopeName", "SpanAttributes", "Duration", "StatusCode",
+        "StatusMessage", "Events.Timestamp", "Events.Name", "Events.Attributes",
+    ]  # fmt: skip
+    client.insert(table, rows, column_names=columns)
+
+
+def _summary(groups: dict[tuple[str, ...], Breakdown]) -> dict[tuple[str, ...], Any]:
+    """Each group's traces, left-out count, problems and each component's sorted values: the
+    table keeps no arrival order, so traces come in another order than from the files."""
+    return {
+        key: (
+            group.traces,
+            group.incomplete,
+            sorted(group.problems),
+            {
+                name: sorted(round(v, 12) for v in values)
+                for name, values in group.components.items()
+            },
+        )
+        for key, group in groups.items()
+    }
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["current", "earlier-names"])
+def test_otel_traces_imports_and_breaks_down_as_its_json_lines(
+    chdb: tuple[str, Any], legacy: bool, tmp_path: Path
+) -> None:
+    dsn, client = chdb
+    spans = load_spans(DEMO)
+    table = f"otel_traces_{'legacy' if legacy else 'current'}"
+    _fill(client, table, spans, legacy=legacy)
+    count, segments = import_clickhouse(dsn, tmp_path / "store", table=table, segment_spans=150)
+    assert (count, segments) == (len(spans), 3)
+    back = load_spans(tmp_path / "store")
+    assert {(s.trace_id, s.span_id) for s in back} == {(s.trace_id, s.span_id) for s in spans}
+    by_id = {s.span_id: s for s in spans}
+    for span in back:  # every field as the table holds it: attributes as strings
+        original = by_id[span.span_id]
+        assert (span.kind, span.status_code, span.start_ns, span.end_ns) == (
+            original.kind,
+            original.status_code,
+            original.start_ns,
+            original.end_ns,
+        )
+        assert [(e.name, e.time_ns) for e in span.events] == [
+            (e.name, e.time_ns) for e in original.events
+        ]
+        assert span.attributes == {k: _text(v) for k, v in original.attributes.items()}
+    from_files = tmp_path / "files"
+    assert main(["import", str(DEMO), "--out", str(from_files)]) == 0
+    group_by = ("gnn_tracking.option",)
+    imported = breakdown_store(sorted((tmp_path / "store").glob("*.parquet")), group_by)
+    files = breakdown_store(sorted(from_files.glob("*.parquet")), group_by)
+    assert _summary(imported.groups) == _summary(files.groups)
+    assert imported.delegated == files.delegated == 0
+
+
+def test_a_window_brings_whole_traces(chdb: tuple[str, Any], tmp_path: Path) -> None:
+    dsn, client = chdb
+    spans = load_spans(DEMO)
+    _fill(client, "otel_traces_window", spans, legacy=False)
+    starts = sorted(
+        {min(s.start_ns for s in spans if s.trace_id == t) for t in {s.trace_id for s in spans}}
+    )
+    since, until = starts[2], starts[6]  # the traces starting there, and any span inside
+    wanted = {s.trace_id for s in spans if since <= s.start_ns < until}
+    count, _ = import_clickhouse(
+        dsn, tmp_path, table="otel_traces_window", since_ns=since, until_ns=until
+    )
+    back = load_spans(tmp_path)
+    assert {s.trace_id for s in back} == wanted and len(wanted) >= 4
+    assert count == len([s for s in spans if s.trace_id in wanted])  # whole: none cut
+
+
+def test_tables_it_cannot_read_say_why(chdb: tuple[str, Any], tmp_path: Path) -> None:
+    dsn, client = chdb
+    client.command("CREATE TABLE IF NOT EXISTS not_spans (x Int64) ENGINE = MergeTree ORDER BY x")
+    with pytest.raises(StoreError, match="not an otel_traces table: no column Timestamp"):
+        import_clickhouse(dsn, tmp_path, table="not_spans")
+    client.command(
+        "CREATE TABLE IF NOT EXISTS json_spans (Timestamp DateTime64(9), TraceId String, "
+        "SpanId String, ParentSpanId String, SpanName String, SpanKind String, "
+        "Duration UInt64, SpanAttributes JSON) ENGINE = MergeTree ORDER BY Timestamp"
+    )
+    with pytest.raises(StoreError, match=r"JSON type .*SpanAttributes.* not read yet"):
+        import_clickhouse(dsn, tmp_path, table="json_spans")
+    with pytest.raises(StoreError, match="cannot read table missing"):
+        import_clickhouse(dsn, tmp_path, table="missing")
+    assert not list(tmp_path.glob("*.parquet"))
+
+
+def test_a_server_that_is_not_there_is_named_without_its_password(tmp_path: Path) -> None:
+    dsn = "clickhouse://reader:s3cret@127.0.0.1:9/otel"  # the discard port: refused at once
+    with pytest.raises(StoreError) as refused:
+        import_clickhouse(dsn, tmp_path)
+    assert "127.0.0.1:9" in str(refused.value) and "s3cret" not in str(refused.value)

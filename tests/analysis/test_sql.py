@@ -12,7 +12,6 @@ the server, ties in start time, roots of several kinds, typed group values).
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 import tests.analysis.test_breakdown as hand
 from otelkit import semconv
-from otelkit.analysis import Span, SpanEvent, SpanKind, build_traces, load_spans
+from otelkit.analysis import Span, SpanKind, build_traces, load_spans
 from otelkit.analysis._breakdown import Breakdown, breakdown, format_breakdowns
 from otelkit.analysis._sql import breakdown_store
 from otelkit.analysis._store import write_segment
@@ -104,9 +103,6 @@ def test_the_stores_odd_shapes_are_delegated_and_agree(tmp_path: Path) -> None:
     assert both_ways(shapes() + load_spans(DEMO), tmp_path, ("option",)) == 2  # orphan, cycle
 
 
-_ids = (f"{i:016x}" for i in itertools.count(1))
-
-
 def _span(
     parent: Span | str,
     name: str,
@@ -116,25 +112,13 @@ def _span(
     events: dict[str, float] | None = None,
     **attributes: object,
 ) -> Span:
-    trace_id, parent_id = (
-        (parent, None) if isinstance(parent, str) else (parent.trace_id, parent.span_id)
-    )
-    marks = tuple(SpanEvent(n, int(ms * MS)) for n, ms in (events or {}).items())
-    return Span(
-        trace_id,
-        next(_ids),
-        parent_id,
-        name,
-        kind,
-        int(start * MS),
-        int(end * MS),
-        dict(attributes),
-        events=marks,
+    """test_breakdown's ``span``, its events named by any string (Triton's, otelkit's)."""
+    return hand.span(
+        parent, name, start, end, kind, events=hand.events(**(events or {})), **attributes
     )
 
 
-def _stage(parent: Span, name: str, start: float, end: float) -> Span:
-    return _span(parent, name, start, end, **{semconv.STAGE_NAME: name})
+_stage = hand.stage
 
 
 def queries_only() -> list[Span]:

@@ -455,33 +455,25 @@ SELECT call, min(a) AS a, max(b) AS b FROM (
 GROUP BY call, island;
 
 -- the sweep: between consecutive edges, the innermost part open (the highest rank, then the
--- first opened), unless the stages or the queue hold that time; within the server's span,
--- up to the call's end. Each call's times sit apart on one axis (``x``: the call's number
--- times 2^65, plus the time from its server's start), so that finding the parts open over a
--- piece of time is one join on two inequalities, which DuckDB sorts rather than pairs
+-- first opened), unless the stages or the queue hold that time (an ASOF join finds the island
+-- at or before a piece); within the server's span, up to the call's end
 CREATE TEMP TABLE pieces AS
-WITH base AS (
-  SELECT call, vst, upto, (row_number() OVER (ORDER BY call))::HUGEINT << 65 AS x0
-  FROM calls WHERE NOT missing
-), edges AS (
+WITH edges AS (
   SELECT DISTINCT call, e FROM (
     SELECT call, a AS e FROM labels UNION ALL SELECT call, b FROM labels
     UNION ALL SELECT call, a FROM islands UNION ALL SELECT call, b FROM islands)
 ), segs AS (
-  SELECT g.call, g.a, g.b, greatest(g.a, c.vst) AS lo, least(g.b, c.upto) AS hi,
-         c.x0 + (g.a - c.vst) AS xa, c.x0 + (g.b - c.vst) AS xb
+  SELECT g.call, g.a, g.b, greatest(g.a, c.vst) AS lo, least(g.b, c.upto) AS hi
   FROM (SELECT call, e AS a, lead(e) OVER (PARTITION BY call ORDER BY e) AS b FROM edges) g
-  JOIN base c ON c.call = g.call WHERE g.b IS NOT NULL
+  JOIN calls c ON c.call = g.call WHERE g.b IS NOT NULL
 ), free AS (
   SELECT g.* FROM segs g ASOF LEFT JOIN islands h ON h.call = g.call AND g.a >= h.a
   WHERE g.hi > g.lo AND (h.b IS NULL OR h.b < g.b)
 ), ordered AS (
-  SELECT l.*, c.x0 + (l.a - c.vst) AS xa, c.x0 + (l.b - c.vst) AS xb,
-         row_number() OVER (PARTITION BY l.call ORDER BY l.path, l.part) AS idx
-  FROM labels l JOIN base c ON c.call = l.call
+  SELECT *, row_number() OVER (PARTITION BY call ORDER BY path, part) AS idx FROM labels
 )
 SELECT g.call, g.a, arg_max(l.label, [l.r1, l.r2, -l.a, -l.idx]) AS label, g.hi - g.lo AS ns
-FROM free g JOIN ordered l ON l.xa <= g.xa AND l.xb >= g.xb
+FROM free g JOIN ordered l ON l.call = g.call AND l.a <= g.a AND l.b >= g.b
 GROUP BY g.call, g.a, g.lo, g.hi;
 
 -- the server's receive, frontend and send outside its span (``_server_time.around``): the

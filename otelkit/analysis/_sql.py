@@ -140,7 +140,7 @@ def _spans_sql(files: list[str], group_by: Sequence[str]) -> str:
         or "NULL::VARCHAR"
     )
     return f"""
-CREATE TEMP TABLE k AS
+CREATE TEMP TABLE kall AS
 WITH raw AS (
 SELECT * FROM (
   SELECT
@@ -191,14 +191,14 @@ SELECT raw.*,
   coalesce(m_recv <= m_start AND m_start <= m_sent, false) AS marked
 FROM raw;
 
--- what the trees' walks read of a span beside its parent: narrow, for their repeated joins
-CREATE TEMP TABLE kids AS
-SELECT t, p, id, pos, is_client, stage IS NOT NULL AS stg, queued, model FROM k
-WHERE p IS NOT NULL;
 """
 
 
 _TREE = """
+-- what the trees' walks read of a span beside its parent: narrow, for their repeated joins
+CREATE TEMP TABLE kids AS
+SELECT t, p, id, pos, is_client, stage IS NOT NULL AS stg, queued, model FROM k
+WHERE p IS NOT NULL;
 -- from each root down: the path (child positions), whether the client's own level holds the
 -- span (no call and no stage above it), whether no call is above it (``answered_by``)
 CREATE TEMP TABLE walk AS
@@ -558,12 +558,11 @@ def _path(key: str) -> str:
 
 
 _ROWS = """
--- the roots' places, their combination of group values, whether a call lost its server
+-- the roots' places, their group values, whether a call lost its server
 CREATE TEMP TABLE rk AS
 SELECT r.root, r.t, r.tord,
   row_number() OVER (PARTITION BY r.t ORDER BY r.st, r.en, r.root) AS idx,
-  dense_rank() OVER (ORDER BY r.gvals, coalesce(a.address, '')) AS combo, r.gvals,
-  coalesce(a.address, '') AS address,
+  r.gvals, coalesce(a.address, '') AS address,
   EXISTS (SELECT 1 FROM calls c WHERE c.root = r.root AND c.missing) AS bad
 FROM roots r LEFT JOIN answered a ON a.root = r.root;
 
@@ -574,6 +573,12 @@ SELECT root, name, s, row_number() OVER (PARTITION BY root ORDER BY place) AS po
          bool_or(part) AS part
   FROM comp GROUP BY root, name);
 """
+
+#: what a chunk of traces leaves for the merge (the rest of its tables are dropped)
+_KEPT = ("rk", "percomp", "problems", "odd")
+#: traces a chunk holds about this many spans: DuckDB's recursive walks and windows hold a
+#: chunk's tables in memory at once
+CHUNK_SPANS = 1_000_000
 
 # The traces the Python path broke down join the queries' here, as rows of the same tables.
 _MERGE = """
@@ -629,10 +634,8 @@ def breakdown_store(
             con.execute(_spans_sql(names, group_by))
         except duckdb.Error as error:
             raise StoreError(f"the span store could not be read: {error}") from error
-        con.execute(_TREE)
-        con.execute(_components_sql(root_name))
-        con.execute(_ROWS)
-        spans, traces = con.execute("SELECT count(*), count(DISTINCT t) FROM k").fetchone()
+        spans, traces = con.execute("SELECT count(*), count(DISTINCT tt) FROM kall").fetchone()
+        _chunks(con, root_name, max(1, -(-spans // CHUNK_SPANS)))
         # each combination of group values as the Python path writes it: one group each
         keys: dict[tuple[str, ...], int] = {}
         combos, gids = [], []
@@ -673,6 +676,36 @@ def breakdown_store(
     return SqlBreakdown(groups, spans, traces, len(odd))
 
 
+def _chunks(con: Any, root_name: str | None, chunks: int) -> None:
+    """The queries over the traces in ``chunks`` parts (by their id's hash: each trace whole
+    in one), each part's results kept in ``_KEPT``'s tables; then each root's combination of
+    group values (``combo``) over all of them."""
+    script = (_TREE + _components_sql(root_name) + _ROWS).replace(
+        "CREATE TEMP TABLE", "CREATE OR REPLACE TEMP TABLE"
+    )
+    for table in _KEPT:
+        con.execute(f"DROP TABLE IF EXISTS all_{table}")
+    for chunk in range(chunks):
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE k AS SELECT * FROM kall"
+            + (f" WHERE hash(tt) % {chunks} = {chunk}" if chunks > 1 else "")
+        )
+        con.execute(script)
+        for table in _KEPT:
+            if chunk == 0:
+                con.execute(f"CREATE TEMP TABLE all_{table} AS SELECT * FROM {table}")
+            else:
+                con.execute(f"INSERT INTO all_{table} SELECT * FROM {table}")
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE rk AS SELECT *, "
+        "dense_rank() OVER (ORDER BY gvals, address) AS combo FROM all_rk"
+    )
+    for table in _KEPT[1:]:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM all_{table}")
+        con.execute(f"DROP TABLE all_{table}")
+    con.execute("DROP TABLE all_rk")
+
+
 def _text(value: str | None) -> str:
     """A group's value as the Python path writes it (``str`` of the attribute's value)."""
     if value is None:
@@ -701,7 +734,7 @@ def _delegate(
             "  SELECT *, (list_position($files, filename)::BIGINT << 32) + file_row_number AS ord"
             "  FROM read_parquet($files, filename = true, file_row_number = true)) r"
             " SEMI JOIN wanted w ON w.t = r.TraceId"
-            " JOIN (SELECT tt, min(ord) AS first FROM k GROUP BY tt) f ON f.tt = r.TraceId"
+            " JOIN (SELECT tt, min(ord) AS first FROM kall GROUP BY tt) f ON f.tt = r.TraceId"
             " ORDER BY r.ord",
             params={"files": files},
         ).to_arrow_table()

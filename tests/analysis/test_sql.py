@@ -315,3 +315,16 @@ def test_ids_that_are_not_hex_take_the_python_path(tmp_path: Path) -> None:
     assert both_ways(spans + odd, tmp_path, ("gnn_tracking.option",)) == len(
         {s.trace_id for s in odd}
     )
+
+
+def test_traces_read_in_chunks_break_down_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``CHUNK_SPANS`` the queries run over parts of the traces, each trace whole in one:
+    the answer is the same, the delegated traces' included."""
+    import otelkit.analysis._sql as sql
+
+    monkeypatch.setattr(sql, "CHUNK_SPANS", 60)  # the fixtures' ~500 spans: about nine parts
+    spans = load_spans(DEMO) + shapes() + queries_only()
+    assert both_ways(spans, tmp_path, ("option", semconv.ANSWERED_BY)) == 2
+    assert both_ways(spans, tmp_path, ("gnn_tracking.option",), "reconstruct event") == 2

@@ -64,12 +64,16 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out)
         first = len(list(out.glob(f"spans-*{SUFFIX}"))) if out.is_dir() else 0
         total = segments = 0
-        while True:
-            chunk = list(itertools.islice(spans, args.segment_spans))
-            if not chunk:
+        while True:  # a segment's spans stream into it: an import holds a row group at most
+            target = out / f"spans-{first + segments:05d}{SUFFIX}"
+            written = write_segment(itertools.islice(spans, args.segment_spans), target)
+            if not written:
+                target.unlink()
                 break
-            total += write_segment(chunk, out / f"spans-{first + segments:05d}{SUFFIX}")
+            total += written
             segments += 1
+            if written < args.segment_spans:
+                break
     except (FileNotFoundError, StoreError, OSError) as error:
         print(f"otelkit import: {error}", file=sys.stderr)
         return 2

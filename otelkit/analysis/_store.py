@@ -118,6 +118,8 @@ def segment_schema(pa: Any) -> Any:
 
 
 def _json(attributes: dict[str, Any]) -> str:
+    if not attributes:  # most events carry none
+        return "{}"
     return json.dumps(attributes, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
@@ -129,7 +131,26 @@ def _texts(attributes: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _row(span: Span) -> dict[str, Any]:
+#: a resource's columns, by the identity of its attributes' dict: the spans of one export
+#: share it, and encoding it once a batch instead of once a span halves an import's work
+_Resources = dict[int, tuple[dict[str, Any], str, list[tuple[str, str]], str]]
+
+
+def _resource(span: Span, seen: _Resources) -> tuple[str, list[tuple[str, str]], str]:
+    found = seen.get(id(span.resource))
+    if found is None or found[0] is not span.resource:
+        resource = span.resource
+        found = seen[id(resource)] = (
+            resource,
+            str(resource.get("service.name", "")),
+            _texts(resource),
+            _json(resource),
+        )
+    return found[1], found[2], found[3]
+
+
+def _row(span: Span, seen: _Resources | None = None) -> dict[str, Any]:
+    service, resource_texts, resource_json = _resource(span, {} if seen is None else seen)
     return {
         "Timestamp": span.start_ns,
         "TraceId": span.trace_id,
@@ -137,15 +158,15 @@ def _row(span: Span) -> dict[str, Any]:
         "ParentSpanId": span.parent_span_id or "",
         "SpanName": span.name,
         "SpanKind": _KINDS.get(span.kind, "Unspecified"),
-        "ServiceName": str(span.resource.get("service.name", "")),
+        "ServiceName": service,
         "ScopeName": span.scope,
         "Duration": span.end_ns - span.start_ns,
         "StatusCode": _STATUSES.get(span.status_code, "Unset"),
         "StatusMessage": span.status_message,
         "SpanAttributes": _texts(span.attributes),
-        "ResourceAttributes": _texts(span.resource),
+        "ResourceAttributes": resource_texts,
         "SpanAttributesJson": _json(span.attributes),
-        "ResourceAttributesJson": _json(span.resource),
+        "ResourceAttributesJson": resource_json,
         "Events": [
             {"Timestamp": e.time_ns, "Name": e.name, "AttributesJson": _json(e.attributes)}
             for e in span.events
@@ -194,7 +215,8 @@ class SegmentWriter:
     def add(self, spans: Iterable[Span]) -> None:
         """Hold ``spans`` for the next segment; write it if it is full or old enough."""
         pa = _arrow()
-        rows = [_row(span) for span in spans]
+        seen: _Resources = {}
+        rows = [_row(span, seen) for span in spans]
         if not rows:
             return
         table = pa.Table.from_pylist(rows, schema=_schema(pa))
@@ -248,12 +270,13 @@ def write_segment(spans: Iterable[Span], path: str | Path) -> int:
     written = 0
     with pa.parquet.ParquetWriter(partial, schema, compression="zstd") as writer:
         rows: list[dict[str, Any]] = []
+        seen: _Resources = {}
         for span in spans:
-            rows.append(_row(span))
+            rows.append(_row(span, seen))
             if len(rows) == _ROWS_PER_GROUP:
                 writer.write_table(pa.Table.from_pylist(rows, schema=schema))
                 written += len(rows)
-                rows = []
+                rows, seen = [], {}
         if rows or not written:
             writer.write_table(pa.Table.from_pylist(rows, schema=schema))
             written += len(rows)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from otelkit.analysis._breakdown import breakdown, format_breakdowns
 from otelkit.analysis._loader import build_traces, load_spans, trace_files
@@ -30,9 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine(args: argparse.Namespace) -> str:
-    """The engine that breaks ``args.paths`` down ("" and a message printed: none can)."""
-    files = trace_files(*args.paths)
+def _engine(args: argparse.Namespace, files: list[Path]) -> str:
+    """The engine that breaks ``files`` down ("" and a message printed: none can)."""
     segments = bool(files) and all(path.name.endswith(SUFFIX) for path in files)
     if args.engine == "python" or (args.engine == "auto" and not segments):
         return "python"
@@ -48,33 +48,33 @@ def _engine(args: argparse.Namespace) -> str:
     except ImportError:
         if args.engine == "auto":
             return "python"
-        print("otelkit breakdown: DuckDB is not installed: pip install 'otelkit[store]'")
+        print(
+            "otelkit breakdown: DuckDB is not installed: pip install 'otelkit[store]'",
+            file=sys.stderr,
+        )
         return ""
     return "duckdb"
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        engine = _engine(args)
+        files = trace_files(*args.paths)  # once: a folder holding none is warned of once
     except FileNotFoundError as error:
         print(f"otelkit breakdown: {error}", file=sys.stderr)
         return 2
+    engine = _engine(args, files)
     if not engine:
         return 2
     if engine == "duckdb":
         from otelkit.analysis._sql import breakdown_store
 
-        found = breakdown_store(trace_files(*args.paths), args.group_by, args.root)
+        found = breakdown_store(files, args.group_by, args.root)
         if not found.spans:
             print(f"otelkit breakdown: no span read from {' '.join(args.paths)}", file=sys.stderr)
             return 1
         print(format_breakdowns(found.groups, labels=args.group_by) or "no complete traces found")
         return 0
-    try:
-        spans = load_spans(*args.paths)
-    except FileNotFoundError as error:
-        print(f"otelkit breakdown: {error}", file=sys.stderr)
-        return 2
+    spans = load_spans(*files)
     if not spans:
         where = " ".join(args.paths)
         print(

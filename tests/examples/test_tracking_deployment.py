@@ -214,7 +214,8 @@ def test_an_ensemble_trace_holds_every_stage_under_its_step(
     components, _ = trace_components(tree, root)
     parts = ["server frontend", "server ensemble", "server scheduler", "server compute input"]
     parts += ["server compute output", *(f"server {name} hand-off" for name in STAGE_ORDER)]
-    assert all(components.get(name, 0.0) > 0 for name in parts), components
+    missing = {name: components.get(name) for name in parts if components.get(name, 0.0) <= 0}
+    assert not missing, f"none of {missing} in {components}"
     assert abs(components[SERVER_OTHER]) < 1e-6, components  # every instant of Triton's time
     assert sum(v for k, v in components.items() if k != TOTAL) == pytest.approx(
         components[TOTAL], rel=1e-6

@@ -148,6 +148,20 @@ def cores_reading(point: Point) -> tuple[float, float]:
     return host.cores - idle, (host.busy_cores - idle) / point.throughput
 
 
+def assert_predicted_cores(verdict: Verdict, results: StudyResults) -> None:
+    """The cores' capacity is m / D from /proc/stat, less the host's idle use, each read at one
+    of the points (D at the lowest, where nothing waits, unless a lower demand was measured; m
+    where throughput peaks): derived here from the points' own readings, it must never fall
+    below what was measured. How far it stands above the plateau is 1 / U* at the plateau, the
+    host's and not the study's (0.68 to 0.89 for the payloads here; 0.90 in a CI run of the
+    busy instances, whose demand also grew 10 % from one request in flight to eight)."""
+    assert verdict.predicted_per_s is not None and verdict.plateau_per_s is not None
+    m, d = zip(*map(cores_reading, results.points), strict=True)
+    least, most = min(m) / max(d), max(m) / min(d)
+    assert least * 0.99 <= verdict.predicted_per_s <= most * 1.01, (m, d, verdict.sentence)
+    assert verdict.predicted_per_s >= verdict.plateau_per_s, verdict.sentence
+
+
 def assert_constructed(
     capacity: Capacity, results: StudyResults, verdict: Verdict | None = None
 ) -> None:
@@ -293,7 +307,8 @@ def test_more_busy_instances_than_cores_names_the_cores(truth: TruthServer, tmp_
     verdict = only(results)
     assert (verdict.kind, verdict.resource) == ("contended", "cores")
     assert "more instances will not help" in verdict.change
-    assert_predicted(verdict, results)
+    # the busy instances' limit by construction bounds the prediction from above and below
+    assert_predicted_cores(verdict, results)
     assert_constructed(triton("cores"), results, verdict)
 
 
@@ -378,17 +393,8 @@ def test_payloads_of_megabytes_are_limited_where_they_are_moved(
         assert "8.0 MB sent and 8.0 MB received" in verdict.sentence
         assert verdict.predicted_per_s is None
     else:
-        # the cores' capacity is m / D from /proc/stat, less the host's idle use, each read at
-        # one of the points (D at the lowest, where nothing waits, unless a lower demand was
-        # measured; m where throughput peaks): derived here from the points' own readings, it
-        # must never fall below what was measured. How far it stands above the plateau is
-        # 1 / U* (0.68 to 0.89 here), the host's and not the study's, and no construction
-        # bounds the kernel's copies
-        assert verdict.predicted_per_s is not None and verdict.plateau_per_s is not None
-        m, d = zip(*map(cores_reading, results.points), strict=True)
-        least, most = min(m) / max(d), max(m) / min(d)
-        assert least * 0.99 <= verdict.predicted_per_s <= most * 1.01, (m, d, verdict.sentence)
-        assert verdict.predicted_per_s >= verdict.plateau_per_s, verdict.sentence
+        # no construction bounds the kernel's copies: the prediction is held to its derivation
+        assert_predicted_cores(verdict, results)
     # told of a link that loopback's throughput puts at U 0.95 at the peak, the same figures
     # name the link, its plateau predicted as the link's rate over 8 MB a request; where the
     # cores read within their windows' noise of it (U* 0.68-0.88 in runs here), both are named

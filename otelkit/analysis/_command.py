@@ -1,24 +1,28 @@
-"""``otelkit breakdown``: where the time of traced requests goes, from trace files or the
-span store (by DuckDB where every file is a segment).
+"""``otelkit breakdown``: where the time of traced requests goes, from trace files, the span
+store (by DuckDB where every file is a segment), or a site's trace store (``_source``).
 
 otelkit breakdown ./otelkit-traces --group-by gnn_tracking.option --root "reconstruct event"
+otelkit breakdown --source jaeger://jaeger:16685 --service sonic --since 2h --root "event"
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from otelkit.analysis._breakdown import breakdown, format_breakdowns
-from otelkit.analysis._loader import build_traces, load_spans, trace_files
-from otelkit.analysis._store import SUFFIX
+from otelkit.analysis._loader import build_traces, load_spans
+from otelkit.analysis._source import Selection, SpanSource, open_source, parse_time
+from otelkit.analysis._store import StoreError
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", help="OTLP JSON files, or folders holding them")
+    parser.add_argument(
+        "paths", nargs="*", help="trace files or span store segments, or folders holding them"
+    )
+    add_source_arguments(parser)
     parser.add_argument("--group-by", action="append", default=[], help="root attribute key")
     parser.add_argument("--root", default=None, help="only roots with this span name")
     parser.add_argument(
@@ -31,9 +35,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine(args: argparse.Namespace, files: list[Path]) -> str:
-    """The engine that breaks ``files`` down ("" and a message printed: none can)."""
-    segments = bool(files) and all(path.name.endswith(SUFFIX) for path in files)
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--source`` and the selection pushed down to a trace store (breakdown and report)."""
+    parser.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a trace store (repeatable): clickhouse://user:password@host:8123/database, "
+        "jaeger://host:16685 (gRPC) or jaeger+http://host:16686, tempo://host:3200; "
+        "or a file or folder, as the positional paths",
+    )
+    parser.add_argument(
+        "--since",
+        default=None,
+        help="a store's traces with a span from this time: Unix seconds, ago (15m, 2h, 1d) or "
+        "ISO 8601 (Jaeger and Tempo default to the last hour)",
+    )
+    parser.add_argument("--until", default=None, help="... and before this time (default: now)")
+    parser.add_argument(
+        "--service",
+        action="append",
+        default=[],
+        help="a store's traces with a span of this service (repeatable; Jaeger needs one)",
+    )
+    parser.add_argument("--table", default="otel_traces", help="ClickHouse: the spans' table")
+    parser.add_argument(
+        "--cache",
+        default=None,
+        help="where a store's traces are kept as segments "
+        "(default: $OTELKIT_STORE_CACHE or ~/.cache/otelkit/stores)",
+    )
+    parser.add_argument(
+        "--refresh", action="store_true", help="fetch a store's traces again, cached or not"
+    )
+
+
+def source_of(args: argparse.Namespace, command: str) -> SpanSource | None:
+    """The spans ``args`` name (positional paths and ``--source``), a store's selection pushed
+    down; None, with the reason on stderr, where they cannot be read."""
+    try:
+        since = None if args.since is None else int(parse_time(args.since) * 1e9)
+        until = None if args.until is None else int(parse_time(args.until) * 1e9)
+        selection = Selection(since, until, tuple(args.service))
+        return open_source(
+            [*args.paths, *args.source],
+            selection,
+            cache=args.cache,
+            refresh=args.refresh,
+            table=args.table,
+        )
+    except (FileNotFoundError, StoreError, ValueError, OSError) as error:
+        print(f"otelkit {command}: {error}", file=sys.stderr)
+        return None
+
+
+def _engine(args: argparse.Namespace, source: SpanSource) -> str:
+    """The engine that breaks ``source`` down ("" and a message printed: none can)."""
+    segments = source.segments_only
     if args.engine == "python" or (args.engine == "auto" and not segments):
         return "python"
     if not segments:
@@ -57,26 +116,27 @@ def _engine(args: argparse.Namespace, files: list[Path]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        files = trace_files(*args.paths)  # once: a folder holding none is warned of once
-    except FileNotFoundError as error:
-        print(f"otelkit breakdown: {error}", file=sys.stderr)
+    if not args.paths and not args.source:
+        print("otelkit breakdown: give trace paths, --source, or both", file=sys.stderr)
         return 2
-    engine = _engine(args, files)
+    source = source_of(args, "breakdown")  # files listed once: an empty folder warned of once
+    if source is None:
+        return 2
+    engine = _engine(args, source)
     if not engine:
         return 2
+    where = " ".join([*args.paths, *source.imported])
     if engine == "duckdb":
         from otelkit.analysis._sql import breakdown_store
 
-        found = breakdown_store(files, args.group_by, args.root)
+        found = breakdown_store(source.files, args.group_by, args.root)
         if not found.spans:
-            print(f"otelkit breakdown: no span read from {' '.join(args.paths)}", file=sys.stderr)
+            print(f"otelkit breakdown: no span read from {where}", file=sys.stderr)
             return 1
         print(format_breakdowns(found.groups, labels=args.group_by) or "no complete traces found")
         return 0
-    spans = load_spans(*files)
+    spans = load_spans(*source.files)
     if not spans:
-        where = " ".join(args.paths)
         print(
             f"otelkit breakdown: no span read from {where} (no trace file, or only empty ones)",
             file=sys.stderr,

@@ -1,6 +1,7 @@
 """``otelkit import``: trace files into the span store's Parquet segments (``_store``).
 
 otelkit import ./otelkit-traces collector/traces.jsonl.gz --out ./span-store
+otelkit import jaeger://jaeger:16685 --service sonic --since 2h --out ./span-store
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import itertools
 import sys
 from pathlib import Path
 
-from otelkit.analysis._clickhouse import SCHEMES, import_clickhouse
 from otelkit.analysis._loader import iter_spans, trace_files
+from otelkit.analysis._source import Selection, import_store, is_store, parse_time
 from otelkit.analysis._store import SUFFIX, StoreError, write_segment
 
 __all__ = ["add_arguments", "run"]
@@ -26,22 +27,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "paths",
         nargs="+",
-        help="trace files, or folders holding them; or a ClickHouse holding the Collector's "
-        "otel_traces: clickhouse://user:password@host:8123/database (chdb:///path: chDB's)",
+        help="trace files, or folders holding them; or a trace store: a ClickHouse holding "
+        "the Collector's otel_traces, clickhouse://user:password@host:8123/database "
+        "(chdb:///path: chDB's), Jaeger v2, jaeger://host:16685 (gRPC) or "
+        "jaeger+http://host:16686, Tempo, tempo://host:3200",
     )
     parser.add_argument("--out", required=True, help="the store's folder")
     parser.add_argument("--table", default="otel_traces", help="ClickHouse: the spans' table")
     parser.add_argument(
-        "--since", type=float, default=None, help="ClickHouse: traces from this Unix time (s)"
+        "--since",
+        default=None,
+        help="a store's traces with a span from this time: Unix seconds, ago (15m, 2h, 1d) or "
+        "ISO 8601 (Jaeger and Tempo default to the last hour)",
     )
-    parser.add_argument(
-        "--until", type=float, default=None, help="ClickHouse: traces before this Unix time (s)"
-    )
+    parser.add_argument("--until", default=None, help="... and before this time (default: now)")
     parser.add_argument(
         "--service",
         action="append",
         default=[],
-        help="ClickHouse: traces with a span of this service (repeatable)",
+        help="a store's traces with a span of this service (repeatable; Jaeger needs one)",
     )
     parser.add_argument(
         "--segment-spans",
@@ -55,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
     if args.segment_spans < 1:
         print("otelkit import: --segment-spans must be at least 1", file=sys.stderr)
         return 2
-    databases = [p for p in args.paths if p.startswith(SCHEMES)]
-    if databases:
-        return _from_clickhouse(args, databases)
+    stores = [p for p in args.paths if is_store(p)]
+    if stores:
+        return _from_stores(args, stores)
     try:
         sources = [p for p in trace_files(*args.paths) if not p.name.endswith(SUFFIX)]
         spans = iter_spans(*sources)
@@ -81,25 +85,31 @@ def run(args: argparse.Namespace) -> int:
     return 0 if total else 1
 
 
-def _from_clickhouse(args: argparse.Namespace, databases: list[str]) -> int:
-    if len(databases) != len(args.paths):
-        print("otelkit import: a ClickHouse source is imported alone", file=sys.stderr)
+def _from_stores(args: argparse.Namespace, stores: list[str]) -> int:
+    if len(stores) != len(args.paths):
+        print("otelkit import: a trace store is imported alone", file=sys.stderr)
         return 2
-    total = segments = 0
+    total = segments = left_out = capped = 0
     try:
-        for dsn in databases:
-            spans, written = import_clickhouse(
-                dsn,
-                args.out,
-                table=args.table,
-                since_ns=None if args.since is None else int(args.since * 1e9),
-                until_ns=None if args.until is None else int(args.until * 1e9),
-                services=args.service,
-                segment_spans=args.segment_spans,
+        since = None if args.since is None else int(parse_time(args.since) * 1e9)
+        until = None if args.until is None else int(parse_time(args.until) * 1e9)
+        selection = Selection(since, until, tuple(args.service))
+        for url in stores:
+            found = import_store(
+                url, args.out, selection, segment_spans=args.segment_spans, table=args.table
             )
-            total, segments = total + spans, segments + written
-    except (StoreError, OSError) as error:
+            total, segments = total + found.spans, segments + found.segments
+            left_out, capped = left_out + found.left_out, capped + found.capped
+    except (StoreError, OSError, ValueError) as error:
         print(f"otelkit import: {error}", file=sys.stderr)
         return 2
-    print(f"{total} spans from {args.table} into {segments} segments in {args.out}")
+    print(f"{total} spans into {segments} segments in {args.out}")
+    if left_out:
+        print(f"{left_out} traces found but left out (not fetched whole)", file=sys.stderr)
+    if capped:
+        print(
+            f"{capped} searches returned their limit at the smallest window: traces beyond it "
+            "were not seen",
+            file=sys.stderr,
+        )
     return 0 if total else 1

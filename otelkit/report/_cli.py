@@ -1,6 +1,7 @@
 """``otelkit report``: the command.
 
 otelkit report demo-output/traces --group-by gnn_tracking.option --out report.html
+otelkit report --source tempo://tempo:3200 --service sonic --since 1h --out report.html
 otelkit report --study study.jsonl --out report.html  # a study: its traces, grouped by point
 otelkit report --study study.jsonl --figures figures/   # a study's plots for a paper
 """
@@ -11,6 +12,7 @@ import argparse
 import sys
 import time
 
+from otelkit.analysis._command import add_source_arguments, source_of
 from otelkit.report._report import Report
 
 __all__ = ["add_arguments", "run"]
@@ -50,16 +52,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "last span (raise it for exporters that flush less often)",
     )
     parser.add_argument("--title", default="otelkit report")
+    add_source_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.paths and not args.study:
-        print("otelkit report: give trace paths, --study results, or both")
+    if not args.paths and not args.source and not args.study:
+        print("otelkit report: give trace paths, --source, --study results, or a mix")
         return 2
     started = time.monotonic()
+    traces: list[str] = []
+    if args.paths or args.source:  # through the seam: a store's traces become segments first
+        source = source_of(args, "report")
+        if source is None:
+            return 2
+        # none found: the paths as given, which read as empty (not the study's own traces)
+        traces = [str(path) for path in source.files] or list(args.paths)
+        args.paths = [*args.paths, *source.imported]  # what the messages name
     try:
         report = Report.build(
-            args.paths,
+            traces,
             args.study,
             group_by=args.group_by,
             root_name=args.root,

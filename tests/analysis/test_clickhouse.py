@@ -211,3 +211,38 @@ def test_a_server_that_is_not_there_is_named_without_its_password(tmp_path: Path
     with pytest.raises(StoreError) as refused:
         import_clickhouse(dsn, tmp_path)
     assert "127.0.0.1:9" in str(refused.value) and "s3cret" not in str(refused.value)
+
+
+def test_breakdown_and_report_read_a_store_through_the_source_seam(
+    chdb: tuple[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--source`` with a window: the store's traces become cached segments, which breakdown
+    (by DuckDB) and report read as they read the same spans' JSON lines; a window that has
+    ended is read from the cache, even once the table is gone, and ``--refresh`` goes back."""
+    dsn, client = chdb
+    spans = load_spans(DEMO)
+    _fill(client, "otel_traces_source", spans, legacy=False)
+    since = min(s.start_ns for s in spans) / 1e9
+    until = max(s.end_ns for s in spans) / 1e9 + 1
+    cache = tmp_path / "cache"
+    store = ["--source", dsn, "--table", "otel_traces_source", "--cache", str(cache)]
+    store += ["--since", f"{since:.3f}", "--until", f"{until:.3f}"]
+    group = ["--group-by", "gnn_tracking.option"]
+    assert main(["breakdown", *store, *group]) == 0
+    from_store = capsys.readouterr().out
+    assert main(["breakdown", str(DEMO), *group, "--engine", "python"]) == 0
+    assert from_store == capsys.readouterr().out and "server gnn" in from_store
+    (manifest,) = cache.glob("*/source.json")
+    assert "otel_traces_source" in manifest.read_text()
+    page = tmp_path / "report.html"
+    assert main(["report", *store, *group, "--out", str(page)]) == 0
+    from_store = capsys.readouterr().out
+    assert main(["report", str(DEMO), *group, "--out", str(tmp_path / "files.html")]) == 0
+    from_files = capsys.readouterr().out
+    counted = from_store.split(" MB, ", 1)[1].split(" spans", 1)[0]
+    assert counted == from_files.split(" MB, ", 1)[1].split(" spans", 1)[0]
+    assert f"{len({s.trace_id for s in spans})} traces, {len(spans)}" in counted
+    client.command("DROP TABLE otel_traces_source")
+    assert main(["breakdown", *store, *group]) == 0  # the cache holds the ended window
+    assert main(["breakdown", *store, *group, "--refresh"]) == 2
+    assert "cannot read table otel_traces_source" in capsys.readouterr().err

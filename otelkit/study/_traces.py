@@ -26,7 +26,8 @@ from typing import Any
 
 from otelkit import semconv
 from otelkit.analysis._breakdown import RENAMED, TOTAL, Breakdown, breakdown
-from otelkit.analysis._loader import Span, SpanKind, Trace, build_traces, load_spans
+from otelkit.analysis._loader import Span, SpanKind, Trace, build_traces
+from otelkit.analysis._source import open_source
 
 __all__ = ["ComponentStat", "PointTraces", "collect", "summarize"]
 
@@ -185,7 +186,7 @@ def collect(
     deadline = time.monotonic() + timeout_s
     last_count, last_change = -1, time.monotonic()
     while True:
-        spans = load_spans(directory) if Path(directory).exists() else []
+        spans = list(open_source([directory]).spans()) if Path(directory).exists() else []
         result = summarize(build_traces(spans).values(), run_id, point)
         now = time.monotonic()
         if len(spans) != last_count:

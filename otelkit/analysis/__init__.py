@@ -29,14 +29,17 @@ from otelkit.analysis._loader import (
     load_spans,
     trace_files,
 )
+from otelkit.analysis._source import Selection, SpanSource, open_source
 
 __all__ = [
     "Breakdown",
+    "Selection",
     "SlowestStage",
     "Span",
     "SpanEvent",
     "SpanKind",
     "SpanLink",
+    "SpanSource",
     "StatusCode",
     "Trace",
     "answered_by",
@@ -46,6 +49,7 @@ __all__ = [
     "group_key",
     "iter_spans",
     "load_spans",
+    "open_source",
     "trace_components",
     "trace_files",
 ]

@@ -79,7 +79,9 @@ def test_make_demo_runs_end_to_end_and_passes_its_checks(
     assert all(run["events"] > 0 and run["errors"] == 0 for run in summary["runs"])
     served = [key for key in summary["breakdown_ms"] if key.startswith("triton/")]
     assert len(served) == 4  # options 1-4, each with its stages from the traces
-    assert list((out / "traces").glob("*.jsonl"))
+    # the receiver wrote span store segments, which the breakdown read by DuckDB
+    assert list((out / "traces").glob("spans-*.parquet"))
+    assert not list((out / "traces").glob("*.jsonl"))
     # what caps throughput: the study's verdict on the ensemble, printed with its evidence
     assert "=== what caps throughput: otelkit study of the ensemble" in done.stdout
     records = [json.loads(line) for line in (out / "study.jsonl").read_text().splitlines()]

@@ -33,6 +33,7 @@ is printed with its cause (the signal and the log's lines from the crash on) and
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import shutil
@@ -63,7 +64,7 @@ from gnn_tracking.physics.models import Models, load_models
 from gnn_tracking.serving.serve import TrackingTriton, triton_server
 from gnn_tracking.serving.stages import ENSEMBLE, FEATURES, STAGE_ORDER
 from gnn_tracking.serving.twin import twin_process
-from otelkit.analysis import breakdown, build_traces, format_breakdowns, load_spans
+from otelkit.analysis import Breakdown, breakdown, build_traces, format_breakdowns, load_spans
 from otelkit.receiver import Receiver
 from otelkit.report import Report
 from otelkit.study import Load, Study, StudyError, StudyResults
@@ -299,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"embedded OTLP receiver -> {out / 'traces'}")
     # every server and the client export here at once: room for all of them, no 503s
-    receiver = Receiver(out / "traces", max_concurrent=32).start()
+    # the traces as span store segments, which the breakdown reads by DuckDB (otelkit[store])
+    formats = ("parquet",) if _store_installed() else ("jsonl",)
+    receiver = Receiver(out / "traces", max_concurrent=32, formats=formats).start()
     client_metrics_port = free_port()
     otelkit.configure(
         service_name="gnn-tracking-client",
@@ -548,6 +551,44 @@ def _run(
     return report
 
 
+def _store_installed() -> bool:
+    """Whether the span store's engine is here (``otelkit[store]``: pyarrow and DuckDB)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("pyarrow", "duckdb"))
+
+
+def _breakdown(
+    folder: Path, keys: tuple[str, ...], crashed_runs: set[str]
+) -> dict[tuple[str, ...], Breakdown]:
+    """The breakdown of the traces in ``folder`` by ``keys``, the runs cut short by a crash
+    left out: by DuckDB over the segments, each run its own group first, then the runs kept
+    merged (a trace's components in the order the groups list them); by Python from JSON
+    lines where the store is not installed."""
+    if not _store_installed():
+        traces = [
+            trace
+            for trace in build_traces(load_spans(folder)).values()
+            if not any(str(r.attributes.get(RUN_ATTRIBUTE)) in crashed_runs for r in trace.roots)
+        ]
+        return breakdown(traces, group_by=keys, root_name=ROOT_SPAN)
+    from otelkit.analysis._sql import breakdown_store
+
+    segments = sorted(folder.glob("spans-*.parquet"))
+    by_run = breakdown_store(segments, (*keys, RUN_ATTRIBUTE), ROOT_SPAN).groups
+    merged: dict[tuple[str, ...], Breakdown] = {}
+    for key, group in sorted(by_run.items()):
+        if key[-1] in crashed_runs:
+            continue
+        into = merged.setdefault(key[:-1], Breakdown(key[:-1]))
+        seen, adding = into.traces, group.traces
+        for name in [*into.components, *(n for n in group.components if n not in into.components)]:
+            values = into.components.setdefault(name, [0.0] * seen)
+            values.extend(group.components.get(name, [0.0] * adding))
+        into.problems += group.problems
+        into.incomplete += group.incomplete
+        into.parts |= group.parts
+    return merged
+
+
 def _report(
     out: Path,
     reports: list[tuple[str, RunReport]],
@@ -559,13 +600,8 @@ def _report(
     study: StudyResults | None,
     study_problem: str | None,
 ) -> int:
-    traces = [
-        trace
-        for trace in build_traces(load_spans(out / "traces")).values()
-        if not any(str(root.attributes.get(RUN_ATTRIBUTE)) in crashed_runs for root in trace.roots)
-    ]
     keys = (SERVER_ATTRIBUTE, PROTOCOL_ATTRIBUTE, OPTION_ATTRIBUTE, THREADS_ATTRIBUTE)
-    groups = breakdown(traces, group_by=keys, root_name=ROOT_SPAN)
+    groups = _breakdown(out / "traces", keys, crashed_runs)
     groups = {k: g for k, g in groups.items() if k[0] in ("none", "triton", "fastapi", "ray")}
     print("\n=== where the time goes, per event (mean ms), from the traces ===")
     print(format_breakdowns(groups, labels=("server", "protocol", "option", "threads")))
@@ -618,8 +654,9 @@ def _report(
     page = Report.build([out / "traces"], studies, group_by=keys, root_name=ROOT_SPAN)
     page.title = "make demo: the reference deployment"
     report_path = page.write_html(out / "report.html").resolve()
+    held = "span store segments" if _store_installed() else "OTLP JSON lines"
     print(
-        f"\ntraces:  {(out / 'traces' / 'traces.jsonl').resolve()} (OTLP JSON lines; "
+        f"\ntraces:  {(out / 'traces').resolve()}/ ({held}; "
         f"`otelkit breakdown {out / 'traces'} --group-by {OPTION_ATTRIBUTE}` reads them)\n"
         f"metrics: {(out / 'metrics').resolve()}/ (Triton's nv_inference_*, the stage models' "
         "otelkit_stage_*, the client's otelkit_client_*, the twin's http_server_*, as scraped "

@@ -42,7 +42,7 @@ from otelkit.study._counters import (
 from otelkit.study._drive import Load, LoadRun, drive, drive_tasks, scheduled_at
 from otelkit.study._point import Point, Window
 from otelkit.study._servers import Endpoint
-from otelkit.study._traces import collect
+from otelkit.study._traces import collect, segment_names
 from otelkit.study._workload import Workload
 from otelkit.telemetry import flush
 
@@ -66,6 +66,7 @@ def measure_point(
     before_load: Callable[[], None] = lambda: None,
     gpu_metrics_url: str | None = None,
     other_cpu_s: Callable[[], float | None] | None = None,
+    flush_traces: Callable[[], object] | None = None,
 ) -> Point:
     """One point at ``params``; a point whose requests all failed comes back ``failed``, one
     with more than ``load.max_error_share`` of its measured requests failed ``errors``.
@@ -77,8 +78,11 @@ def measure_point(
     metrics, read for each model instance's GPU memory and utilisation at the window's end.
     ``other_cpu_s``: the CPU seconds so far of threads in this process that are not the
     client's (the study's embedded receiver), left out of the point's client CPU.
+    ``flush_traces``: makes the traces received so far readable (the receiver's segment).
     """
     traced = traces_dir is not None
+    # the segments written before the point: none holds its spans, none is read for it
+    old = segment_names(traces_dir) if traces_dir is not None else frozenset()
     workload.open(params, endpoint, traced=traced, ready_s=ready_s)
     url = endpoint.http_url or endpoint.grpc_url
     local = is_local(url)
@@ -191,7 +195,13 @@ def measure_point(
         flush(timeout_s=5.0)
         assert traces_dir is not None
         point.traces = collect(
-            traces_dir, run_id, index, sampled=point.sampled, timeout_s=traces_timeout_s
+            traces_dir,
+            run_id,
+            index,
+            sampled=point.sampled,
+            timeout_s=traces_timeout_s,
+            flush=flush_traces,
+            old=old,
         )
     _judge(point, run)
     point.check_errors(load.max_error_share)

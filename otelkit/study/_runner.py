@@ -61,6 +61,7 @@ from typing import Any, TextIO
 
 from otelkit._errors import StudyError
 from otelkit._resource import installed_version
+from otelkit.analysis._store import installed as store_installed
 from otelkit.receiver import Receiver
 from otelkit.study._drive import Load
 from otelkit.study._measure import measure_point
@@ -295,6 +296,7 @@ class Study:
                 before_load=lambda: self._wait_for_slot(index),
                 gpu_metrics_url=self.gpu_metrics_url,
                 other_cpu_s=receiver.cpu_s if receiver is not None else None,
+                flush_traces=receiver.flush if receiver is not None else None,
             )
             settle(point, endpoint.http_url)  # refused connections: overload, or a server gone
         except StudyError as error:  # every request failed, say: perhaps the server did
@@ -351,7 +353,11 @@ def _server(server: Server | str) -> Server:
 def _start_tracing(tracing: Tracing, files: Path) -> tuple[Receiver | None, str, Path]:
     receiver = None
     if tracing.endpoint is None:
-        receiver = Receiver(files / "traces", port=tracing.port, max_concurrent=8).start()
+        # segments where the store is installed: each point reads only those written during it
+        formats = ("parquet",) if store_installed() else ("jsonl",)
+        receiver = Receiver(
+            files / "traces", port=tracing.port, max_concurrent=8, formats=formats
+        ).start()
         traces_url, traces_dir = receiver.traces_url, receiver.out_dir
     else:
         if tracing.directory is None:

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from otelkit import semconv
 from otelkit.analysis._breakdown import RENAMED, TOTAL, Breakdown, breakdown
-from otelkit.analysis._loader import Span, SpanKind, Trace, build_traces
+from otelkit.analysis._loader import Span, SpanKind, Trace, build_traces, iter_spans
 from otelkit.analysis._source import open_source
+from otelkit.analysis._store import SUFFIX
 
 __all__ = ["ComponentStat", "PointTraces", "collect", "summarize"]
 
@@ -172,6 +173,21 @@ def _served(trace: Trace, span: Span) -> bool:
     return trace.is_orphan(current)
 
 
+def segment_names(directory: str | Path) -> frozenset[str]:
+    """The span store segments in ``directory`` now (none: it is not there)."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return frozenset()
+    return frozenset(path.name for path in folder.glob(f"spans-*{SUFFIX}"))
+
+
+def _arrived(directory: str | Path, old: Collection[str]) -> list[Span]:
+    if not Path(directory).exists():
+        return []
+    files = [path for path in open_source([directory]).files if path.name not in old]
+    return list(iter_spans(*files)) if files else []
+
+
 def collect(
     directory: str | Path,
     run_id: str,
@@ -180,13 +196,22 @@ def collect(
     sampled: int,
     timeout_s: float = 10.0,
     quiet_s: float = 1.5,
+    flush: Callable[[], object] | None = None,
+    old: Collection[str] = (),
 ) -> PointTraces:
     """Wait for the ``sampled`` measured roots of ``point`` and their server spans, then
-    summarize them; gives up ``quiet_s`` after the last new span, or after ``timeout_s``."""
+    summarize them; gives up ``quiet_s`` after the last new span, or after ``timeout_s``.
+
+    ``flush`` makes the spans received so far readable (the receiver's segment written: a
+    segment has no footer until then); ``old``: the names of segments written before the
+    point began, which hold none of its spans and are not read again (a segment does not
+    change once written: a point reads what arrived during it, not the whole study's)."""
     deadline = time.monotonic() + timeout_s
     last_count, last_change = -1, time.monotonic()
     while True:
-        spans = list(open_source([directory]).spans()) if Path(directory).exists() else []
+        if flush is not None:
+            flush()
+        spans = _arrived(directory, old)
         result = summarize(build_traces(spans).values(), run_id, point)
         now = time.monotonic()
         if len(spans) != last_count:

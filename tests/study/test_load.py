@@ -21,6 +21,9 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from tritonclient.utils import InferenceServerException
 
+from otelkit import semconv
+from otelkit.analysis import Span, SpanKind, load_spans
+from otelkit.analysis._store import SegmentWriter
 from otelkit.study import (
     Endpoint,
     Load,
@@ -34,6 +37,7 @@ from otelkit.study import (
     read_results,
 )
 from otelkit.study._drive import drive, drive_tasks, error_kind
+from otelkit.study._traces import collect, segment_names
 from otelkit.tritonserver import free_port
 
 
@@ -395,8 +399,9 @@ def test_the_clients_cpu_leaves_out_the_embedded_receivers_threads(tmp_path: Pat
     finally:
         for poster in posters:
             assert poster.wait(15) == 0
-    traces = tmp_path / "study-files" / "traces" / "traces.jsonl"
-    posted = traces.read_text().count('"poster"')  # one resource a post
+    traces = tmp_path / "study-files" / "traces"
+    spans = load_spans(traces)  # the receiver's segments (or JSON lines without the store)
+    posted = sum(s.resource.get("service.name") == "poster" for s in spans) // 500  # a post's
     quiet, busy = results.points
     print(f"client CPU: {quiet.cpu_s:.3f} s quiet, {busy.cpu_s:.3f} s while {posted} posts came")
     assert posted >= 50  # 25,000 spans or more converted and written while the second ran
@@ -425,3 +430,41 @@ def test_an_open_loops_backlog_shows_in_its_traces(tmp_path: Path) -> None:
     assert total == pytest.approx(backlog + behind.component_ms("client other"), rel=0.1)
     # (the sampled share is rate-limited over a growing backlog: 397 ms traced, 454 measured)
     assert behind.histogram.mean_s * 1e3 == pytest.approx(total, rel=0.25)
+
+
+def _measured_roots(run_id: str, point: int, count: int) -> list[Span]:
+    """``count`` measured roots of ``point`` of run ``run_id``, one trace each."""
+    attributes: dict[str, Any] = {
+        semconv.STUDY_RUN: run_id,
+        semconv.STUDY_POINT: point,
+        semconv.STUDY_PHASE: semconv.STUDY_PHASE_MEASURE,
+    }
+    return [
+        Span(f"{point:02x}{n:030x}", f"{n + 1:016x}", None, semconv.STUDY_SPAN,
+             SpanKind.INTERNAL, 1_000 * n, 1_000 * n + 500, dict(attributes))
+        for n in range(count)
+    ]  # fmt: skip
+
+
+def test_a_point_reads_the_segments_written_during_it(tmp_path: Path) -> None:
+    """With the study's receiver writing segments, a point's traces are read from the
+    segments written since it began (made readable by ``flush`` at each read), never from
+    the earlier points' segments, which hold none of its spans."""
+    writer = SegmentWriter(tmp_path)
+    writer.add(_measured_roots("run", 0, 3))
+    writer.flush()
+    old = segment_names(tmp_path)
+    assert len(old) == 1
+    writer.add(_measured_roots("run", 1, 2))  # held, not yet readable: collect flushes it
+    flushed: list[int] = []
+
+    def flush() -> None:
+        flushed.append(writer.flush())
+
+    found = collect(tmp_path, "run", 1, sampled=2, timeout_s=5.0, flush=flush, old=old)
+    assert (found.traces, found.incomplete) == (2, 0) and flushed[0] == 2
+    # point 0's spans are all in the old segment: read as new, they are found; left out, not
+    assert collect(tmp_path, "run", 0, sampled=3, timeout_s=5.0).traces == 3
+    started = time.monotonic()
+    assert collect(tmp_path, "run", 0, sampled=3, timeout_s=0.5, old=old).traces == 0
+    assert time.monotonic() - started < 3.0

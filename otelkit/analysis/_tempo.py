@@ -64,7 +64,6 @@ import json
 import logging
 import math
 import re
-import socket
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -160,7 +159,7 @@ class _Tempo:
                 body = b""
             return _Answer(error.code, body)
         except urllib.error.URLError as error:  # no answer: refused, no such host, TLS
-            if isinstance(error.reason, (TimeoutError, socket.timeout)):
+            if isinstance(error.reason, TimeoutError):  # socket.timeout since 3.10
                 raise self._timed_out(path) from None
             raise StoreError(f"cannot reach Tempo at {self.shown}: {error.reason}") from None
         except TimeoutError:  # connected, then no answer in time
@@ -174,7 +173,7 @@ class _Tempo:
             "(a larger timeout_s, or a smaller window_s or limit)"
         )
 
-    def json(self, answer: _Answer, path: str) -> Any:
+    def parsed(self, answer: _Answer, path: str) -> Any:
         try:
             return _loads(answer.body)
         except ValueError:  # orjson's JSONDecodeError is a ValueError too
@@ -217,7 +216,7 @@ def _search(tempo: _Tempo, q: str, start_s: int, end_s: int, limit: int) -> list
     answer = tempo.get(path, params)
     if answer.status != 200:
         raise tempo.refused(answer, path, f"the search {q}")
-    doc = tempo.json(answer, path)
+    doc = tempo.parsed(answer, path)
     traces = doc.get("traces", []) if isinstance(doc, dict) else None
     if not isinstance(traces, list):
         raise StoreError(
@@ -273,7 +272,7 @@ class _Fetcher:
             path = f"/api/v2/traces/{trace_id}"
             answer = self.tempo.get(path, {**params, "span_pruning": "false"})
             if answer.status == 200:
-                got = self.tempo.json(answer, path)
+                got = self.tempo.parsed(answer, path)
                 if not isinstance(got, dict) or not isinstance(got.get("trace", {}), dict):
                     raise self._shape(path, answer, '{"trace": {"resourceSpans": [...]}}')
                 if got.get("status") in ("PARTIAL", 1):
@@ -290,7 +289,7 @@ class _Fetcher:
                 return f"partial: {_quoted(answer.body)}"
             if answer.status != 200:
                 return self._failed(path, answer, trace_id)
-            got = self.tempo.json(answer, path)
+            got = self.tempo.parsed(answer, path)
             if not isinstance(got, dict):
                 raise self._shape(path, answer, '{"batches": [...]}')
             # "batches": Tempo's name before OTLP's; MarshalToJSONV1 still writes it

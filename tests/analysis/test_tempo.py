@@ -296,3 +296,20 @@ def test_a_slow_server_is_given_up_on_within_the_timeout(tempo: TempoApi, tmp_pa
     with pytest.raises(StoreError, match=r"did not answer /api/search within 0.3 s"):
         import_tempo(tempo.url, tmp_path, since_ns=SINCE, until_ns=UNTIL, timeout_s=0.3)
     assert time.monotonic() - began < 2.0
+
+
+def test_breakdown_reads_tempo_through_the_source_seam(
+    tempo: TempoApi, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``otelkit breakdown --source tempo://...``: the same table as from the JSON lines, and
+    an ended window read from the cache the second time (no search sent)."""
+    window = ["--since", str(S0), "--until", str(S0 + 70), "--cache", str(tmp_path / "cache")]
+    group = ["--group-by", "gnn_tracking.option", "--service", CLIENT]
+    assert main(["breakdown", "--source", tempo.url, *window, *group]) == 0
+    from_tempo = capsys.readouterr().out
+    assert main(["breakdown", str(DEMO), "--group-by", "gnn_tracking.option"]) == 0
+    assert from_tempo == capsys.readouterr().out and "server gnn" in from_tempo
+    searched = len(tempo.searches())
+    assert searched >= 1
+    assert main(["breakdown", "--source", tempo.url, *window, *group]) == 0
+    assert len(tempo.searches()) == searched  # the cache answered

@@ -27,7 +27,7 @@ from otelkit import semconv
 if TYPE_CHECKING:
     from otelkit._config import Settings
 
-__all__ = ["detect", "installed_version", "make_resource"]
+__all__ = ["detect", "installed_version", "make_resource", "sampler_text"]
 
 _SLURM_VARIABLES = {
     "SLURM_JOB_ID": semconv.SLURM_JOB_ID,
@@ -96,6 +96,17 @@ def installed_version(distribution: str) -> str:
         return "unknown"
 
 
+def sampler_text(sampler: str, arg: float) -> str:
+    """The head sampler as the resource names it.
+
+    >>> sampler_text("parentbased_ratelimiting", 10.0), sampler_text("traceidratio", 0.01)
+    ('parentbased_ratelimiting 10/s', 'traceidratio 0.01')
+    """
+    if sampler.endswith("ratelimiting"):
+        return f"{sampler} {arg:g}/s"
+    return f"{sampler} {arg:g}" if sampler.endswith("traceidratio") else sampler
+
+
 def make_resource(settings: Settings) -> Resource:
     """The resource of every span and metric: detected, configured, then ``service.name``."""
     attributes: dict[str, Any] = {
@@ -103,6 +114,7 @@ def make_resource(settings: Settings) -> Resource:
         "telemetry.sdk.name": "opentelemetry",
         "telemetry.sdk.version": installed_version("opentelemetry-sdk"),
         semconv.TELEMETRY_DISTRO_VERSION: installed_version("otelkit"),
+        semconv.OTELKIT_SAMPLER: sampler_text(settings.sampler, settings.sampler_arg),
         **detect(),
         **settings.resource_attributes,
         semconv.SERVICE_NAME: settings.service_name,

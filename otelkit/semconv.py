@@ -44,6 +44,13 @@ SLURM_CLUSTER_NAME = "slurm.cluster.name"
 K8S_POD_NAME = "k8s.pod.name"
 K8S_NAMESPACE_NAME = "k8s.namespace.name"
 K8S_NODE_NAME = "k8s.node.name"
+#: the head sampler that chose this process's traces, and its argument (``parentbased_ratelimiting
+#: 10/s``): a reader of a trace store can say how its traces were chosen
+OTELKIT_SAMPLER = f"{PREFIX}.sampler"
+#: the Collector tail sampling processor's policy that kept a trace (on the instrumentation scope,
+#: with its feature gate ``processor.tailsamplingprocessor.recordpolicy``): otelkit's reader
+#: puts it on each span of the scope
+TAIL_SAMPLING_POLICY = "tailsampling.policy"
 
 # -- attributes on otelkit's own telemetry-health metrics ------------------------------------
 DROP_REASON = "reason"

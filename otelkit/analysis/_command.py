@@ -12,6 +12,7 @@ import sys
 
 from otelkit.analysis._breakdown import breakdown, format_breakdowns
 from otelkit.analysis._loader import build_traces, load_spans
+from otelkit.analysis._sampling import Sampling, sampling_of_segments
 from otelkit.analysis._source import Selection, SpanSource, open_source, parse_time
 from otelkit.analysis._store import StoreError
 
@@ -134,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"otelkit breakdown: no span read from {where}", file=sys.stderr)
             return 1
         print(format_breakdowns(found.groups, labels=args.group_by) or "no complete traces found")
+        _say_sampling(sampling_of_segments(source.files))
         return 0
     spans = load_spans(*source.files)
     if not spans:
@@ -145,4 +147,12 @@ def run(args: argparse.Namespace) -> int:
     traces = build_traces(spans)
     groups = breakdown(traces.values(), group_by=args.group_by, root_name=args.root)
     print(format_breakdowns(groups, labels=args.group_by) or "no complete traces found")
+    _say_sampling(Sampling().update(spans))
     return 0
+
+
+def _say_sampling(sampling: Sampling) -> None:
+    """How the traces were chosen, where their spans say it: a tail-sampled store's
+    percentiles run high."""
+    for line in sampling.lines():
+        print(line)

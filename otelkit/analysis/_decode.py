@@ -96,9 +96,14 @@ def _spans(doc: dict[str, Any]) -> Iterator[Span]:
         resource = _attributes(rs.get("resource", {}).get("attributes", ()))
         for ss in rs.get("scopeSpans", ()):
             scope = ss.get("scope", {}).get("name", "")
+            # the Collector's tail sampling says on the scope which policy kept the trace
+            kept = _sampling(ss.get("scope", {}).get("attributes", ()))
             for s in ss.get("spans", ()):
                 status = s.get("status", {})
                 parent = s.get("parentSpanId")
+                attributes = _attributes(s.get("attributes", ()))
+                if kept:
+                    attributes = {**kept, **attributes}
                 yield Span(
                     trace_id=_hex(s["traceId"], 16),
                     span_id=_hex(s["spanId"], 8),
@@ -107,7 +112,7 @@ def _spans(doc: dict[str, Any]) -> Iterator[Span]:
                     kind=_enum(SpanKind, _number(s.get("kind", 0))),
                     start_ns=_time(s.get("startTimeUnixNano", 0)),
                     end_ns=_time(s.get("endTimeUnixNano", 0)),
-                    attributes=_attributes(s.get("attributes", ())),
+                    attributes=attributes,
                     resource=resource,
                     scope=scope,
                     events=tuple(_event(e) for e in s.get("events", ())),
@@ -115,6 +120,11 @@ def _spans(doc: dict[str, Any]) -> Iterator[Span]:
                     status_code=_enum(StatusCode, _number(status.get("code", 0))),
                     status_message=status.get("message", ""),
                 )
+
+
+def _sampling(kvs: Iterable[dict[str, Any]]) -> Attributes:
+    """A scope's tail sampling attributes (``tailsampling.policy`` and its kin)."""
+    return {k: v for k, v in _attributes(kvs).items() if k.startswith("tailsampling.")}
 
 
 def _event(e: dict[str, Any]) -> SpanEvent:

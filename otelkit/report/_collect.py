@@ -32,6 +32,7 @@ from typing import Any
 from otelkit import semconv
 from otelkit.analysis import Span, Trace
 from otelkit.analysis._breakdown import TOTAL, Breakdown, group_key
+from otelkit.analysis._sampling import Sampling
 from otelkit.report._waterfall import encode_trace, json_value
 
 __all__ = ["APART", "WARMUP", "Facts", "Gathered", "group_label", "natural_order"]
@@ -86,9 +87,11 @@ class Facts:
     services: dict[str, dict[str, Any]] = field(default_factory=dict)  # first resource seen
     hosts: set[str] = field(default_factory=set)
     scopes: dict[str, int] = field(default_factory=dict)  # instrumentation scope -> spans
+    sampling: Sampling = field(default_factory=Sampling)  # how the traces were chosen
 
     def add(self, span: Span) -> None:
         self.spans += 1
+        self.sampling.add(span)
         if self.first_ns is None or span.start_ns < self.first_ns:
             self.first_ns = span.start_ns
         self.last_ns = max(self.last_ns, span.end_ns)

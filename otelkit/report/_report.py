@@ -157,7 +157,13 @@ class Report:
             heading_section(self.title, [name for name, _, _ in self.studies]),
             f'<p class="facts-line">{self.facts.traces} traces, {self.facts.spans} spans, '
             f"{len(self.facts.services)} services</p>",
-            breakdown_section(self.groups, place(bars), self.late_spans, self.closed_early),
+            breakdown_section(
+                self.groups,
+                place(bars),
+                self.late_spans,
+                self.closed_early,
+                self.facts.sampling.lines(),
+            ),
             waterfall_section(
                 len(self.traces), self.facts.traces, next(iter(self.sampled.values()), 0)
             ),

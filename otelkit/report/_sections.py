@@ -46,9 +46,14 @@ def _ms(seconds: float) -> str:
 
 
 def breakdown_section(
-    groups: Sequence[tuple[str, Breakdown]], charts: str, late_spans: int, closed_early: int
+    groups: Sequence[tuple[str, Breakdown]],
+    charts: str,
+    late_spans: int,
+    closed_early: int,
+    sampling: Sequence[str] = (),
 ) -> str:
-    """The stacked bars, then the checks per group: traces, left out, nesting problems."""
+    """The stacked bars, then the checks per group: traces, left out, nesting problems; and
+    how the traces were chosen (``sampling``), where their spans say it."""
     rows = []
     for label, group in groups:
         problems = (
@@ -83,6 +88,7 @@ def breakdown_section(
     if closed_early:
         stream.append(f"{closed_early} traces closed early to bound memory")
     notes = "".join(f'<p class="problem">{_e(s)}</p>' for s in stream)
+    notes += "".join(f'<p class="sampling">{_e(line)}</p>' for line in sampling)
     table = (
         "<table id='checks'><tr><th>group</th><th>traces</th><th>mean ms</th>"
         "<th>median ms</th><th>slowest server stage</th><th>checks</th></tr>"
@@ -249,6 +255,7 @@ def facts_section(
         ("last span end", _when(facts.last_ns or None)),
         ("hosts", ", ".join(sorted(facts.hosts)) or "-"),
         ("instrumentation scopes", scopes),
+        ("sampling", " ".join(facts.sampling.lines()) or "not said by the spans"),
     ]
     lines.insert(
         2,

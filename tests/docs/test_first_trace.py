@@ -133,7 +133,12 @@ def test_the_first_trace_runs_as_written(tmp_path: Path) -> None:
         # no unexplained time: each between two timestamps the trace recorded
         assert rows["server other"] <= 5 and rows["client other"] <= 5, table
         assert not [line for line in table if "unexplained" in line], table
-        assert re.match(r"^\s+slowest stage: server (cylindrical|scale), ", table[-1]), table
+        assert re.match(r"^\s+slowest stage: server (cylindrical|scale), ", table[-2]), table
+        # how the traces were chosen, as the processes' resources say: every one, by default
+        assert table[-1].startswith(
+            "sampling: head sampling in the services (parentbased_always_on "
+            "(hit-features-client, hit-features-pytriton)): "
+        ), table
 
         study, report = commands("A study and a report")
         assert "verdict [all]" in _run(study, tmp_path)

@@ -89,7 +89,7 @@ def _from_stores(args: argparse.Namespace, stores: list[str]) -> int:
     if len(stores) != len(args.paths):
         print("otelkit import: a trace store is imported alone", file=sys.stderr)
         return 2
-    total = segments = left_out = capped = 0
+    total = segments = left_out = capped = partial = 0
     try:
         since = None if args.since is None else int(parse_time(args.since) * 1e9)
         until = None if args.until is None else int(parse_time(args.until) * 1e9)
@@ -100,12 +100,18 @@ def _from_stores(args: argparse.Namespace, stores: list[str]) -> int:
             )
             total, segments = total + found.spans, segments + found.segments
             left_out, capped = left_out + found.left_out, capped + found.capped
+            partial += found.partial
     except (StoreError, OSError, ValueError) as error:
         print(f"otelkit import: {error}", file=sys.stderr)
         return 2
     print(f"{total} spans into {segments} segments in {args.out}")
     if left_out:
         print(f"{left_out} traces found but left out (not fetched whole)", file=sys.stderr)
+    if partial:
+        print(
+            f"{partial} traces written partial: a span's parent is not among its spans",
+            file=sys.stderr,
+        )
     if capped:
         print(
             f"{capped} searches returned their limit at the smallest window: traces beyond it "

@@ -9,10 +9,12 @@ smallest window, where the cap is counted (``Imported.capped``) and warned of, n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-__all__ = ["Imported", "windows"]
+from otelkit.analysis._spans import Span, SpanKind
+
+__all__ = ["Imported", "SpanKind", "orphaned", "windows"]
 
 
 class Imported(NamedTuple):
@@ -23,6 +25,23 @@ class Imported(NamedTuple):
     traces: int  # traces fetched whole
     left_out: int = 0  # traces found but not brought: fetch failed, not found, or partial
     capped: int = 0  # windows whose search still returned exactly its limit at the smallest
+    partial: int = 0  # traces written with a span whose parent is not among them
+
+
+def orphaned(spans: Iterable[Span]) -> bool:
+    """Whether a span of one trace names a parent that is not among ``spans`` (a hop exported
+    elsewhere, a service that does not export, spans still on their way): such a trace is
+    written as it is, counted in ``Imported.partial``; the breakdown joins or leaves out its
+    orphans as it does from files.
+
+    >>> root = Span("ab" * 16, "cd" * 8, None, "e", SpanKind.SERVER, 0, 1)
+    >>> child = Span("ab" * 16, "ef" * 8, "01" * 8, "c", SpanKind.CLIENT, 0, 1)
+    >>> orphaned([root]), orphaned([child])
+    (False, True)
+    """
+    spans = list(spans)
+    ids = {span.span_id for span in spans}
+    return any(span.parent_span_id is not None and span.parent_span_id not in ids for span in spans)
 
 
 def windows(since_ns: int, until_ns: int, step_ns: int) -> Iterator[tuple[int, int]]:

@@ -6,7 +6,8 @@ framings, span store segments), or a site's trace store:
 
 - ``clickhouse://user:password@host:8123/database`` (``chdb:///path``: chDB's), the Collector's
   ``otel_traces``;
-- ``jaeger://host:16685`` (Jaeger v2's api_v3 over gRPC), ``jaeger+http://host:16686`` (over HTTP);
+- ``jaeger://host:16685`` (Jaeger v2's api_v3 over gRPC), ``jaeger+http://host:16686`` (over
+  HTTP; ``jaeger+https://``);
 - ``tempo://host:3200`` (``tempo+https://host``), Grafana Tempo's search and trace-by-id API.
 
 A store is searched with the selection pushed down to it (a time window, services): whole
@@ -60,6 +61,7 @@ STORES = {
     "chdb://": "clickhouse",
     "jaeger://": "jaeger",
     "jaeger+http://": "jaeger",
+    "jaeger+https://": "jaeger",
     "tempo://": "tempo",
     "tempo+https://": "tempo",
 }

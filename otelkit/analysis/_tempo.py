@@ -47,8 +47,9 @@ What is left out (``Imported.left_out``, each warned of with its trace id), neve
 - a trace whose fetch Tempo answers with any other error status (429, 5xx).
 
 A trace that comes back whole by Tempo's word but whose spans name a parent not among them (a
-service that does not export, spans still arriving) is written as it is: the breakdown counts
-it as incomplete (``Breakdown.incomplete``), as it does for the same spans from files.
+service that does not export, spans still arriving) is written as it is and counted
+(``Imported.partial``, warned of): the breakdown joins or leaves out its orphans as it does
+for the same spans from files.
 
 Errors (``StoreError``, saying which server and what it answered): an unknown scheme, a server
 that cannot be reached or does not answer within ``timeout_s`` (each connect and each read),
@@ -70,7 +71,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlencode, urlsplit
 
-from otelkit.analysis._remote import Imported, windows
+from otelkit.analysis._remote import Imported, orphaned, windows
 from otelkit.analysis._spans import Span
 from otelkit.analysis._store import SegmentWriter, StoreError
 
@@ -341,7 +342,7 @@ def import_tempo(
     Path(out).mkdir(parents=True, exist_ok=True)
     writer = SegmentWriter(out, max_spans=segment_spans, max_age_s=math.inf)
     seen: set[str] = set()
-    traces = left_out = capped = 0
+    traces = left_out = capped = partial = 0
     pending = deque(windows(since_ns, until_ns, int(window_s * _NS)))
     try:
         while pending:
@@ -370,6 +371,15 @@ def import_tempo(
                     continue
                 writer.add(spans)
                 traces += 1
+                partial += orphaned(spans)
     finally:  # what was fetched is whole traces: written even when an error ends the import
         writer.close()
-    return Imported(writer.spans_written, writer.segments_written, traces, left_out, capped)
+    if partial:
+        _log.warning(
+            "Tempo at %s: %d traces written partial: a span's parent is not in the trace",
+            tempo.shown,
+            partial,
+        )
+    return Imported(
+        writer.spans_written, writer.segments_written, traces, left_out, capped, partial
+    )

@@ -72,7 +72,7 @@ def test_imports_and_breaks_down_as_its_json_lines(tempo: TempoApi, tmp_path: Pa
         tempo.url, tmp_path / "store", since_ns=SINCE, until_ns=UNTIL, segment_spans=150
     )
     spans = load_spans(DEMO)
-    assert got == (len(spans), 3, 24, 0, 0)
+    assert got == (len(spans), 3, 24, 0, 0, 0)
     [search] = tempo.searches()
     assert search.params == {
         "q": "{}",
@@ -313,3 +313,20 @@ def test_breakdown_reads_tempo_through_the_source_seam(
     assert searched >= 1
     assert main(["breakdown", "--source", tempo.url, *window, *group]) == 0
     assert len(tempo.searches()) == searched  # the cache answered
+
+
+def test_a_trace_missing_a_parent_is_written_and_counted_partial(tmp_path: Path) -> None:
+    """A trace Tempo holds whole by its own word, whose spans name a parent it never got (a
+    service that does not export): written as it is, counted, the breakdown's to judge."""
+    spans = load_spans(DEMO)
+    parents = {s.parent_span_id for s in spans}
+    middle = next(s for s in spans if s.parent_span_id and s.span_id in parents)
+    docs = load_docs(DEMO)
+    for doc in docs:
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                ss["spans"] = [s for s in ss["spans"] if s["spanId"] != middle.span_id]
+    with TempoApi(docs) as server:
+        got = import_tempo(server.url, tmp_path, since_ns=SINCE, until_ns=UNTIL)
+    assert (got.traces, got.partial, got.left_out) == (24, 1, 0)
+    assert got.spans == len(spans) - 1

@@ -36,17 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--source`` and the selection pushed down to a trace store (breakdown and report)."""
-    parser.add_argument(
-        "--source",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="a trace store (repeatable): clickhouse://user:password@host:8123/database, "
-        "jaeger://host:16685 (gRPC) or jaeger+http://host:16686, tempo://host:3200; "
-        "or a file or folder, as the positional paths",
-    )
+def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a trace store is searched for: a time window, services, ClickHouse's table."""
     parser.add_argument(
         "--since",
         default=None,
@@ -61,6 +52,27 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
         help="a store's traces with a span of this service (repeatable; Jaeger needs one)",
     )
     parser.add_argument("--table", default="otel_traces", help="ClickHouse: the spans' table")
+
+
+def selection_of(args: argparse.Namespace) -> Selection:
+    """The selection ``add_selection_arguments`` read (ValueError: a time that is none)."""
+    since = None if args.since is None else int(parse_time(args.since) * 1e9)
+    until = None if args.until is None else int(parse_time(args.until) * 1e9)
+    return Selection(since, until, tuple(args.service))
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--source`` and the selection pushed down to a trace store (breakdown and report)."""
+    parser.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a trace store (repeatable): clickhouse://user:password@host:8123/database, "
+        "jaeger://host:16685 (gRPC) or jaeger+http://host:16686, tempo://host:3200; "
+        "or a file or folder, as the positional paths",
+    )
+    add_selection_arguments(parser)
     parser.add_argument(
         "--cache",
         default=None,
@@ -76,12 +88,9 @@ def source_of(args: argparse.Namespace, command: str) -> SpanSource | None:
     """The spans ``args`` name (positional paths and ``--source``), a store's selection pushed
     down; None, with the reason on stderr, where they cannot be read."""
     try:
-        since = None if args.since is None else int(parse_time(args.since) * 1e9)
-        until = None if args.until is None else int(parse_time(args.until) * 1e9)
-        selection = Selection(since, until, tuple(args.service))
         return open_source(
             [*args.paths, *args.source],
-            selection,
+            selection_of(args),
             cache=args.cache,
             refresh=args.refresh,
             table=args.table,

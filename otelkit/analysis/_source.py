@@ -32,7 +32,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -179,20 +179,11 @@ def import_store(
         )
         return Imported(spans, segments, traces=0)
     assert chosen.since_ns is not None and chosen.until_ns is not None
-    if kind == "jaeger":
-        from otelkit.analysis._jaeger import import_jaeger
-
-        return import_jaeger(
-            url,
-            out,
-            since_ns=chosen.since_ns,
-            until_ns=chosen.until_ns,
-            services=chosen.services,
-            segment_spans=segment_spans,
-        )
+    from otelkit.analysis._jaeger import import_jaeger
     from otelkit.analysis._tempo import import_tempo
 
-    return import_tempo(
+    reader: Callable[..., Imported] = import_jaeger if kind == "jaeger" else import_tempo
+    return reader(
         url,
         out,
         since_ns=chosen.since_ns,

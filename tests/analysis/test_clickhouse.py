@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from otelkit.analysis import Span, load_spans
-from otelkit.analysis._breakdown import Breakdown
 from otelkit.analysis._clickhouse import import_clickhouse
 from otelkit.analysis._sql import breakdown_store
 from otelkit.analysis._store import StoreError
 from otelkit.cli import main
+from tests.analysis.summaries import summary
 from tests.analysis.test_store import DEMO
 
 clickhouse_connect = pytest.importorskip("clickhouse_connect")
@@ -121,23 +121,6 @@ def _fill(client: Any, table: str, spans: list[Span], *, legacy: bool) -> None:
     client.insert(table, rows, column_names=columns)
 
 
-def _summary(groups: dict[tuple[str, ...], Breakdown]) -> dict[tuple[str, ...], Any]:
-    """Each group's traces, left-out count, problems and each component's sorted values: the
-    table keeps no arrival order, so traces come in another order than from the files."""
-    return {
-        key: (
-            group.traces,
-            group.incomplete,
-            sorted(group.problems),
-            {
-                name: sorted(round(v, 12) for v in values)
-                for name, values in group.components.items()
-            },
-        )
-        for key, group in groups.items()
-    }
-
-
 @pytest.mark.parametrize("legacy", [False, True], ids=["current", "earlier-names"])
 def test_otel_traces_imports_and_breaks_down_as_its_json_lines(
     chdb: tuple[str, Any], legacy: bool, tmp_path: Path
@@ -168,7 +151,7 @@ def test_otel_traces_imports_and_breaks_down_as_its_json_lines(
     group_by = ("gnn_tracking.option",)
     imported = breakdown_store(sorted((tmp_path / "store").glob("*.parquet")), group_by)
     files = breakdown_store(sorted(from_files.glob("*.parquet")), group_by)
-    assert _summary(imported.groups) == _summary(files.groups)
+    assert summary(imported.groups) == summary(files.groups)
     assert imported.delegated == files.delegated == 0
 
 

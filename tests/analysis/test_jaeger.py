@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from otelkit.analysis import Span, load_spans
-from otelkit.analysis._breakdown import Breakdown
 from otelkit.analysis._jaeger import import_jaeger
 from otelkit.analysis._remote import Imported, windows
 from otelkit.analysis._store import StoreError, write_segment
 from otelkit.cli import main
 from tests.analysis.jaeger_api import JaegerAPI
+from tests.analysis.summaries import summary
 
 pytest.importorskip("pyarrow")
 pytest.importorskip("duckdb")
@@ -62,23 +62,6 @@ def traces(spans: list[Span]) -> dict[str, list[Span]]:
 
 def ids(span: Span) -> tuple[str, str]:
     return span.trace_id, span.span_id
-
-
-def summary(groups: dict[tuple[str, ...], Breakdown]) -> dict[tuple[str, ...], Any]:
-    """Each group's traces, left-out count, problems and each component's sorted values (the
-    traces come back in another order than the file holds them)."""
-    return {
-        key: (
-            group.traces,
-            group.incomplete,
-            sorted(group.problems),
-            {
-                name: sorted(round(v, 12) for v in values)
-                for name, values in group.components.items()
-            },
-        )
-        for key, group in groups.items()
-    }
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

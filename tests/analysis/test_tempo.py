@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from otelkit.analysis import load_spans
-from otelkit.analysis._breakdown import Breakdown
 from otelkit.analysis._sql import breakdown_store
 from otelkit.analysis._store import StoreError
 from otelkit.analysis._tempo import import_tempo
 from otelkit.cli import main
+from tests.analysis.summaries import summary
 from tests.analysis.tempo_api import NS, TempoApi, load_docs
 from tests.analysis.test_store import DEMO
 
@@ -48,23 +48,6 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     """The server is on 127.0.0.1: never through a proxy the environment names."""
     for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
-
-
-def _summary(groups: dict[tuple[str, ...], Breakdown]) -> dict[tuple[str, ...], Any]:
-    """Each group's traces, left-out count, problems and each component's sorted values: Tempo
-    answers newest first, so traces come in another order than from the files."""
-    return {
-        key: (
-            group.traces,
-            group.incomplete,
-            sorted(group.problems),
-            {
-                name: sorted(round(v, 12) for v in values)
-                for name, values in group.components.items()
-            },
-        )
-        for key, group in groups.items()
-    }
 
 
 def test_imports_and_breaks_down_as_its_json_lines(tempo: TempoApi, tmp_path: Path) -> None:
@@ -103,7 +86,7 @@ def test_imports_and_breaks_down_as_its_json_lines(tempo: TempoApi, tmp_path: Pa
     group_by = ("gnn_tracking.option",)
     imported = breakdown_store(sorted((tmp_path / "store").glob("*.parquet")), group_by)
     files = breakdown_store(sorted(from_files.glob("*.parquet")), group_by)
-    assert _summary(imported.groups) == _summary(files.groups)
+    assert summary(imported.groups) == summary(files.groups)
     assert imported.delegated == files.delegated == 0
 
 

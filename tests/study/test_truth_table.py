@@ -159,7 +159,8 @@ def assert_predicted_cores(verdict: Verdict, results: StudyResults) -> None:
     m, d = zip(*map(cores_reading, results.points), strict=True)
     least, most = min(m) / max(d), max(m) / min(d)
     assert least * 0.99 <= verdict.predicted_per_s <= most * 1.01, (m, d, verdict.sentence)
-    assert verdict.predicted_per_s >= verdict.plateau_per_s, verdict.sentence
+    # at U 1.00 the prediction from the peak's demand is the plateau itself, up to rounding
+    assert verdict.predicted_per_s >= verdict.plateau_per_s * (1 - 1e-9), verdict.sentence
 
 
 def assert_constructed(

@@ -1,7 +1,11 @@
 """``make bench-store``: the span store at a site's volume (issue 48), as a user runs it.
 
 1. ``otelkit import`` of 1 M spans of OTLP JSON lines in the reference deployment's shape
-   (``report_traces.py``): spans a second;
+   (``report_traces.py``) by both paths, taking turns, each run a process of its own into an
+   empty store: the fast path (DuckDB, ``otelkit.analysis._fast_import``: what ``otelkit
+   import`` does) and the Python path (``OTELKIT_IMPORT_ENGINE=python``); spans a second, CPU
+   time and peak resident memory of each, their medians and ratio, and whether the two wrote
+   the same segments (read back by pyarrow, row group by row group);
 2. ``otelkit breakdown`` of those 1 M spans from the store, the Python path (``--engine python``:
    every span a Python object) and the DuckDB path (``--engine duckdb``) side by side, taking
    turns; each run a process of its own started from the bare segments (no result kept
@@ -11,8 +15,9 @@
 
 Targets (issue 48): import at least 100 k spans/s; 10 M spans broken down in at most 20 s,
 within 1 GiB. The last line is JSON with every figure and a verdict per target.
+``--import-only`` stops after 1.
 
-    python benchmarks/bench_store.py [--spans 1000000] [--copies 10] [--rounds 2]
+    python benchmarks/bench_store.py [--spans 1000000] [--copies 10] [--rounds 2] [--import-only]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,10 +40,14 @@ import report_traces  # noqa: E402 - a sibling module, not a package
 GROUP_BY = ["gnn_tracking.server", "gnn_tracking.option", "gnn_tracking.threads"]
 
 
-def _run(*arguments: str) -> tuple[float, float, float, str]:
-    """Wall seconds, CPU seconds, peak resident MiB and output of one otelkit command."""
+def _run(*arguments: str, engine: str | None = None) -> tuple[float, float, float, str]:
+    """Wall seconds, CPU seconds, peak resident MiB and output of one otelkit command (an
+    import by the path ``engine`` names, ``python`` or the default)."""
     command = [sys.executable, "-m", "otelkit.cli", *arguments]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("OTELKIT_IMPORT_ENGINE", None)
+    if engine is not None:
+        env["OTELKIT_IMPORT_ENGINE"] = engine
     started = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
     output = process.stdout.read() if process.stdout else ""
@@ -46,6 +56,45 @@ def _run(*arguments: str) -> tuple[float, float, float, str]:
     if status != 0:
         raise SystemExit(f"{' '.join(arguments)} failed ({status}): {output[-2000:]}")
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, output
+
+
+def _import(source: Path, store: Path, spans: int, engine: str) -> tuple[float, float, float]:
+    """One import of ``source`` into an empty ``store`` by the path ``engine`` names (``fast``:
+    what ``otelkit import`` does; ``python``): wall seconds, CPU seconds, peak MiB."""
+    shutil.rmtree(store, ignore_errors=True)
+    wall, cpu, mib, said = _run(
+        "import",
+        str(source),
+        "--out",
+        str(store),
+        "--segment-spans",
+        str(spans),
+        engine="python" if engine == "python" else None,
+    )
+    print(f"import, {engine} path: {said.strip()}: {wall:.1f} s, {cpu:.1f} s CPU, {mib:.0f} MiB")
+    return wall, cpu, mib
+
+
+def _same_segments(ours: Path, theirs: Path) -> bool:
+    """Whether two stores hold the same segments: names, schemas and rows, read back by
+    pyarrow a row group at a time (both paths cut row groups of 65,536 rows)."""
+    import pyarrow.parquet as pq
+
+    names = sorted(p.name for p in ours.glob("*.parquet"))
+    if names != sorted(p.name for p in theirs.glob("*.parquet")) or not names:
+        return False
+    for name in names:
+        a, b = pq.ParquetFile(ours / name), pq.ParquetFile(theirs / name)
+        if not a.schema_arrow.equals(b.schema_arrow, check_metadata=True):
+            return False
+        groups = range(a.num_row_groups)
+        if [a.metadata.row_group(g).num_rows for g in groups] != [
+            b.metadata.row_group(g).num_rows for g in range(b.num_row_groups)
+        ]:
+            return bool(a.read().equals(b.read()))  # cut otherwise: read whole
+        if not all(a.read_row_group(g).equals(b.read_row_group(g)) for g in groups):
+            return False
+    return True
 
 
 def _breakdown(store: Path, engine: str) -> tuple[float, float, float, str]:
@@ -76,25 +125,70 @@ def _copies(segment: Path, copies: int, out: Path) -> int:
     return total
 
 
+def _machine() -> str:
+    return f"{platform.node()} {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--copies", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--work", type=Path, default=Path("/tmp/otelkit-bench-store"))
+    parser.add_argument("--import-only", action="store_true", help="stop after the imports")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
 
     source = args.work / f"reference-{args.spans}.jsonl"
     print(f"writing {args.spans} spans to {source} (kept for the next run)...", flush=True)
     spans = report_traces.write(args.spans, source)
-    store = args.work / "store-1m"
-    for old in store.glob("*.parquet"):
-        old.unlink()
-    import_s, import_cpu, import_mib, said = _run(
-        "import", str(source), "--out", str(store), "--segment-spans", str(spans)
+    store, python_store = args.work / "store-1m", args.work / "store-1m-python"
+    imports: dict[str, list[tuple[float, float, float]]] = {"fast": [], "python": []}
+    for _ in range(args.rounds):  # taking turns: a change in the host's load hits both
+        for engine, folder in (("fast", store), ("python", python_store)):
+            imports[engine].append(_import(source, folder, spans, engine))
+    same_segments = _same_segments(store, python_store)
+    shutil.rmtree(python_store, ignore_errors=True)
+
+    def import_medians(engine: str) -> dict[str, float]:
+        wall, cpu, mib = (statistics.median(r[i] for r in imports[engine]) for i in range(3))
+        return {
+            "seconds": round(wall, 2),
+            "spans_per_s": round(spans / wall),
+            "cpu_s": round(cpu, 2),
+            "peak_mib": round(mib),
+        }
+
+    fast, python = import_medians("fast"), import_medians("python")
+    import_figures = {
+        "spans": spans,
+        "rounds": args.rounds,
+        "fast": fast,
+        "python": python,
+        "fast_over_python_spans_per_s": round(fast["spans_per_s"] / python["spans_per_s"], 2),
+        "same_segments": same_segments,
+    }
+    print(
+        f"import: fast {fast['spans_per_s']} spans/s, Python {python['spans_per_s']} spans/s "
+        f"({import_figures['fast_over_python_spans_per_s']}x), same segments: {same_segments}",
+        flush=True,
     )
-    print(said.strip(), flush=True)
+    import_verdicts = {
+        "import_at_least_100k_spans_per_s": "met" if fast["spans_per_s"] >= 100_000 else "missed",
+        "import_paths_write_the_same_segments": "met" if same_segments else "missed",
+    }
+    if args.import_only:
+        print(
+            json.dumps(
+                {
+                    "machine": _machine(),
+                    "load_average": os.getloadavg()[0],
+                    "import": import_figures,
+                    "verdicts": import_verdicts,
+                }
+            )
+        )
+        return
 
     runs: dict[str, list[tuple[float, float, float]]] = {"python": [], "duckdb": []}
     printed: dict[str, str] = {}
@@ -115,15 +209,9 @@ def main() -> None:
         return {"seconds": round(wall, 2), "cpu_s": round(cpu, 2), "peak_mib": round(mib)}
 
     figures = {
-        "machine": f"{platform.node()} {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": _machine(),
         "load_average": os.getloadavg()[0],
-        "import": {
-            "spans": spans,
-            "seconds": round(import_s, 2),
-            "cpu_s": round(import_cpu, 2),
-            "spans_per_s": round(spans / import_s),
-            "peak_mib": round(import_mib),
-        },
+        "import": import_figures,
         "breakdown_1m": {
             "python": medians("python"),
             "duckdb": medians("duckdb"),
@@ -141,7 +229,7 @@ def main() -> None:
         },
     }
     figures["verdicts"] = {
-        "import_at_least_100k_spans_per_s": "met" if spans / import_s >= 100_000 else "missed",
+        **import_verdicts,
         "large_breakdown_at_most_20_s": "met" if large_wall <= 20 else "missed",
         "large_breakdown_within_1_gib": "met" if large_mib <= 1024 else "missed",
         "engines_print_the_same": "met" if same else "missed",

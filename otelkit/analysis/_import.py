@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 from pathlib import Path
 
+from otelkit.analysis._command import add_selection_arguments, selection_of
+from otelkit.analysis._fast_import import import_files
 from otelkit.analysis._loader import iter_spans, trace_files
-from otelkit.analysis._source import Selection, import_store, is_store, parse_time
+from otelkit.analysis._source import import_store, is_store
 from otelkit.analysis._store import SUFFIX, StoreError, write_segment
 
 __all__ = ["add_arguments", "run"]
@@ -33,20 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "jaeger+http://host:16686, Tempo, tempo://host:3200",
     )
     parser.add_argument("--out", required=True, help="the store's folder")
-    parser.add_argument("--table", default="otel_traces", help="ClickHouse: the spans' table")
-    parser.add_argument(
-        "--since",
-        default=None,
-        help="a store's traces with a span from this time: Unix seconds, ago (15m, 2h, 1d) or "
-        "ISO 8601 (Jaeger and Tempo default to the last hour)",
-    )
-    parser.add_argument("--until", default=None, help="... and before this time (default: now)")
-    parser.add_argument(
-        "--service",
-        action="append",
-        default=[],
-        help="a store's traces with a span of this service (repeatable; Jaeger needs one)",
-    )
+    add_selection_arguments(parser)
     parser.add_argument(
         "--segment-spans",
         type=int,
@@ -64,25 +54,55 @@ def run(args: argparse.Namespace) -> int:
         return _from_stores(args, stores)
     try:
         sources = [p for p in trace_files(*args.paths) if not p.name.endswith(SUFFIX)]
-        spans = iter_spans(*sources)
         out = Path(args.out)
-        first = len(list(out.glob(f"spans-*{SUFFIX}"))) if out.is_dir() else 0
-        total = segments = 0
-        while True:  # a segment's spans stream into it: an import holds a row group at most
-            target = out / f"spans-{first + segments:05d}{SUFFIX}"
-            written = write_segment(itertools.islice(spans, args.segment_spans), target)
-            if not written:
-                target.unlink()
-                break
-            total += written
-            segments += 1
-            if written < args.segment_spans:
-                break
+        if _fast():
+            # DuckDB reads each file it can show it reads as the Python path does (the same
+            # rows), the Python path the others (_fast_import)
+            result = import_files(sources, out, args.segment_spans)
+            total, segments = result.spans, len(result.segments)
+            if result.fallback:
+                print(
+                    f"otelkit import: {len(result.fallback)} of {len(sources)} files read by "
+                    "the Python path (slower), not DuckDB: "
+                    + "; ".join(f"{path}: {why}" for path, why in result.fallback.items()),
+                    file=sys.stderr,
+                )
+        else:
+            total, segments = _python(sources, out, args.segment_spans)
     except (FileNotFoundError, StoreError, OSError) as error:
         print(f"otelkit import: {error}", file=sys.stderr)
         return 2
     print(f"{total} spans from {len(sources)} files into {segments} segments in {out}")
     return 0 if total else 1
+
+
+def _fast() -> bool:
+    """Whether the fast path reads local files: DuckDB and pyarrow installed, and not turned
+    off (``OTELKIT_IMPORT_ENGINE=python``: the Python path reads every file)."""
+    import importlib.util
+
+    if os.environ.get("OTELKIT_IMPORT_ENGINE", "auto").lower() == "python":
+        return False
+    return all(importlib.util.find_spec(name) is not None for name in ("duckdb", "pyarrow"))
+
+
+def _python(sources: list[Path], out: Path, segment_spans: int) -> tuple[int, int]:
+    """The Python path: every span a ``Span`` and a dict on its way to Parquet; the spans
+    and segments written."""
+    spans = iter_spans(*sources)
+    first = len(list(out.glob(f"spans-*{SUFFIX}"))) if out.is_dir() else 0
+    total = segments = 0
+    while True:  # a segment's spans stream into it: an import holds a row group at most
+        target = out / f"spans-{first + segments:05d}{SUFFIX}"
+        written = write_segment(itertools.islice(spans, segment_spans), target)
+        if not written:
+            target.unlink()
+            break
+        total += written
+        segments += 1
+        if written < segment_spans:
+            break
+    return total, segments
 
 
 def _from_stores(args: argparse.Namespace, stores: list[str]) -> int:
@@ -91,9 +111,7 @@ def _from_stores(args: argparse.Namespace, stores: list[str]) -> int:
         return 2
     total = segments = left_out = capped = partial = 0
     try:
-        since = None if args.since is None else int(parse_time(args.since) * 1e9)
-        until = None if args.until is None else int(parse_time(args.until) * 1e9)
-        selection = Selection(since, until, tuple(args.service))
+        selection = selection_of(args)
         for url in stores:
             found = import_store(
                 url, args.out, selection, segment_spans=args.segment_spans, table=args.table

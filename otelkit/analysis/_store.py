@@ -71,13 +71,6 @@ class StoreError(Exception):
     shape; the message names the file and what is wrong."""
 
 
-def installed() -> bool:
-    """Whether segments can be written and read here (``otelkit[store]``'s pyarrow)."""
-    import importlib.util
-
-    return importlib.util.find_spec("pyarrow") is not None
-
-
 def _arrow() -> Any:
     try:
         import pyarrow

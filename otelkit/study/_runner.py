@@ -61,7 +61,6 @@ from typing import Any, TextIO
 
 from otelkit._errors import StudyError
 from otelkit._resource import installed_version
-from otelkit.analysis._store import installed as store_installed
 from otelkit.receiver import Receiver
 from otelkit.study._drive import Load
 from otelkit.study._measure import measure_point
@@ -353,11 +352,11 @@ def _server(server: Server | str) -> Server:
 def _start_tracing(tracing: Tracing, files: Path) -> tuple[Receiver | None, str, Path]:
     receiver = None
     if tracing.endpoint is None:
-        # segments where the store is installed: each point reads only those written during it
-        formats = ("parquet",) if store_installed() else ("jsonl",)
-        receiver = Receiver(
-            files / "traces", port=tracing.port, max_concurrent=8, formats=formats
-        ).start()
+        # JSON lines, not segments: a segment's columns are built in the receiver's threads,
+        # in this process, where that Python work contends with the driver for the GIL and
+        # moved the truth table's client and pool verdicts in CI. A point reads only the
+        # segments written during it where the receiver writes them (``collect``'s ``old``).
+        receiver = Receiver(files / "traces", port=tracing.port, max_concurrent=8).start()
         traces_url, traces_dir = receiver.traces_url, receiver.out_dir
     else:
         if tracing.directory is None:

@@ -212,8 +212,12 @@ def _search(tempo: _Tempo, q: str, start_s: int, end_s: int, limit: int) -> list
     path = "/api/search"
     # spss=1: the matched spans are not needed, only the traces: keep the answer small
     params: dict[str, str | int] = {
-        "q": q, "limit": limit, "start": start_s, "end": end_s, "spss": 1
-    }  # fmt: skip
+        "q": q,
+        "limit": limit,
+        "start": start_s,
+        "end": end_s,
+        "spss": 1,
+    }
     answer = tempo.get(path, params)
     if answer.status != 200:
         raise tempo.refused(answer, path, f"the search {q}")
@@ -359,8 +363,12 @@ def import_tempo(
                 _log.warning(
                     "Tempo at %s: the search %s from %d to %d s still found %d traces, its "
                     "limit: traces beyond it are left out (a larger limit brings them)",
-                    tempo.shown, q, start_s, end_s, limit,
-                )  # fmt: skip
+                    tempo.shown,
+                    q,
+                    start_s,
+                    end_s,
+                    limit,
+                )
             for trace in found:
                 if trace.trace_id in seen:
                     continue

@@ -20,10 +20,9 @@ import pytest
 
 from otelkit.analysis import Span, load_spans
 from otelkit.analysis._clickhouse import import_clickhouse
-from otelkit.analysis._sql import breakdown_store
 from otelkit.analysis._store import StoreError
 from otelkit.cli import main
-from tests.analysis.summaries import summary
+from tests.analysis.summaries import assert_breaks_down_as
 from tests.analysis.test_store import DEMO
 
 clickhouse_connect = pytest.importorskip("clickhouse_connect")
@@ -146,13 +145,7 @@ def test_otel_traces_imports_and_breaks_down_as_its_json_lines(
             (e.name, e.time_ns) for e in original.events
         ]
         assert span.attributes == {k: _text(v) for k, v in original.attributes.items()}
-    from_files = tmp_path / "files"
-    assert main(["import", str(DEMO), "--out", str(from_files)]) == 0
-    group_by = ("gnn_tracking.option",)
-    imported = breakdown_store(sorted((tmp_path / "store").glob("*.parquet")), group_by)
-    files = breakdown_store(sorted(from_files.glob("*.parquet")), group_by)
-    assert summary(imported.groups) == summary(files.groups)
-    assert imported.delegated == files.delegated == 0
+    assert_breaks_down_as(tmp_path / "store", load_spans(DEMO), tmp_path / "files")
 
 
 def test_a_window_brings_whole_traces(chdb: tuple[str, Any], tmp_path: Path) -> None:

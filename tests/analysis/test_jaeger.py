@@ -25,10 +25,10 @@ import pytest
 from otelkit.analysis import Span, load_spans
 from otelkit.analysis._jaeger import import_jaeger
 from otelkit.analysis._remote import Imported, windows
-from otelkit.analysis._store import StoreError, write_segment
+from otelkit.analysis._store import StoreError
 from otelkit.cli import main
 from tests.analysis.jaeger_api import JaegerAPI
-from tests.analysis.summaries import summary
+from tests.analysis.summaries import assert_breaks_down_as
 
 pytest.importorskip("pyarrow")
 pytest.importorskip("duckdb")
@@ -68,7 +68,6 @@ def ids(span: Span) -> tuple[str, str]:
 def test_imported_traces_come_back_whole_and_break_down_as_their_json_lines(
     jaeger: JaegerAPI, transport: str, tmp_path: Path
 ) -> None:
-    from otelkit.analysis._sql import breakdown_store
 
     jaeger.chunk_spans = 7  # raw traces may come in consecutive chunks: grouped by trace id
     since, until = FIRST - S, LAST + S
@@ -84,11 +83,7 @@ def test_imported_traces_come_back_whole_and_break_down_as_their_json_lines(
     assert got == Imported(spans=len(SPANS), segments=3, traces=24, left_out=0, capped=0)
     back = load_spans(tmp_path / "store")
     assert sorted(back, key=ids) == sorted(SPANS, key=ids)  # every field, attributes typed
-    write_segment(SPANS, tmp_path / "files" / "spans-00000.parquet")
-    group_by = ("gnn_tracking.option",)
-    imported = breakdown_store(sorted((tmp_path / "store").glob("*.parquet")), group_by)
-    files = breakdown_store(sorted((tmp_path / "files").glob("*.parquet")), group_by)
-    assert imported.groups and summary(imported.groups) == summary(files.groups)
+    assert_breaks_down_as(tmp_path / "store", SPANS, tmp_path / "files")
 
     # the windows walked, each service in turn, every parameter as the API names it
     walked = list(windows(since, until, 20 * S))

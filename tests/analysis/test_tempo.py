@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 
 from otelkit.analysis import load_spans
-from otelkit.analysis._sql import breakdown_store
 from otelkit.analysis._store import StoreError
 from otelkit.analysis._tempo import import_tempo
 from otelkit.cli import main
-from tests.analysis.summaries import summary
+from tests.analysis.summaries import assert_breaks_down_as
 from tests.analysis.tempo_api import NS, TempoApi, load_docs
 from tests.analysis.test_store import DEMO
 
@@ -81,13 +80,7 @@ def test_imports_and_breaks_down_as_its_json_lines(tempo: TempoApi, tmp_path: Pa
         assert fetch.params["span_pruning"] == "false"
         assert int(fetch.params["start"]) == trace.start_ns // NS - 3600
         assert 0 <= int(fetch.params["end"]) - (trace.end_ns // NS + 3600) <= 1
-    from_files = tmp_path / "files"
-    assert main(["import", str(DEMO), "--out", str(from_files)]) == 0
-    group_by = ("gnn_tracking.option",)
-    imported = breakdown_store(sorted((tmp_path / "store").glob("*.parquet")), group_by)
-    files = breakdown_store(sorted(from_files.glob("*.parquet")), group_by)
-    assert summary(imported.groups) == summary(files.groups)
-    assert imported.delegated == files.delegated == 0
+    assert_breaks_down_as(tmp_path / "store", load_spans(DEMO), tmp_path / "files")
 
 
 def test_windows_are_walked_and_a_full_one_split(tempo: TempoApi, tmp_path: Path) -> None:
@@ -98,11 +91,27 @@ def test_windows_are_walked_and_a_full_one_split(tempo: TempoApi, tmp_path: Path
         for r in tempo.searches()
     ]
     assert searched == [
-        (0, 40, 4), (0, 20, 4), (0, 10, 4), (0, 5, 2), (5, 10, 2), (10, 20, 4), (10, 15, 2),
-        (15, 20, 2), (20, 40, 4), (20, 30, 3), (30, 40, 3),
-        (40, 70, 4), (40, 55, 4), (40, 47, 4), (40, 43, 2), (43, 47, 2), (47, 55, 2),
-        (55, 70, 4), (55, 62, 2), (62, 70, 2),
-    ]  # fmt: skip
+        (0, 40, 4),
+        (0, 20, 4),
+        (0, 10, 4),
+        (0, 5, 2),
+        (5, 10, 2),
+        (10, 20, 4),
+        (10, 15, 2),
+        (15, 20, 2),
+        (20, 40, 4),
+        (20, 30, 3),
+        (30, 40, 3),
+        (40, 70, 4),
+        (40, 55, 4),
+        (40, 47, 4),
+        (40, 43, 2),
+        (43, 47, 2),
+        (47, 55, 2),
+        (55, 70, 4),
+        (55, 62, 2),
+        (62, 70, 2),
+    ]
     assert {r.params["limit"] for r in tempo.searches()} == {"4"}
     fetched = [r.path for r in tempo.fetches()]
     assert len(fetched) == len(set(fetched)) == 24  # found again in the halves: fetched once
@@ -112,8 +121,10 @@ def test_a_trace_found_in_two_windows_is_fetched_once(tempo: TempoApi, tmp_path:
     got = import_tempo(tempo.url, tmp_path, since_ns=SINCE, until_ns=UNTIL, window_s=30)
     searches = tempo.searches()
     assert [(int(r.params["start"]) - S0, int(r.params["end"]) - S0) for r in searches] == [
-        (0, 30), (30, 60), (60, 70),
-    ]  # fmt: skip
+        (0, 30),
+        (30, 60),
+        (60, 70),
+    ]
     twice = set(searches[1].answered) & set(searches[2].answered)  # 59.93 s to 60.03 s
     assert len(twice) == 1
     fetched = [r.path for r in tempo.fetches()]

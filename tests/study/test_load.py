@@ -440,10 +440,18 @@ def _measured_roots(run_id: str, point: int, count: int) -> list[Span]:
         semconv.STUDY_PHASE: semconv.STUDY_PHASE_MEASURE,
     }
     return [
-        Span(f"{point:02x}{n:030x}", f"{n + 1:016x}", None, semconv.STUDY_SPAN,
-             SpanKind.INTERNAL, 1_000 * n, 1_000 * n + 500, dict(attributes))
+        Span(
+            f"{point:02x}{n:030x}",
+            f"{n + 1:016x}",
+            None,
+            semconv.STUDY_SPAN,
+            SpanKind.INTERNAL,
+            1_000 * n,
+            1_000 * n + 500,
+            dict(attributes),
+        )
         for n in range(count)
-    ]  # fmt: skip
+    ]
 
 
 def test_a_point_reads_the_segments_written_during_it(tmp_path: Path) -> None:

@@ -266,6 +266,11 @@ class Call(MeteredCall):
             self.per.calls.in_flight.add(-1)  # it never began: the client's call runs bare
             raise
         self.start = _clock()  # once its span is made
+        if self.span.__class__ is LeanSpan:
+            # a lean span ends at start_ns + the call's time on the monotonic clock: its wall
+            # start is read now, after the call's, so that its end is never placed before the
+            # call's end (work done or a preemption since the span was made would move it there)
+            self.span.start_ns = time.time_ns()
 
     def headers(self, caller: Mapping[str, str] | None) -> dict[str, str]:
         """The caller's headers plus this call's trace context (see ``with_trace_context``);

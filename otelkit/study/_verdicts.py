@@ -56,7 +56,7 @@ from typing import Any, Literal
 from otelkit.analysis._breakdown import NETWORK, RENAMED, SERVER_QUEUE
 from otelkit.study._capacity import Spread, resources, separation, spread
 from otelkit.study._derived import LOAD_AXES, along, knee
-from otelkit.study._falsify import least_demands, noise, revise
+from otelkit.study._falsify import least_demands, revise
 from otelkit.study._overload import overload
 from otelkit.study._point import Point
 
@@ -301,8 +301,10 @@ def _evidence(low: Point, peak: Point) -> list[Evidence]:
 
 def _at_least(rows: list[Evidence], study: Sequence[Point]) -> list[Evidence]:
     """Each resource whose capacity from this curve's demand lies below a throughput the study
-    measured at the same m (beyond that point's noise), with the least demand it measured
-    there: the bottleneck law holds at every point, so that is the nearer to its own."""
+    measured at the same m, with the least demand it measured there: the bottleneck law holds at
+    every point, so that is the nearer to its own. No noise margin: a capacity quoted a few
+    percent below the throughput printed beside it reads as a contradiction, and the least
+    demand measured never quotes less than the demand it replaces."""
     if not study:
         return rows
     least = least_demands(study)
@@ -313,11 +315,7 @@ def _at_least(rows: list[Evidence], study: Sequence[Point]) -> list[Evidence]:
         limit = row.limit_per_s
         if found is not None and limit is not None and found[0] < row.demand_ms:
             demand, where = found
-            beaten = [
-                p
-                for p, keys in measured
-                if row.key in keys and p.throughput > limit * (1 + noise(p))
-            ]
+            beaten = [p for p, keys in measured if row.key in keys and p.throughput > limit]
             if beaten:
                 row = replace(row, least_ms=demand, least_at=where.label)
         out.append(row)

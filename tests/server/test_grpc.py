@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +32,7 @@ from otelkit import _errors as errors
 from otelkit import semconv
 from otelkit._core.guard import INTERNAL_ERRORS
 from otelkit.analysis import Span, SpanKind, StatusCode, build_traces
+from otelkit.client import _call as client_call
 from otelkit.receiver import Receiver
 from otelkit.server import grpc as server_grpc
 from otelkit.testing import ReceiverCapture, wait_until
@@ -158,6 +160,29 @@ def test_a_call_traces_client_server_and_stages_in_one_tree(
         semconv.CLIENT_ADDRESS: "127.0.0.1",
         semconv.CLIENT_PORT: server.attributes[semconv.CLIENT_PORT],  # the client's own
     }
+
+
+def test_a_client_span_paused_as_it_starts_still_holds_its_server_span(
+    port: int, otelkit_receiver: ReceiverCapture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that loses the GIL (or its core) just after its call's span is made: the span
+    still ends after the server's, its wall start read with the call's own clock."""
+    recorder = client_call.RECORDER
+    start = type(recorder).start
+
+    def paused(self: Any, *args: Any, **kwargs: Any) -> Any:
+        span = start(self, *args, **kwargs)
+        if self is recorder:  # the client's: the server's spans start as they do
+            time.sleep(0.02)  # longer than the whole call on loopback
+        return span
+
+    monkeypatch.setattr(type(recorder), "start", paused)
+    trace_id, _ = traced_call(port)
+    spans = otelkit_receiver.wait_for_trace(trace_id, 5)
+    (tree,) = build_traces(spans).values()
+    _, call, server, *_ = [span for _, span in tree.walk()]
+    assert (call.kind, server.kind) == (SpanKind.CLIENT, SpanKind.SERVER)
+    assert call.start_ns <= server.start_ns <= server.end_ns <= call.end_ns
 
 
 def grpc_safe(value: str) -> bool:

@@ -37,7 +37,10 @@ def test_a_closed_loop_point_on_triton_agrees_with_little_and_the_models_sleep(
     # the window count in one figure and not the other
     assert point.throughput * point.histogram.mean_s == pytest.approx(2, rel=0.3)
     assert 0.5 <= point.histogram.mean_s <= 1.1
-    assert sleep.compute_infer_ms == pytest.approx(500, rel=0.05)
+    # the sleep, plus the Python backend's round trip to its stub process: a few ms on an idle
+    # host, 28 ms seen on CI's busy one; a figure per request, not per execution, would read
+    # 250 ms (two requests an execution), one with the queue in it 750 ms or more
+    assert 500 <= sleep.compute_infer_ms < 560
     # one instance, busy the whole window: executions x 0.5 s fill it
     assert sleep.executions * sleep.compute_ms / 1e3 == pytest.approx(point.seconds, rel=0.2)
     assert point.throughput == pytest.approx(sleep.requests_per_execution / 0.5, rel=0.2)

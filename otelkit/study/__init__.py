@@ -26,8 +26,8 @@ and closes the window around it, reading ``counters`` (the hosts' CPU, Triton's 
 GPU exporter) and ``traces``; the result is a ``point``. Across points, ``derived`` computes
 the figures of merit, ``capacity`` the operational model of each point, ``verdicts`` what caps
 each curve and ``predict`` what a change would give; ``results`` writes and reads the file,
-and compares two. ``parts`` merges points driven by several client processes; ``cli`` is the
-command.
+and compares two. ``parts`` merges points driven by several client processes, ``repeats`` a
+point measured in several passes over the sweep; ``cli`` is the command.
 """
 
 from __future__ import annotations

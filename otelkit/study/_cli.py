@@ -248,6 +248,12 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, help="measured seconds a point (default 5)")
     parser.add_argument("--requests", type=int, help="or measured requests a point")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds left out first")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="measure each point this often, one pass over the sweep after another (3 or more)",
+    )
     parser.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2")
     parser.add_argument(
         "--traces-per-s", type=float, default=20.0, help="sampled requests a second"
@@ -286,6 +292,7 @@ def _study(args: argparse.Namespace) -> Study:
         requests=args.requests,
         warmup_s=args.warmup,
         asyncio=args.asyncio,
+        repeats=args.repeats,
     )
     tracing = None if args.no_traces else Tracing(args.traces_per_s, port=args.receiver_port)
     request = None

@@ -100,7 +100,9 @@ class Load:
     the figures across points) when more than ``max_error_share`` of its measured requests
     failed. Requests the server refused (``refusal``) are outcomes, not failures: neither
     rule counts them. The measured window is cut into ``windows`` equal parts, whose spread
-    gives the intervals of ``otelkit study compare``.
+    gives the intervals of ``otelkit study compare``. ``repeats``: a study measures each point
+    this many times, one pass over the sweep after another, and the spread between the repeats
+    gives the intervals instead (``otelkit.study._repeats``; 3 or more).
     """
 
     concurrency: int = 1
@@ -114,6 +116,7 @@ class Load:
     seed: int = 0
     asyncio: bool = False
     max_error_share: float = 0.01
+    repeats: int = 1
 
     def __post_init__(self) -> None:
         if self.seconds is None and self.requests is None:
@@ -153,6 +156,10 @@ class Load:
             )
         if not _whole_in(self.windows, 2, 1000):
             found.append(f"windows is 2 to 1000 parts of the measured time, not {self.windows!r}")
+        if not _whole_in(self.repeats, 1, 100):
+            found.append(
+                f"repeats is how often each point is measured, 1 to 100, not {self.repeats!r}"
+            )
         if not (_number(self.max_error_share) and 0 <= self.max_error_share <= 1):
             found.append(
                 f"max_error_share is a share of the measured requests, 0 to 1, "

@@ -67,6 +67,7 @@ def measure_point(
     gpu_metrics_url: str | None = None,
     other_cpu_s: Callable[[], float | None] | None = None,
     flush_traces: Callable[[], object] | None = None,
+    traces: tuple[bool, int, frozenset[str] | None] = (True, 0, None),
 ) -> Point:
     """One point at ``params``; a point whose requests all failed comes back ``failed``, one
     with more than ``load.max_error_share`` of its measured requests failed ``errors``.
@@ -79,10 +80,16 @@ def measure_point(
     ``other_cpu_s``: the CPU seconds so far of threads in this process that are not the
     client's (the study's embedded receiver), left out of the point's client CPU.
     ``flush_traces``: makes the traces received so far readable (the receiver's segment).
+    ``traces``: whether the point's traces are read now, the earlier repeats' sampled requests
+    that they include, and the segments written before its first repeat (``None``: before
+    this one); an earlier repeat's are read with its last.
     """
     traced = traces_dir is not None
+    read_traces, sampled_before, since = traces
     # the segments written before the point: none holds its spans, none is read for it
-    old = segment_names(traces_dir) if traces_dir is not None else frozenset()
+    old = since if since is not None else frozenset()
+    if since is None and traces_dir is not None:
+        old = segment_names(traces_dir)
     workload.open(params, endpoint, traced=traced, ready_s=ready_s)
     url = endpoint.http_url or endpoint.grpc_url
     local = is_local(url)
@@ -191,14 +198,14 @@ def measure_point(
             problems.append(f"GPU metrics at {gpu_metrics_url}: {error}")
     for problem in problems[:1]:
         _log.warning("otelkit study: point %s: %s", point.label, problem)
-    if traced and point.sampled:
+    if traced and read_traces and point.sampled + sampled_before:
         flush(timeout_s=5.0)
         assert traces_dir is not None
         point.traces = collect(
             traces_dir,
             run_id,
             index,
-            sampled=point.sampled,
+            sampled=point.sampled + sampled_before,
             timeout_s=traces_timeout_s,
             flush=flush_traces,
             old=old,

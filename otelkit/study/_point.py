@@ -291,6 +291,9 @@ class Point:
     # measured requests the server declined to serve, by reason (``_drive.refusal``)
     refused: dict[str, int] = field(default_factory=dict)
     refusal_samples: dict[str, str] = field(default_factory=dict)
+    # times the point was measured, the sweep's passes interleaved (``_repeats``): its windows
+    # are then its repeats, one each
+    repeats: int = 1
 
     @property
     def label(self) -> str:
@@ -442,6 +445,7 @@ class Point:
             "refused": self.refused,
             "refused_per_s": self.refused_per_s,
             "refusal_samples": self.refusal_samples,
+            "repeats": self.repeats,
         }
 
     @classmethod
@@ -479,6 +483,7 @@ class Point:
             link_gbps=data.get("link_gbps"),
             refused={k: int(v) for k, v in data.get("refused", {}).items()},
             refusal_samples=dict(data.get("refusal_samples", {})),
+            repeats=int(data.get("repeats", 1)),
         )
 
 

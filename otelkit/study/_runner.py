@@ -66,8 +66,10 @@ from otelkit.study._drive import Load
 from otelkit.study._measure import measure_point
 from otelkit.study._overload import settle
 from otelkit.study._point import Point, point_label
+from otelkit.study._repeats import merge_repeats
 from otelkit.study._results import ResultsWriter, StudyResults
 from otelkit.study._servers import Remote, Server, WireProtocol
+from otelkit.study._traces import segment_names
 from otelkit.study._workload import FunctionCalls, Inputs, ModelCalls, RequestFactory, Workload
 from otelkit.telemetry import configure, shutdown
 
@@ -102,6 +104,26 @@ class Tracing:
     service_name: str = "otelkit-study"
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    """One measurement of a point: its ``turn`` in the study's order (its slot in a shared
+    schedule), whether it is the point's ``last`` repeat (its traces are read then, for the
+    ``sampled_before`` of the earlier ones too, from the segments not in ``since``)."""
+
+    index: int
+    turn: int
+    params: dict[str, Any]
+    run_id: str
+    repeat: int = 0
+    last: bool = True
+    sampled_before: int = 0
+    since: frozenset[str] | None = None
+
+    def label(self, repeats: int) -> str:
+        label = point_label(self.params)
+        return label if repeats == 1 else f"{label} (repeat {self.repeat + 1} of {repeats})"
+
+
 class Study:
     """A sweep of a deployment, measured point by point into a results file.
 
@@ -124,6 +146,11 @@ class Study:
 
     ``link_gbps``: the rate of the network link between the clients and the servers, one way
     (10 for 10 GbE): the capacity model then weighs each request's tensor bytes against it.
+
+    ``Load(repeats=3)``: every point is measured three times, one pass over the whole sweep
+    after another, and each point's repeats merged into one (``_repeats``), written once its
+    last is done: the spread between them is its noise, which then holds a state of the client
+    or the host that lasts a point.
     """
 
     def __init__(
@@ -220,31 +247,60 @@ class Study:
         # them from there, and the two move together
         header["traces"] = _relative(traces_dir, self.out.parent) if traces_dir else None
         results = StudyResults(header, [], path=self.out)
-        progress = Progress(len(points), enabled=self.progress)
+        repeats = self.load.repeats
+        progress = Progress(len(points) * repeats, enabled=self.progress)
         failure: StudyError | None = None
         writer = ResultsWriter(self.out, header)
+        # each point's repeats so far, and the segments written before its first: its traces
+        # are read once, after its last repeat, for every repeat's sampled requests
+        measured: dict[int, list[Point]] = {}
+        since: dict[int, frozenset[str]] = {}
+
+        def write(index: int) -> Point:
+            point = merge_repeats(measured.pop(index), self.load.max_error_share)
+            results.points.append(point)
+            writer.point(point)
+            return point
+
         try:
-            for index, params in enumerate(points):
-                point, failed = self._point(
-                    index, params, run_id, traces_url, traces_dir, progress, receiver
+            for turn, (index, params) in enumerate(
+                (i, p) for _ in range(repeats) for i, p in enumerate(points)
+            ):
+                earlier = measured.setdefault(index, [])
+                if not earlier and traces_dir is not None:
+                    since[index] = segment_names(traces_dir)
+                attempt = _Attempt(
+                    index,
+                    turn,
+                    params,
+                    run_id,
+                    repeat=len(earlier),
+                    last=len(earlier) == repeats - 1,
+                    sampled_before=sum(p.sampled for p in earlier),
+                    since=since.get(index),
                 )
+                point, failed = self._point(attempt, traces_url, traces_dir, progress, receiver)
                 restarts: list[str] = []
                 while failed and len(restarts) < self.restarts:
                     restarts.append(point.error)
                     progress.note(f"the server failed; restart {len(restarts)}")
-                    point, failed = self._point(
-                        index, params, run_id, traces_url, traces_dir, progress, receiver
-                    )
+                    point, failed = self._point(attempt, traces_url, traces_dir, progress, receiver)
                 point.restarts = restarts
-                results.points.append(point)
-                writer.point(point)
-                progress.done(index, point.label, _done_text(point, self.unit))
+                earlier.append(point)
+                label = attempt.label(repeats)
                 if point.status == "failed":  # a point with too many errors is a result
+                    progress.done(turn, label, _done_text(point, self.unit))
                     failure = StudyError(point.error, point=point.label)
                     break
+                if attempt.last:
+                    point = write(index)
+                progress.done(turn, label, _done_text(point, self.unit))
         except KeyboardInterrupt:
             results.status, results.message = "interrupted", "stopped by Ctrl-C"
         finally:
+            for index in sorted(measured):  # a sweep cut short: the repeats it measured
+                if measured[index]:
+                    write(index)
             for each in [self.server, *self.servers.values()]:
                 if each is not None:
                     each.close()
@@ -263,9 +319,7 @@ class Study:
 
     def _point(
         self,
-        index: int,
-        params: dict[str, Any],
-        run_id: str,
+        attempt: _Attempt,
         traces_url: str | None,
         traces_dir: Path | None,
         progress: Progress,
@@ -273,33 +327,34 @@ class Study:
     ) -> tuple[Point, bool]:
         """The point measured, and whether the server failed during it; the embedded
         ``receiver``'s threads are left out of the client's CPU."""
-        label = point_label(params)
+        params = attempt.params
         server = self.servers[params["server"]] if "server" in params else self.server
         assert server is not None
         load = self.load.at(params)
         planned = load.warmup_s + (load.seconds or 0.0)
-        progress.start(index, label, planned)
+        progress.start(attempt.turn, attempt.label(self.load.repeats), planned)
         try:
             progress.note("preparing the server")
             endpoint = server.prepare(params, traces_url)
             point = measure_point(
-                index,
+                attempt.index,
                 params,
                 workload=self.workload,
                 endpoint=endpoint,
                 load=self.load,
-                run_id=run_id,
+                run_id=attempt.run_id,
                 traces_dir=traces_dir,
                 ready_s=server.ready_s,
                 progress=progress.tick,
-                before_load=lambda: self._wait_for_slot(index),
+                before_load=lambda: self._wait_for_slot(attempt.turn),
                 gpu_metrics_url=self.gpu_metrics_url,
                 other_cpu_s=receiver.cpu_s if receiver is not None else None,
                 flush_traces=receiver.flush if receiver is not None else None,
+                traces=(attempt.last, attempt.sampled_before, attempt.since),
             )
             settle(point, endpoint.http_url)  # refused connections: overload, or a server gone
         except StudyError as error:  # every request failed, say: perhaps the server did
-            point = Point(index, dict(params), status="failed", error=error.reason)
+            point = Point(attempt.index, dict(params), status="failed", error=error.reason)
         dead = server.failure()
         if dead is not None:
             why = f"; {point.error}" if point.error else ""

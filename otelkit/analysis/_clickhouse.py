@@ -7,9 +7,11 @@ The table is read as it is: its columns first (``DESC TABLE``), since exporter v
 the traces that have a span in the time window (``since``/``until``: whole traces, not the
 window's slice of them) and of the services asked for, in time order, streamed as Arrow and
 written as segments. The server does the filtering; the breakdown then runs on the segments
-(``otelkit breakdown span-store``). Attributes come as the exporter stored them, strings; a
-table whose attributes are ClickHouse's ``JSON`` type (the exporter's ``json`` option) is not
-read yet, and says so.
+(``otelkit breakdown span-store``). Attributes come as the exporter stored them: strings from
+its ``Map`` columns; typed values from ClickHouse's ``JSON`` type (the exporter's ``json``
+option), whose paths split a key at its dots (``http.method`` is stored under ``http``, then
+``method``) and are joined again here, so that the keys read as the spans had them (a key that
+was itself a map's comes back as its dotted paths: the table no longer tells them apart).
 
 ``clickhouse-connect`` is imported on first use (``pip install 'otelkit[clickhouse]'``); its
 ``chdb://`` backend reads an in-process chDB database the same way (how the tests run it).
@@ -18,11 +20,14 @@ read yet, and says so.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from otelkit.analysis._store import StoreError, segment_path, segment_schema
+from otelkit.analysis._store import _json as _store_json
+from otelkit.analysis._store import _texts as _store_texts
 
 __all__ = ["SCHEMES", "import_clickhouse"]
 
@@ -79,12 +84,6 @@ def _select(columns: dict[str, str], table: str, where: str) -> str:
     missing = [name for name in _NEEDED if name not in columns]
     if missing:
         raise StoreError(f"{table} is not an otel_traces table: no column {', '.join(missing)}")
-    json_typed = [name for name, kind in columns.items() if kind.startswith("JSON")]
-    if json_typed:
-        raise StoreError(
-            f"{table}: attributes of ClickHouse's JSON type ({', '.join(json_typed)}) are not "
-            "read yet: export with the clickhouse exporter's Map attributes"
-        )
 
     def present(name: str, default: str) -> str:
         return _ident(name) if name in columns else default
@@ -92,6 +91,9 @@ def _select(columns: dict[str, str], table: str, where: str) -> str:
     def attributes(name: str) -> tuple[str, str]:
         if name not in columns:
             return "map()", "'{}'"
+        if _is_json(columns[name]):  # its map is made from the JSON, once the paths are joined
+            # the column by its table's name: the map's alias would shadow it
+            return "map()", f"toJSONString({table}.{_ident(name)})"
         return f"CAST({_ident(name)}, 'Map(String, String)')", f"toJSONString({_ident(name)})"
 
     span_map, span_json = attributes("SpanAttributes")
@@ -137,6 +139,58 @@ def _select(columns: dict[str, str], table: str, where: str) -> str:
     return f"SELECT\n  {chosen}\nFROM {table}\n{where}\nORDER BY Timestamp, SpanId"
 
 
+def _is_json(kind: str) -> bool:
+    """Whether a column's type is ClickHouse's ``JSON`` (``Array(JSON)`` in a ``Nested``)."""
+    return kind.removeprefix("Array(").startswith("JSON")
+
+
+def _joined(value: Any, prefix: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON column's object with its paths joined at dots again: ``{"http": {"method":
+    "GET"}}`` is ``{"http.method": "GET"}``.
+
+    >>> _joined({"http": {"method": "GET", "status_code": 200}, "n": [1, 2], "e": {}})
+    {'http.method': 'GET', 'http.status_code': 200, 'n': [1, 2], 'e': {}}
+    """
+    found: dict[str, Any] = {} if out is None else out
+    for key, item in value.items():
+        if isinstance(item, dict) and item:
+            _joined(item, f"{prefix}{key}.", found)
+        else:
+            found[f"{prefix}{key}"] = item
+    return found
+
+
+def _joined_text(text: str | None) -> str:
+    if not text or text == "{}":
+        return "{}"
+    return _store_json(_joined(json.loads(text)))
+
+
+def _json_typed(table: Any, columns: dict[str, str], pyarrow: Any) -> Any:
+    """``table`` (a batch in the store's schema) with the attributes of ``JSON`` columns read:
+    their paths joined again, their map (the exporter's strings) made from them."""
+    for name in ("SpanAttributes", "ResourceAttributes"):
+        if not _is_json(columns.get(name, "")):
+            continue
+        texts = [_joined_text(t) for t in table.column(f"{name}Json").to_pylist()]
+        pairs = [_store_texts(json.loads(t)) for t in texts]
+        for column, values in ((f"{name}Json", texts), (name, pairs)):
+            at = table.schema.get_field_index(column)
+            field = table.schema.field(at)
+            table = table.set_column(at, field, pyarrow.array(values, type=field.type))
+    for name in ("Events", "Links"):
+        if not _is_json(columns.get(f"{name}.Attributes", "")):
+            continue
+        rows = table.column(name).to_pylist()
+        for row in rows:
+            for item in row or ():
+                item["AttributesJson"] = _joined_text(item["AttributesJson"])
+        at = table.schema.get_field_index(name)
+        field = table.schema.field(at)
+        table = table.set_column(at, field, pyarrow.array(rows, type=field.type))
+    return table
+
+
 def import_clickhouse(
     dsn: str,
     out: str | Path,
@@ -179,7 +233,7 @@ def import_clickhouse(
         with client.query_arrow_stream(query) as stream:
             for batch in stream:
                 table_ = pyarrow.Table.from_batches([batch]) if hasattr(batch, "schema") else batch
-                table_ = table_.cast(schema)
+                table_ = _json_typed(table_.cast(schema), columns, pyarrow)
                 while table_.num_rows:  # a segment holds ``segment_spans`` at most
                     if writer is None:
                         target = segment_path(out)

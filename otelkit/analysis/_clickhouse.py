@@ -160,10 +160,8 @@ def _joined(value: Any, prefix: str = "", out: dict[str, Any] | None = None) -> 
     return found
 
 
-def _joined_text(text: str | None) -> str:
-    if not text or text == "{}":
-        return "{}"
-    return _store_json(_joined(json.loads(text)))
+def _joined_of(text: str | None) -> dict[str, Any]:
+    return _joined(json.loads(text)) if text and text != "{}" else {}
 
 
 def _json_typed(table: Any, columns: dict[str, str], pyarrow: Any) -> Any:
@@ -172,8 +170,9 @@ def _json_typed(table: Any, columns: dict[str, str], pyarrow: Any) -> Any:
     for name in ("SpanAttributes", "ResourceAttributes"):
         if not _is_json(columns.get(name, "")):
             continue
-        texts = [_joined_text(t) for t in table.column(f"{name}Json").to_pylist()]
-        pairs = [_store_texts(json.loads(t)) for t in texts]
+        read = [_joined_of(t) for t in table.column(f"{name}Json").to_pylist()]
+        texts = [_store_json(attributes) for attributes in read]
+        pairs = [_store_texts(attributes) for attributes in read]
         for column, values in ((f"{name}Json", texts), (name, pairs)):
             at = table.schema.get_field_index(column)
             field = table.schema.field(at)
@@ -184,7 +183,7 @@ def _json_typed(table: Any, columns: dict[str, str], pyarrow: Any) -> Any:
         rows = table.column(name).to_pylist()
         for row in rows:
             for item in row or ():
-                item["AttributesJson"] = _joined_text(item["AttributesJson"])
+                item["AttributesJson"] = _store_json(_joined_of(item["AttributesJson"]))
         at = table.schema.get_field_index(name)
         field = table.schema.field(at)
         table = table.set_column(at, field, pyarrow.array(rows, type=field.type))

@@ -848,33 +848,38 @@ class _Renderer:
         return compact, found if isinstance(found, str) else json.dumps(found, default=str)
 
     def _events(self, lists: Any) -> Any:
-        pa, pc = self.pa, self.pc
-        events = pc.list_flatten(lists)
-        self._require(pc.is_valid(events), "event")
-        time, name, attributes = events.flatten()
-        records = pa.StructArray.from_arrays(
-            [
+        return self._nested(
+            lists,
+            "event",
+            ["Timestamp", "Name", "AttributesJson"],
+            lambda time, name, attributes: [
                 self._times(time, "timeUnixNano"),
                 self._strings(name, "event name"),
                 self._attributes(attributes).json,
             ],
-            names=["Timestamp", "Name", "AttributesJson"],
         )
-        return pa.ListArray.from_arrays(self._offsets(lists), records)
 
     def _links(self, lists: Any) -> Any:
-        pa, pc = self.pa, self.pc
-        links = pc.list_flatten(lists)
-        self._require(pc.is_valid(links), "link")
-        trace, span, attributes = links.flatten()
-        records = pa.StructArray.from_arrays(
-            [
+        return self._nested(
+            lists,
+            "link",
+            ["TraceId", "SpanId", "AttributesJson"],
+            lambda trace, span, attributes: [
                 self._ids(trace, _HEX32, "link traceId"),
                 self._ids(span, _HEX16, "link spanId"),
                 self._attributes(attributes).json,
             ],
-            names=["TraceId", "SpanId", "AttributesJson"],
         )
+
+    def _nested(
+        self, lists: Any, what: str, names: list[str], columns: Callable[..., list[Any]]
+    ) -> Any:
+        """A span's list of events or links: each item's fields made into ``names``'
+        ``columns``, the lists rebuilt over them."""
+        pa, pc = self.pa, self.pc
+        items = pc.list_flatten(lists)
+        self._require(pc.is_valid(items), what)
+        records = pa.StructArray.from_arrays(columns(*items.flatten()), names=names)
         return pa.ListArray.from_arrays(self._offsets(lists), records)
 
     def _offsets(self, lists: Any) -> Any:

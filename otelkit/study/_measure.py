@@ -87,9 +87,9 @@ def measure_point(
     traced = traces_dir is not None
     read_traces, sampled_before, since = traces
     # the segments written before the point: none holds its spans, none is read for it
-    old = since if since is not None else frozenset()
-    if since is None and traces_dir is not None:
-        old = segment_names(traces_dir)
+    old = since
+    if old is None:
+        old = segment_names(traces_dir) if traces_dir is not None else frozenset()
     workload.open(params, endpoint, traced=traced, ready_s=ready_s)
     url = endpoint.http_url or endpoint.grpc_url
     local = is_local(url)

@@ -58,7 +58,15 @@ from otelkit.study._counters import HostUsage, ModelFigures
 from otelkit.study._drive import LoadRun
 from otelkit.study._traces import PointTraces
 
-__all__ = ["LatencyHistogram", "Point", "Window", "merge_parts", "point_label"]
+__all__ = [
+    "LatencyHistogram",
+    "Point",
+    "Window",
+    "judge_merged",
+    "merge_parts",
+    "merged_outcomes",
+    "point_label",
+]
 
 
 _BASE_S = 1e-6
@@ -551,44 +559,20 @@ def merge_parts(
             f"{max(starts) - min(starts):.1f} s apart (give them the same start and slot)",
             point=first.label,
         )
-    histogram, failed_histogram = LatencyHistogram(), LatencyHistogram()
-    errors: dict[str, int] = {}
-    samples: dict[str, str] = {}
-    refused: dict[str, int] = {}
-    refusal_samples: dict[str, str] = {}
-    for part in parts:
-        for reason, n in part.refused.items():
-            refused[reason] = refused.get(reason, 0) + n
-        for reason, message in part.refusal_samples.items():
-            refusal_samples.setdefault(reason, message)
-        histogram = histogram.merged(part.histogram)
-        failed_histogram = failed_histogram.merged(part.failed_histogram)
-        for kind, n in part.errors.items():
-            errors[kind] = errors.get(kind, 0) + n
-        for kind, message in part.error_samples.items():
-            samples.setdefault(kind, message)
     merged = Point(
         first.index,
         dict(first.params),
         requests=sum(p.requests for p in parts),
         seconds=max(p.seconds for p in parts),
         batch_size=first.batch_size,
-        histogram=histogram,
-        errors=errors,
-        error_samples=samples,
         cpu_s=sum(p.cpu_s for p in parts),
         sampled=sum(p.sampled for p in parts),
         parts=sum(p.parts for p in parts),
         started_at=min(starts, default=0.0),
-        refused=refused,
-        refusal_samples=refusal_samples,
+        **merged_outcomes(parts),
     )
-    merged.failed_histogram = failed_histogram
     merged.part_throughputs = [p.throughput for p in parts]
-    failed = [p for p in parts if p.status == "failed"]
-    if failed:
-        merged.status, merged.error = "failed", failed[0].error
-    merged.check_errors(max_error_share)
+    judge_merged(merged, parts, max_error_share)
     if all(len(p.windows) == len(first.windows) for p in parts):
         for slot in range(len(first.windows)):
             rows = [p.windows[slot] for p in parts]
@@ -603,6 +587,45 @@ def merge_parts(
                 )
             )
     return merged
+
+
+def merged_outcomes(points: Sequence[Point]) -> dict[str, Any]:
+    """The outcomes of the requests of ``points`` together, as a merged ``Point``'s fields:
+    both histograms merged, errors and refusals added by kind, each kind's first sample."""
+    histogram, failed_histogram = LatencyHistogram(), LatencyHistogram()
+    errors: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    samples: dict[str, str] = {}
+    refusal_samples: dict[str, str] = {}
+    for point in points:
+        histogram = histogram.merged(point.histogram)
+        failed_histogram = failed_histogram.merged(point.failed_histogram)
+        for total, more in ((errors, point.errors), (refused, point.refused)):
+            for kind, n in more.items():
+                total[kind] = total.get(kind, 0) + n
+        for kept, seen in (
+            (samples, point.error_samples),
+            (refusal_samples, point.refusal_samples),
+        ):
+            for kind, message in seen.items():
+                kept.setdefault(kind, message)
+    return {
+        "histogram": histogram,
+        "failed_histogram": failed_histogram,
+        "errors": errors,
+        "error_samples": samples,
+        "refused": refused,
+        "refusal_samples": refusal_samples,
+    }
+
+
+def judge_merged(merged: Point, points: Sequence[Point], max_error_share: float) -> None:
+    """A merged point fails with the first of ``points`` that failed, and is marked
+    ``errors`` on all their requests' failed share."""
+    failed = next((p for p in points if p.status == "failed"), None)
+    if failed is not None:
+        merged.status, merged.error = "failed", failed.error
+    merged.check_errors(max_error_share)
 
 
 def _merged_reads(rows: Sequence[Window]) -> dict[str, Any]:

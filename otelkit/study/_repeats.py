@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from otelkit.study._counters import HostUsage, ModelFigures
-from otelkit.study._point import LatencyHistogram, Point, Window
+from otelkit.study._point import Point, Window, judge_merged, merged_outcomes
 
 __all__ = ["merge_repeats"]
 
@@ -52,20 +52,6 @@ def merge_repeats(repeats: Sequence[Point], max_error_share: float = 0.01) -> Po
     first, last = repeats[0], repeats[-1]
     if len(repeats) == 1:
         return first
-    histogram, failed_histogram = LatencyHistogram(), LatencyHistogram()
-    errors: dict[str, int] = {}
-    refused: dict[str, int] = {}
-    samples: dict[str, str] = {}
-    refusal_samples: dict[str, str] = {}
-    for repeat in repeats:
-        histogram = histogram.merged(repeat.histogram)
-        failed_histogram = failed_histogram.merged(repeat.failed_histogram)
-        _add(errors, repeat.errors)
-        _add(refused, repeat.refused)
-        for kind, message in repeat.error_samples.items():
-            samples.setdefault(kind, message)
-        for reason, message in repeat.refusal_samples.items():
-            refusal_samples.setdefault(reason, message)
     seconds = [r.seconds for r in repeats]
     merged = Point(
         first.index,
@@ -73,9 +59,6 @@ def merge_repeats(repeats: Sequence[Point], max_error_share: float = 0.01) -> Po
         requests=sum(r.requests for r in repeats),
         seconds=sum(seconds),
         batch_size=first.batch_size,
-        histogram=histogram,
-        errors=errors,
-        error_samples=samples,
         windows=[_window(r) for r in repeats],
         cpu_s=sum(r.cpu_s for r in repeats),
         triton=_models([r.triton for r in repeats]),
@@ -87,25 +70,15 @@ def merge_repeats(repeats: Sequence[Point], max_error_share: float = 0.01) -> Po
         started_at=first.started_at,
         restarts=[why for r in repeats for why in r.restarts],
         host=_host([r.host for r in repeats]),
-        failed_histogram=failed_histogram,
         parallelism=dict(last.parallelism),
         process_cores=_weighted([r.process_cores for r in repeats], seconds),
         payload_bytes=first.payload_bytes,
         link_gbps=first.link_gbps,
-        refused=refused,
-        refusal_samples=refusal_samples,
         repeats=len(repeats),
+        **merged_outcomes(repeats),
     )
-    failed = next((r for r in repeats if r.status == "failed"), None)
-    if failed is not None:
-        merged.status, merged.error = "failed", failed.error
-    merged.check_errors(max_error_share)
+    judge_merged(merged, repeats, max_error_share)
     return merged
-
-
-def _add(total: dict[str, int], more: Mapping[str, int]) -> None:
-    for key, n in more.items():
-        total[key] = total.get(key, 0) + n
 
 
 def _window(repeat: Point) -> Window:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from otelkit.study._counters import ModelFigures
 from otelkit.study._point import Point, Window
-from otelkit.study._stats import mean_interval
+from otelkit.study._stats import mean_interval, t_quantile
 
 __all__ = [
     "Resource",
@@ -346,6 +346,90 @@ def spread(point: Point, confidence: float = 0.95) -> dict[str, Spread]:
             reason or ("no window held it" if not held else ""),
         )
     return spreads
+
+
+@dataclass(frozen=True)
+class Noise:
+    """How each resource's demand scatters over the windows of a study's points, pooled:
+    a window's demand relative to its point's mean, less one, for every point's windows in
+    order (``None`` where a window did not hold the resource)."""
+
+    deviations: dict[str, tuple[tuple[float | None, ...], ...]]
+
+    def _pooled(self, a: str, b: str) -> tuple[float, int]:
+        """The pooled covariance of ``a``'s and ``b``'s relative deviations over the windows
+        that held both (a variance where ``a`` is ``b``), and its degrees of freedom."""
+        total, df = 0.0, 0
+        for one, other in zip(self.deviations.get(a, ()), self.deviations.get(b, ()), strict=False):
+            pairs = [
+                (x, y) for x, y in zip(one, other, strict=False) if x is not None and y is not None
+            ]
+            if len(pairs) < 2:
+                continue
+            mean_x = statistics.fmean(x for x, _ in pairs)
+            mean_y = statistics.fmean(y for _, y in pairs)
+            total += sum((x - mean_x) * (y - mean_y) for x, y in pairs)
+            df += len(pairs) - 1
+        return (total / df if df else math.nan), df
+
+    def half_width(
+        self, key: str, value: float, windows: int, confidence: float = 0.95
+    ) -> float | None:
+        """The half-width of the t-interval of ``key``'s figure ``value`` (proportional to its
+        demand: U*, U), the mean of ``windows`` windows; None where the study holds no
+        scatter of it."""
+        variance, df = self._pooled(key, key)
+        if not df or windows < 1:
+            return None
+        t = t_quantile(0.5 + confidence / 2, df)
+        return t * math.sqrt(variance) * abs(value) / math.sqrt(windows)
+
+    def difference_half_width(
+        self,
+        a: str,
+        value_a: float,
+        b: str,
+        value_b: float,
+        windows: int,
+        confidence: float = 0.95,
+    ) -> float | None:
+        """The half-width of the interval of ``value_a - value_b``, each the mean of
+        ``windows`` windows that held both: paired window by window, since both follow each
+        window's throughput (``separation``'s reason), their covariance pooled like their
+        variances."""
+        var_a, df_a = self._pooled(a, a)
+        var_b, df_b = self._pooled(b, b)
+        cov, df = self._pooled(a, b)
+        if not (df and df_a and df_b) or windows < 1:
+            return None
+        variance = value_a**2 * var_a + value_b**2 * var_b - 2 * value_a * value_b * cov
+        t = t_quantile(0.5 + confidence / 2, df)
+        return t * math.sqrt(max(variance, 0.0)) / math.sqrt(windows)
+
+
+def pooled_noise(points: Sequence[Point]) -> Noise:
+    """Each resource's scatter over its windows, for the study's ``points`` together: how a
+    window's demand scatters about its point's is the host's and the measurement's, alike at
+    every point of one study. Five repeats give one point four degrees of freedom, and the
+    spread they gave one figure in two runs of one study differed ten-fold here (0.02 and 0.21
+    of U* 0.75 at docs/study.md's ``instances=2 concurrency=4``); pooled over the study's six
+    points, it has twenty-four."""
+    found: dict[str, dict[int, tuple[float | None, ...]]] = {}
+    indices = []
+    for n, point in enumerate(points):
+        if point.status != "ok" or len(point.windows) < 2:
+            continue
+        indices.append(n)
+        for key, figures in spread(point).items():
+            demands = [d for d in figures.demands_ms if d is not None]
+            mean = statistics.fmean(demands) if len(demands) >= 2 else 0.0
+            if mean > 0:
+                found.setdefault(key, {})[n] = tuple(
+                    d / mean - 1 if d is not None else None for d in figures.demands_ms
+                )
+    # aligned point by point: a point that did not hold a resource keeps its place, empty
+    aligned = {key: tuple(rows.get(i, ()) for i in indices) for key, rows in found.items()}
+    return Noise(aligned)
 
 
 def _summary_of(

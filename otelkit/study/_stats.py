@@ -58,7 +58,7 @@ def _t_cdf(t: float, df: float) -> float:
     return 1.0 - tail / 2 if t >= 0 else tail / 2
 
 
-def _t_quantile(p: float, df: float) -> float:
+def t_quantile(p: float, df: float) -> float:
     """Student's t quantile, by bisection on its distribution function."""
     if math.isinf(df) or df > 1e6:
         return statistics.NormalDist().inv_cdf(p)
@@ -88,7 +88,7 @@ def interval(
         (se2_b**2 / (len(before) - 1) if se2_b else 0.0)
         + (se2_a**2 / (len(after) - 1) if se2_a else 0.0)
     )
-    half = _t_quantile(0.5 + confidence / 2, df) * se
+    half = t_quantile(0.5 + confidence / 2, df) * se
     return (diff - half, diff + half)
 
 
@@ -99,5 +99,5 @@ def mean_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple[f
         return (-math.inf, math.inf)
     mean = statistics.fmean(samples)
     se = statistics.stdev(samples) / math.sqrt(len(samples))
-    half = _t_quantile(0.5 + confidence / 2, len(samples) - 1) * se if se else 0.0
+    half = t_quantile(0.5 + confidence / 2, len(samples) - 1) * se if se else 0.0
     return (mean - half, mean + half)

@@ -8,9 +8,12 @@ weighed with the demand it had at the lowest point, U* = X_peak . D_low / m. A d
 with load is a wait for something else, so the low-load demand is the resource's own: the
 resource whose U* is nearest 1 is the one that stops throughput, and the bottleneck law predicts
 the plateau from the lowest point alone, m / D_low. Where throughput stopped (a plateau, a fall
-past its peak) or more instances did not pay, and nothing is at its limit by U* there, the
-resources are read at the highest point by the utilisation law itself, U = X . D of that point:
-a run whose highest point fell and one whose peak held then name the same limit.
+past its peak) and nothing is at its limit by U* there, the resources are read at the highest
+point by the utilisation law itself, U = X . D of that point: a run whose highest point fell and
+one whose peak held then name the same limit. Along instances (or servers) the resources they
+share are always read so, at the most instances' point: the fewest instances' demand is not
+theirs. A resource is at its limit where its U* (or U) reaches 0.8 within its noise: its
+windows' t-interval, their scatter pooled over the study's points (``pooled_noise``).
 
 - **saturated**: a model's instances (or a GPU) are busy all the time with their demand flat:
   add instances or batch; or the load balancer in front of a fleet (its worker threads' CPU):
@@ -54,7 +57,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from otelkit.analysis._breakdown import NETWORK, RENAMED, SERVER_QUEUE
-from otelkit.study._capacity import Spread, resources, separation, spread
+from otelkit.study._capacity import Noise, Spread, pooled_noise, resources, separation, spread
 from otelkit.study._derived import LOAD_AXES, along, knee
 from otelkit.study._falsify import least_demands, revise
 from otelkit.study._overload import overload
@@ -241,6 +244,8 @@ class _Curve:
     stopped: bool  # throughput stopped rising (the knee's plateau, an open loop falling behind)
     # resources measured busier than their parallelism: the hypothesis of their m is wrong
     refuted: Sequence[Evidence] = ()
+    # each resource's windows' noise, pooled over the study's points (``pooled_noise``)
+    noise: Noise = field(default_factory=lambda: Noise({}))
     _spreads: dict[int, dict[str, Spread]] = field(default_factory=dict, compare=False)
 
     def spreads(self, point: Point) -> dict[str, Spread]:
@@ -390,9 +395,11 @@ def judge(
     unit: str = "request",
     tolerance: float = 0.1,
     study: Sequence[Point] = (),
+    noise: Noise | None = None,
 ) -> Verdict:
     """The verdict on one curve: ``points`` along ``axis``, at least two of them; ``study``:
-    every point of the study, against which each resource's capacity is checked."""
+    every point of the study, against which each resource's capacity is checked; ``noise``:
+    ``pooled_noise`` of the study's points (of ``study``, or of ``points``, when not given)."""
     ordered = sorted(points, key=lambda p: p.params[axis])
     bad = [p for p in ordered if p.status != "ok"]
     if bad:
@@ -445,7 +452,9 @@ def judge(
         candidates = [c for c in candidates if c.kind != "pool"]
     ranked = tuple(candidates + [r for r in rows if r not in candidates])
     top = candidates[0] if candidates else None
-    facts = _Curve(axis, unit, tolerance, low, peak, high, found.plateau or behind, refuted)
+    if noise is None:
+        noise = pooled_noise(study or ordered)
+    facts = _Curve(axis, unit, tolerance, low, peak, high, found.plateau or behind, refuted, noise)
     # at its limit within its noise: a GIL's holder, handing it over, reads 0.8-0.86 busy here
     at_limit = top is not None and _at_its_limit(top, facts, busy)
 
@@ -478,12 +487,11 @@ def judge(
         )
 
     if axis in _SCALE_AXES:
-        # along servers a model's instances grow with them: they are not what every one shares;
-        # the shared ones are judged at their limit as along load, within their noise
-        shared = [c for c in candidates if c.kind != "instances" and _at_its_limit(c, facts, busy)]
-        if shared:
-            return _instances(facts, _rivals(shared, facts, busy), verdict)
-        # none by U* at the most instances: what their own point measures at its limit
+        # along servers a model's instances grow with them: they are not what every one shares.
+        # The shared ones are read at the most instances' point by the utilisation law there:
+        # the fewest instances' demand is not theirs (a second instance costs the host's cores
+        # CPU of its own at the same load), and U* weighed with it named the client's CPU alone
+        # at a point where the curve along load through it named the client's CPU or the cores
         there, measured = _measured(facts, high, busy)
         measured = [c for c in measured if c.kind != "instances"]
         return _instances(facts, _rivals(measured, there, busy), verdict, there)
@@ -614,23 +622,26 @@ def _windows_of(row: Evidence, facts: _Curve) -> Spread | None:
 
 def _spread(row: Evidence, facts: _Curve) -> float:
     """The half-width of a resource's U* over its demand point's windows (the t-interval of
-    their batch means); a demand no windows carry (a stage's, from the traces; a file from
-    before windows were read) is given ``_DEMAND_SPREAD`` of its U*."""
+    their batch means), their scatter pooled over the study's points where the study holds
+    it; a demand no windows carry (a stage's, from the traces; a file from before windows were
+    read) is given ``_DEMAND_SPREAD`` of its U*."""
     found = _windows_of(row, facts)
     summary = found.load(facts.peak.throughput) if found is not None else None
     if summary is not None and math.isfinite(summary.half_width):
-        return summary.half_width
+        pooled = facts.noise.half_width(row.key, row.load or 0.0, summary.windows)
+        return summary.half_width if pooled is None else pooled
     return (row.load or 0.0) * _DEMAND_SPREAD
 
 
 def _separable(a: Evidence, b: Evidence, facts: _Curve) -> bool:
     """Whether ``a``'s U* and ``b``'s differ beyond their noise: paired window by window where
     one point's windows measured both demands (they share its throughput's ups and downs),
-    else each one's interval on its own. A difference within ``_DEMAND_SPREAD`` of the larger
-    is none, however steady: ten windows can hold 0.79 apart from 0.78, and the two resources
-    are then equally at their limit."""
-    larger = max(a.load or 0.0, b.load or 0.0)
-    if abs((a.load or 0.0) - (b.load or 0.0)) <= larger * _DEMAND_SPREAD:
+    their scatter and its covariance pooled over the study's points; else each one's interval
+    on its own. A difference within ``_DEMAND_SPREAD`` of the larger is none, however steady:
+    ten windows can hold 0.79 apart from 0.78, and the two resources are then equally at their
+    limit."""
+    load_a, load_b = a.load or 0.0, b.load or 0.0
+    if abs(load_a - load_b) <= max(load_a, load_b) * _DEMAND_SPREAD:
         return False
     first, second = _windows_of(a, facts), _windows_of(b, facts)
     if (
@@ -638,8 +649,12 @@ def _separable(a: Evidence, b: Evidence, facts: _Curve) -> bool:
         and second is not None
         and _demand_point(a, facts) is _demand_point(b, facts)
     ):
-        return separation(first, second, peak_per_s=facts.peak.throughput).separable
-    return abs((a.load or 0.0) - (b.load or 0.0)) > _spread(a, facts) + _spread(b, facts)
+        paired = separation(first, second, peak_per_s=facts.peak.throughput)
+        half = facts.noise.difference_half_width(a.key, load_a, b.key, load_b, paired.windows)
+        if half is None:
+            return paired.separable
+        return abs(load_a - load_b) > half
+    return abs(load_a - load_b) > _spread(a, facts) + _spread(b, facts)
 
 
 def _rivals(candidates: Sequence[Evidence], facts: _Curve, busy: float) -> list[Evidence]:
@@ -1005,13 +1020,11 @@ def _unexplained(
     )
 
 
-def _instances(
-    facts: _Curve, shared: Sequence[Evidence], verdict: _Make, there: _Curve | None = None
-) -> Verdict:
+def _instances(facts: _Curve, shared: Sequence[Evidence], verdict: _Make, there: _Curve) -> Verdict:
     """More instances (or servers) at the same load: they pay while ε stays near 1, unless
-    ``shared``, resources every instance shares, are at their limit (more than one: the
-    figures cannot tell which); ``there``: the most instances' point, where ``shared`` were
-    measured (U there, not U*)."""
+    ``shared``, resources every instance shares, are at their limit at ``there``, the most
+    instances' point, by the U measured there (more than one: the figures cannot tell
+    which)."""
     low, high, unit, axis = facts.low, facts.high, facts.unit, facts.axis
     n_low, n_high = low.params[axis], high.params[axis]
     what = "servers" if axis == "servers" else "instances"
@@ -1022,18 +1035,11 @@ def _instances(
     )
     if epsilon >= 1 - facts.tolerance:
         return verdict("rising", None, f"{trend}: more {what} pay")
-    if shared and there is not None:  # measured at the most instances' point
+    if shared:
         found = _named_where_measured(
             there, shared, verdict, facts.throughput(), change=f"; more {what} will not help"
         )
         return replace(found, sentence=f"{trend}: {found.sentence}")
-    if shared:  # a resource every instance shares is at its limit
-        if len(shared) > 1:
-            found = _undecided(facts, shared, verdict)
-            return replace(found, sentence=f"{trend}: {found.sentence}")
-        (top,) = shared
-        found = _at_limit(facts, top, verdict)
-        return verdict(found.kind, top, f"{trend}: {found.sentence}", found.change)
     concurrency = high.params.get("concurrency")
     load = f" ({concurrency} in flight)" if concurrency else ""
     queue = high.component_ms(SERVER_QUEUE)
@@ -1052,11 +1058,20 @@ def verdicts(
     """One verdict per curve along concurrency, rate, instances and servers, failed points
     included."""
     points = list(points)
+    noise = pooled_noise(points)
     found = []
     for axis in LOAD_AXES:
         for curve, members in along(points, axis).items():
             if len(members) > 1 and sum(p.status == "ok" for p in members) > 0:
                 found.append(
-                    judge(members, axis, curve, unit=unit, tolerance=tolerance, study=points)
+                    judge(
+                        members,
+                        axis,
+                        curve,
+                        unit=unit,
+                        tolerance=tolerance,
+                        study=points,
+                        noise=noise,
+                    )
                 )
     return revise(found, points, tolerance)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from otelkit.study import Load, StudyResults, merge_parts, read_results
-from otelkit.study._capacity import resources, separation, spread
+from otelkit.study._capacity import pooled_noise, resources, separation, spread
 from otelkit.study._counters import HostUsage
 from otelkit.study._drive import drive
 from otelkit.study._parts import merge_files
@@ -25,6 +25,7 @@ from tests.study.conftest import figures
 #: Student's t at 97.5 % with 9 degrees of freedom (ten windows), from the tables: the
 #: intervals below are checked against it, not against the code's own quantile.
 T_9 = 2.2622
+T_18 = 2.1009  # with 18: two points of ten windows, pooled
 
 
 def windowed(
@@ -144,6 +145,39 @@ def test_two_utilisations_that_follow_the_throughput_are_compared_window_by_wind
         [u for u in model.utilisations if u is not None],
     )
     assert welch[0] < 0 < welch[1]
+
+
+def test_the_windows_noise_is_pooled_over_the_studys_points() -> None:
+    # the model's demand swings ±0.1 ms about 4.1 ms at one point and ±0.4 about 4.0 at the
+    # other: relative deviations ±0.0244 and ±0.1, each point's mean taken out, over 9 + 9
+    # degrees of freedom
+    steady = windowed([200] * 10, [1.0] * 10, [1.8] * 10, [4.0, 4.2] * 5)
+    shaky = windowed([200] * 10, [1.0] * 10, [1.8] * 10, [3.6, 4.4] * 5)
+    noise = pooled_noise([steady, shaky])
+    sd = math.sqrt((10 * (0.1 / 4.1) ** 2 + 10 * 0.1**2) / 18)
+    half = noise.half_width("model m", 0.8, 10)
+    assert half == pytest.approx(T_18 * sd * 0.8 / math.sqrt(10), rel=1e-3)
+    # the steady point's own windows would say a quarter of that, the shaky one's 1.4 times it
+    assert spread(steady)["model m"].demand_ms is not None
+    # the client's CPU held flat: no scatter, and a difference from it scatters as the model
+    assert noise.half_width("client cpu", 0.5, 10) == 0.0
+    assert noise.difference_half_width("model m", 0.8, "client cpu", 0.5, 10) == pytest.approx(
+        half, rel=1e-3
+    )
+    # two figures that swing together window by window differ by their difference's scatter
+    # only: none where they are equal, however much each swings
+    both = windowed([200] * 10, [3.6, 4.4] * 5, [1.8] * 10, [3.6, 4.4] * 5)
+    paired = pooled_noise([both, both])
+    swings = math.sqrt(2 * 10 * 0.1**2 / 18)
+    assert paired.half_width("client cpu", 0.8, 10) == pytest.approx(
+        T_18 * swings * 0.8 / math.sqrt(10), rel=1e-3
+    )
+    assert paired.difference_half_width("model m", 0.8, "client cpu", 0.8, 10) == pytest.approx(
+        0.0, abs=1e-9
+    )
+    # a resource no point's windows held has no pooled scatter: its own windows' is used
+    assert noise.half_width("gpu 0", 0.8, 10) is None
+    assert pooled_noise([]).difference_half_width("model m", 0.8, "client cpu", 0.5, 10) is None
 
 
 def test_u_star_weighs_the_lowest_points_demands_at_the_peaks_throughput() -> None:

@@ -7,7 +7,9 @@ over the size limits get 413; a request beyond the concurrency limit waits for a
 after ``slot_wait_s`` gets 503 with ``Retry-After``, which OTLP exporters retry, so a busy
 receiver slows clients, losing nothing (exporters that do not retry, as Triton's, lose only
 what waited longer than ``slot_wait_s``). Its threads are a ``ThreadGroup``: a process that
-embeds it (a study's client) reads their CPU time apart from its own (``cpu_s``).
+embeds it reads their CPU time apart from its own (``cpu_s``). ``ReceiverProcess`` runs it in a
+process of its own instead, controlled through that process's standard input: what a process
+that measures its own CPU and needs its own GIL (a study's driver) runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import argparse
 import contextlib
 import json
 import logging
+import os
+import selectors
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -37,7 +42,7 @@ from otelkit.export._jsonl import JsonLinesWriter
 from otelkit.export._otlp_json import request_to_json, span_count
 from otelkit.export._otlp_json_normalize import normalize_json
 
-__all__ = ["Receiver", "add_arguments", "run"]
+__all__ = ["Receiver", "ReceiverProcess", "add_arguments", "run"]
 
 _log = logging.getLogger("otelkit.receiver")
 
@@ -56,7 +61,31 @@ class _Reject(Exception):
         self.status, self.close = status, close
 
 
-class Receiver:
+class _Served:
+    """Where a receiver serves: its host and bound port, and the URLs an exporter takes."""
+
+    host: str
+    _port: int
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port (the chosen one when constructed with ``port=0``)."""
+        if not self._port:
+            raise RuntimeError("the receiver is not started: call start() first")
+        return self._port
+
+    @property
+    def endpoint(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:4318``: what ``OTEL_EXPORTER_OTLP_ENDPOINT`` takes."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def traces_url(self) -> str:
+        """The traces URL, ``<endpoint>/v1/traces``: what ``OTLPSpanExporter(endpoint=)`` takes."""
+        return self.endpoint + TRACES_PATH
+
+
+class Receiver(_Served):
     """An OTLP/HTTP trace receiver serving on a background thread; a context manager.
 
     ``max_body_bytes`` bounds a body as sent, ``max_decoded_bytes`` once inflated (a gzip bomb
@@ -168,23 +197,6 @@ class Receiver:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-    @property
-    def port(self) -> int:
-        """The bound TCP port (the chosen one when constructed with ``port=0``)."""
-        if not self._port:
-            raise RuntimeError("the receiver is not started: call start() first")
-        return self._port
-
-    @property
-    def endpoint(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:4318``: what ``OTEL_EXPORTER_OTLP_ENDPOINT`` takes."""
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def traces_url(self) -> str:
-        """The traces URL, ``<endpoint>/v1/traces``: what ``OTLPSpanExporter(endpoint=)`` takes."""
-        return self.endpoint + TRACES_PATH
 
     @property
     def spans_stored(self) -> int:
@@ -440,10 +452,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="seconds a segment's first span waits at most before it is written (default 60)",
     )
+    parser.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=4,
+        help="requests decoded at once; one beyond waits for a slot (default 4)",
+    )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="for a parent process: print 'listening PORT' once serving, write what has "
+        "arrived on each 'flush' line read from standard input (answering 'flushed N', the "
+        "spans stored), and stop at its end",
+    )
 
 
 def run(args: argparse.Namespace, *, log_every: float = 30.0) -> int:
-    """Serve until SIGTERM or SIGINT, then flush and return 0 (1 if it cannot start)."""
+    """Serve until SIGTERM or SIGINT (or, with ``--control``, the end of standard input), then
+    flush and return 0 (1 if it cannot start)."""
     formats = ("jsonl", "parquet") if args.format == "both" else (args.format,)
     receiver = Receiver(
         args.out,
@@ -452,17 +478,22 @@ def run(args: argparse.Namespace, *, log_every: float = 30.0) -> int:
         formats=formats,
         segment_spans=args.segment_spans,
         segment_age_s=args.segment_age,
+        max_concurrent=getattr(args, "max_concurrent", 4),
     )
     try:
         receiver.start()
     except (OSError, StoreError) as exc:
         _log.error("cannot start the receiver on %s:%s: %s", args.host, args.port, exc)
         return 1
-    _log.info(
-        "receiving OTLP/HTTP traces on %s, writing %s", receiver.traces_url, receiver.out_path
-    )
+    written = receiver.out_path if "jsonl" in formats else receiver.out_dir
+    _log.info("receiving OTLP/HTTP traces on %s, writing %s", receiver.traces_url, written)
     logged, last = (0, 0), time.monotonic()
     with stop_on_signals() as stop:
+        if getattr(args, "control", False):
+            _answer(f"listening {receiver.port}")
+            control = threading.Thread(target=_controlled, args=(receiver, stop), daemon=True)
+            control.name = "otelkit-receiver-control"
+            control.start()
         try:
             while not stop.wait(min(log_every, 1.0)):
                 receiver.rotate()
@@ -475,7 +506,163 @@ def run(args: argparse.Namespace, *, log_every: float = 30.0) -> int:
         finally:
             receiver.stop()
     stored, rejected = receiver.spans_stored, receiver.requests_rejected
-    _log.info(
-        "stopped: %d spans stored in %s, %d requests rejected", stored, receiver.out_path, rejected
-    )
+    _log.info("stopped: %d spans stored in %s, %d requests rejected", stored, written, rejected)
     return 0
+
+
+def _answer(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _controlled(receiver: Receiver, stop: threading.Event) -> None:
+    """``--control``: each ``flush`` line read makes what arrived readable and is answered
+    with the spans stored; the end of standard input (the parent gone, or done) stops the
+    receiver, which therefore never outlives its parent."""
+    try:
+        for line in sys.stdin:
+            if line.strip() == "flush":
+                receiver.flush()
+                _answer(f"flushed {receiver.spans_stored}")
+            elif line.strip():
+                _answer(f"unknown {line.strip()[:40]!r}")
+    except (OSError, ValueError) as exc:  # the pipe broken, or closed under the read
+        _log.warning("control input lost: %s", exc)
+    finally:
+        stop.set()
+
+
+class ReceiverProcess(_Served):
+    """``otelkit receive --control`` in a process of its own, serving on loopback: the
+    receiver of a process that measures its own CPU and GIL. Decoding and writing what it
+    receives (about 10 µs of Python a span) then takes neither; ``flush`` makes what arrived
+    readable (a segment has no footer until it is written) and waits for the answer.
+
+    A receiver that does not answer within ``reply_timeout_s`` is not waited for again: its
+    flushes are counted as ``flushes_failed`` and logged, and what it wrote stays readable.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        port: int = 0,
+        *,
+        formats: tuple[str, ...] = ("jsonl",),
+        max_concurrent: int = 4,
+        log_path: str | Path | None = None,
+        start_timeout_s: float = 30.0,
+        reply_timeout_s: float = 10.0,
+    ) -> None:
+        unknown = set(formats) - set(FORMATS)
+        if unknown or not formats:
+            raise ValueError(f"formats: one or both of {FORMATS}, not {formats!r}")
+        self.out_dir, self.host, self._requested_port = Path(out_dir), "127.0.0.1", port
+        self.formats, self.max_concurrent = tuple(formats), max_concurrent
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.start_timeout_s, self.reply_timeout_s = start_timeout_s, reply_timeout_s
+        self.spans_stored = self.flushes_failed = self._port = 0
+        self._process: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def start(self) -> ReceiverProcess:
+        """Start the process and wait until it serves; OSError where it cannot (its log's
+        last lines said)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_path or self.out_dir / "receiver.log"
+        fmt = "both" if len(self.formats) == 2 else self.formats[0]
+        command = [sys.executable, "-m", "otelkit.cli", "receive", "--control"]
+        command += ["--host", self.host, "--port", str(self._requested_port)]
+        command += ["--out", str(self.out_dir), "--format", fmt]
+        command += ["--max-concurrent", str(self.max_concurrent)]
+        # the child imports this otelkit, wherever it was imported from here
+        root = str(Path(__file__).resolve().parents[1])
+        path = os.environ.get("PYTHONPATH", "")
+        env = dict(os.environ, PYTHONPATH=root + (os.pathsep + path if path else ""))
+        with open(log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+            )
+        line = self._read_line(self.start_timeout_s)
+        if line is None or not line.startswith("listening "):
+            self.stop()
+            tail = log_path.read_text(errors="replace").splitlines()[-5:]
+            raise OSError(
+                f"the receiver did not start ({line or 'no answer'}): " + " | ".join(tail)
+            )
+        self._port = int(line.split()[1])
+        return self
+
+    def _read_line(self, timeout_s: float) -> str | None:
+        """The process's next answer, or None after ``timeout_s`` or at its end."""
+        process = self._process
+        if process is None or process.stdout is None:
+            return None
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout_s):
+                return None
+        line = process.stdout.readline()
+        return line.strip() or None
+
+    def flush(self) -> None:
+        """Make every span received so far readable, and wait for the process to say so."""
+        with self._lock:
+            process = self._process
+            if process is None or process.stdin is None or self._broken:
+                self.flushes_failed += 1
+                return
+            try:
+                process.stdin.write("flush\n")
+                process.stdin.flush()
+            except (OSError, ValueError) as exc:
+                self._fail(f"cannot ask it to flush: {exc}")
+                return
+            line = self._read_line(self.reply_timeout_s)
+            if line is None or not line.startswith("flushed "):
+                self._fail(f"no answer to a flush within {self.reply_timeout_s:g} s ({line})")
+                return
+            self.spans_stored = int(line.split()[1])
+
+    def _fail(self, why: str) -> None:
+        self._broken = True
+        self.flushes_failed += 1
+        _log.warning("the receiver process %s: %s", self._process and self._process.pid, why)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End its input (it flushes, closes its files and exits); killed after ``timeout``."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if process.stdin is not None:
+                process.stdin.close()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _log.warning(
+                "the receiver process %d did not stop in %g s: killed", process.pid, timeout
+            )
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+    def __enter__(self) -> ReceiverProcess:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def cpu_s(self) -> float | None:
+        """None: its CPU is its own process's, not this one's."""
+        return None

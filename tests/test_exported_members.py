@@ -111,7 +111,7 @@ PUBLIC: dict[str, list[str]] = {
         "Sample",
         "record",
     ],
-    "otelkit.receiver": ["Receiver", "add_arguments", "run"],
+    "otelkit.receiver": ["Receiver", "ReceiverProcess", "add_arguments", "run"],
     "otelkit.report": ["Report"],
     "otelkit.semconv": [
         "DURATION_BUCKETS_S",

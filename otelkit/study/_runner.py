@@ -48,6 +48,7 @@ finished points are written.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 import os
@@ -61,7 +62,7 @@ from typing import Any, TextIO
 
 from otelkit._errors import StudyError
 from otelkit._resource import installed_version
-from otelkit.receiver import Receiver
+from otelkit.receiver import ReceiverProcess
 from otelkit.study._drive import Load
 from otelkit.study._measure import measure_point
 from otelkit.study._overload import settle
@@ -235,7 +236,7 @@ class Study:
         points = self.points()
         files = self.out.parent / f"{self.out.stem}-files"
         run_id = uuid.uuid4().hex[:16]
-        receiver: Receiver | None = None
+        receiver: ReceiverProcess | None = None
         traces_url = traces_dir = None
         if self.tracing is not None:
             receiver, traces_url, traces_dir = _start_tracing(self.tracing, files)
@@ -323,10 +324,10 @@ class Study:
         traces_url: str | None,
         traces_dir: Path | None,
         progress: Progress,
-        receiver: Receiver | None,
+        receiver: ReceiverProcess | None,
     ) -> tuple[Point, bool]:
-        """The point measured, and whether the server failed during it; the embedded
-        ``receiver``'s threads are left out of the client's CPU."""
+        """The point measured, and whether the server failed during it; ``receiver``: the
+        study's own, flushed as each point's traces are read."""
         params = attempt.params
         server = self.servers[params["server"]] if "server" in params else self.server
         assert server is not None
@@ -348,7 +349,6 @@ class Study:
                 progress=progress.tick,
                 before_load=lambda: self._wait_for_slot(attempt.turn),
                 gpu_metrics_url=self.gpu_metrics_url,
-                other_cpu_s=receiver.cpu_s if receiver is not None else None,
                 flush_traces=receiver.flush if receiver is not None else None,
                 traces=(attempt.last, attempt.sampled_before, attempt.since),
             )
@@ -404,14 +404,21 @@ def _server(server: Server | str) -> Server:
     return Remote(server) if isinstance(server, str) else server
 
 
-def _start_tracing(tracing: Tracing, files: Path) -> tuple[Receiver | None, str, Path]:
+def _start_tracing(tracing: Tracing, files: Path) -> tuple[ReceiverProcess | None, str, Path]:
     receiver = None
     if tracing.endpoint is None:
-        # JSON lines, not segments: a segment's columns are built in the receiver's threads,
-        # in this process, where that Python work contends with the driver for the GIL and
-        # moved the truth table's client and pool verdicts in CI. A point reads only the
-        # segments written during it where the receiver writes them (``collect``'s ``old``).
-        receiver = Receiver(files / "traces", port=tracing.port, max_concurrent=8).start()
+        # A process of its own: decoding what arrives is about 10 µs of Python a span, which
+        # in this process would take the GIL the driver's threads need, and its CPU would be
+        # the client's. It writes the span store's segments where pyarrow is installed
+        # (otelkit[store]), each point reading only those written during it.
+        formats = ("parquet",) if importlib.util.find_spec("pyarrow") else ("jsonl",)
+        receiver = ReceiverProcess(
+            files / "traces", port=tracing.port, formats=formats, max_concurrent=8
+        )
+        try:
+            receiver.start()
+        except OSError as exc:
+            raise StudyError(f"the study's trace receiver: {exc}") from exc
         traces_url, traces_dir = receiver.traces_url, receiver.out_dir
     else:
         if tracing.directory is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import importlib.util
 import json
 import signal
 import socket
@@ -31,9 +32,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from otelkit.export._otlp_json import request_to_json, spans_to_json
-from otelkit.receiver import Receiver
+from otelkit.receiver import Receiver, ReceiverProcess
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
+# segments where the span store is installed (otelkit[store]; not in check-lowest's venv)
+SEGMENTS = importlib.util.find_spec("pyarrow") is not None
+FORMATS = ("parquet",) if SEGMENTS else ("jsonl",)
 JSON = {"Content-Type": "application/json"}
 TRACE_ID, SPAN_ID = "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"
 
@@ -401,3 +405,85 @@ def test_run_serves_until_sigterm_and_logs_what_it_stored(tmp_path: Path) -> Non
     assert rest.splitlines()[-1] == (
         f"otelkit.receiver stopped: 4 spans stored in {out / 'traces.jsonl'}, 0 requests rejected"
     )
+
+
+def test_a_receiver_process_writes_what_arrived_on_each_flush_and_stops_with_its_input(
+    tmp_path: Path,
+) -> None:
+    """What a study runs: the receiver in a process of its own, writing the span store's
+    segments; each ``flush`` makes what arrived readable (a segment has no footer until it is
+    written) and says how many spans it stored."""
+    from otelkit.analysis import open_source
+    from otelkit.analysis._loader import iter_spans
+
+    receiver = ReceiverProcess(tmp_path / "traces", formats=FORMATS).start()
+    try:
+        assert receiver.pid is not None and receiver.cpu_s() is None
+        exporter = OTLPSpanExporter(endpoint=receiver.traces_url)
+        assert exporter.export(make_spans(4)) is SpanExportResult.SUCCESS
+        receiver.flush()
+        assert receiver.spans_stored == 4 and receiver.flushes_failed == 0
+        files = open_source([tmp_path / "traces"]).files
+        assert [f.suffix for f in files] == [".parquet" if SEGMENTS else ".jsonl"]
+        assert sorted(s.name for s in iter_spans(*files)) == [
+            "infer",
+            "stage-0",
+            "stage-1",
+            "stage-2",
+        ]
+        assert exporter.export(make_spans(3)) is SpanExportResult.SUCCESS
+        receiver.flush()
+        assert receiver.spans_stored == 7
+        assert len(open_source([tmp_path / "traces"]).files) == (2 if SEGMENTS else 1)
+    finally:
+        port, pid = receiver.port, receiver.pid
+        receiver.stop()
+        receiver.stop()  # idempotent
+    with pytest.raises(requests.ConnectionError):
+        requests.post(f"http://127.0.0.1:{port}/v1/traces", json={}, timeout=2)
+    # the process is gone, and what it logged says what it stored
+    assert pid is not None and not Path(f"/proc/{pid}").exists()
+    log = (tmp_path / "traces" / "receiver.log").read_text()
+    assert "stopped: 7 spans stored" in log
+    # a flush after the stop is counted, not raised
+    receiver.flush()
+    assert receiver.flushes_failed == 1
+
+
+def test_a_receiver_process_never_outlives_its_parent(tmp_path: Path) -> None:
+    """A parent that dies without stopping it (killed, crashed) closes its input: the
+    receiver stops within its next read, its segment written."""
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from otelkit.receiver import ReceiverProcess
+        receiver = ReceiverProcess({str(tmp_path / "traces")!r}, formats={FORMATS!r}).start()
+        print(receiver.pid, receiver.port, flush=True)
+        sys.stdin.readline()
+        os._exit(9)  # no stop(), no atexit: as SIGKILL would leave it
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None and parent.stdin is not None
+    pid, port = map(int, parent.stdout.readline().split())
+    exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces")
+    assert exporter.export(make_spans(2)) is SpanExportResult.SUCCESS
+    parent.stdin.write("go\n")
+    parent.stdin.close()
+    assert parent.wait(timeout=30) == 9
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), "the receiver outlived its parent"
+    assert "stopped: 2 spans stored" in (tmp_path / "traces" / "receiver.log").read_text()
+
+
+def test_a_receiver_process_that_cannot_bind_says_why(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=r"the receiver did not start.*cannot start the receiver"):
+            ReceiverProcess(tmp_path, port=port).start()

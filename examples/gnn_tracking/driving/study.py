@@ -17,7 +17,7 @@ One Triton serves them all, restarted once (for 2 instances); Ray Serve comes la
 (``--no-ray`` leaves it out). Then one HTML page, ``report.html``, shows every sweep's plots,
 verdicts and traces (``otelkit report``).
 
-Every point's events are traced at most ``--traces-per-s`` a second into one embedded receiver
+Every point's events are traced at most ``--traces-per-s`` a second into one receiver process
 (``traces/``), so each point carries the breakdown of its sampled events; the verdicts of each
 sweep are printed and are in its file. ``--quick`` shortens every sweep (the test suite's run).
 """
@@ -42,7 +42,7 @@ from gnn_tracking.serving.repository import REPOSITORY
 from gnn_tracking.serving.stages import FEATURES, STAGE_ORDER, STAGES
 from gnn_tracking.serving.twin import twin_process
 from otelkit import semconv
-from otelkit.receiver import Receiver
+from otelkit.receiver import ReceiverProcess
 from otelkit.report import Report
 from otelkit.study import (
     Endpoint,
@@ -152,7 +152,7 @@ def run_sweeps(
     out: Path,
     events: Sequence[torch.Tensor],
     models: Models,
-    receiver: Receiver,
+    receiver: ReceiverProcess,
     started: float,
 ) -> dict[str, StudyResults]:
     """Every sweep of ``plan``, each into ``out/<sweep>.jsonl``; their results by name."""
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     events, models = event_pool(32, args.n_particles), load_models()
-    receiver = Receiver(out / "traces", max_concurrent=32).start()
+    # in a process of its own: decoding the spans would take the GIL the study's threads need
+    receiver = ReceiverProcess(out / "traces", max_concurrent=32).start()
     try:
         done = run_sweeps(plan, out, events, models, receiver, started)
     except StudyError as error:  # a point failed: its sweep's file holds the points done

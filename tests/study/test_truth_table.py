@@ -381,14 +381,28 @@ def test_payloads_of_megabytes_are_limited_where_they_are_moved(
     assert results.points[0].payload_bytes == (8_000_000, 8_000_000)
     # untraced, the study cannot tell the transfer from the model's own work: the model's time
     # doubling while no measured resource is full is a wait for an unmeasured one (the kernel's
-    # copies), the cores named as the busiest measured
+    # copies), the busier of the two that copy named beside it; or the two together, both at
+    # their limit; or the cores alone
     assert (verdict.kind, verdict.resource) in (
         ("network", "transfer"),
         ("contended", "cores"),
         ("contended", "unmeasured"),
+        ("undecided", "undecided"),
     )
-    if verdict.resource == "unmeasured":
-        assert "the busiest measured is the host's 2 cores" in verdict.sentence
+    if verdict.kind == "undecided":
+        # the two that do the copying, at their limit within their pooled noise (U* 0.77 and
+        # 0.77 in a run here): both named, with what would separate them
+        assert verdict.limit is not None
+        assert set(verdict.limit.split(" or ")) == {"the host's 2 cores", "the client's CPU"}
+        assert "--set client.processes=2" in verdict.sentence
+    elif verdict.resource == "unmeasured":
+        # the copies are the kernel's CPU (on the cores) and the client's deserialising (its
+        # CPU): the busier of the two is named as the busiest measured, whichever it is (a CI
+        # run read the client's CPU at U* 0.60 beside the cores' 0.54, the first point's idle
+        # use read 0.56 cores as the fixture's fresh tritonserver settled)
+        busiest = verdict.evidence[0]
+        assert busiest.key in ("host cores", "client cpu"), verdict.evidence
+        assert f"the busiest measured is {busiest.name}" in verdict.sentence
         assert verdict.predicted_per_s is None
     elif verdict.resource == "transfer":
         assert "8.0 MB sent and 8.0 MB received" in verdict.sentence

@@ -191,6 +191,17 @@ def _three_runs(kind: str, first: int = 1) -> list[dict[tuple[str, str], tuple[s
 RIVALS = {"the host's 2 cores", "the client's CPU"}
 
 
+def _each_curve_alike_in_three_runs(
+    first: int, expected: dict[tuple[str, str], tuple[str, set[str]]]
+) -> None:
+    """Three recorded runs with repeats, from ``docs_example_repeats_<first>``, give every curve
+    of ``expected`` its verdict (kind and named resources) in all three, and no other curve."""
+    runs = _three_runs("repeats", first)
+    assert set(runs[0]) == set(expected)
+    for key, verdict in expected.items():
+        assert [run[key] for run in runs] == [verdict] * 3, key
+
+
 def test_three_runs_of_the_docs_example_without_repeats_differ_where_their_points_do() -> None:
     """docs/study.md's example run three times in a row on the quiet 2-core host, each point
     measured once (ten 0.2 s windows). Along concurrency at one instance, all three name the
@@ -229,17 +240,16 @@ def test_three_runs_with_repeats_give_one_verdict_per_curve() -> None:
     another. Before the shared resources along instances were read by the utilisation law at
     the most instances' point, that curve named the client's CPU alone at a point where the
     curve along load through it named both."""
-    runs = _three_runs("repeats")
-    expected = {
-        ("concurrency", "instances=1"): ("client", {"the client's CPU"}),
-        ("concurrency", "instances=2"): ("undecided", RIVALS),
-        ("instances", "concurrency=1"): ("underloaded", {""}),
-        ("instances", "concurrency=2"): ("underloaded", {""}),
-        ("instances", "concurrency=4"): ("undecided", RIVALS),
-    }
-    assert set(runs[0]) == set(expected)
-    for key, verdict in expected.items():
-        assert [run[key] for run in runs] == [verdict] * 3, key
+    _each_curve_alike_in_three_runs(
+        1,
+        {
+            ("concurrency", "instances=1"): ("client", {"the client's CPU"}),
+            ("concurrency", "instances=2"): ("undecided", RIVALS),
+            ("instances", "concurrency=1"): ("underloaded", {""}),
+            ("instances", "concurrency=2"): ("underloaded", {""}),
+            ("instances", "concurrency=4"): ("undecided", RIVALS),
+        },
+    )
 
 
 def test_three_more_runs_with_repeats_a_day_later_give_one_verdict_per_curve() -> None:
@@ -249,15 +259,14 @@ def test_three_more_runs_with_repeats_a_day_later_give_one_verdict_per_curve() -
     U* 0.76-0.82 at 4 in flight and the cores 0.70-0.73, below their limit within their
     pooled noise in every run, and every curve names the client's CPU, or says the load does
     not keep a second instance busy, in all three."""
-    runs = _three_runs("repeats", first=4)
     client = {"the client's CPU"}
-    expected = {
-        ("concurrency", "instances=1"): ("client", client),
-        ("concurrency", "instances=2"): ("client", client),
-        ("instances", "concurrency=1"): ("underloaded", {""}),
-        ("instances", "concurrency=2"): ("underloaded", {""}),
-        ("instances", "concurrency=4"): ("contended", client),
-    }
-    assert set(runs[0]) == set(expected)
-    for key, verdict in expected.items():
-        assert [run[key] for run in runs] == [verdict] * 3, key
+    _each_curve_alike_in_three_runs(
+        4,
+        {
+            ("concurrency", "instances=1"): ("client", client),
+            ("concurrency", "instances=2"): ("client", client),
+            ("instances", "concurrency=1"): ("underloaded", {""}),
+            ("instances", "concurrency=2"): ("underloaded", {""}),
+            ("instances", "concurrency=4"): ("contended", client),
+        },
+    )

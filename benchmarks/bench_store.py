@@ -7,11 +7,13 @@
    time and peak resident memory of each, their medians and ratio, and whether the two wrote
    the same segments (read back by pyarrow, row group by row group);
 2. ``otelkit breakdown`` of those 1 M spans from the store, the Python path (``--engine python``:
-   every span a Python object) and the DuckDB path (``--engine duckdb``) side by side, taking
-   turns; each run a process of its own started from the bare segments (no result kept
-   between runs), its wall time, CPU time and peak resident memory;
-3. ``otelkit breakdown --engine duckdb`` of 10 M spans: the 1 M copied ten times with other
-   trace ids (each copy a segment of its own).
+   every span a Python object), the DuckDB path (``--engine duckdb``) and the compiled one
+   (``--engine compiled``, what ``auto`` picks) side by side, taking turns; each run a process
+   of its own started from the bare segments (no result kept between runs), its wall time, CPU
+   time and peak resident memory; the compiled engine's first run, which compiles its code
+   into numba's cache (emptied first), timed apart;
+3. ``otelkit breakdown --engine compiled`` of 10 M spans: the 1 M copied ten times with other
+   trace ids (each copy a segment of its own), ``--rounds`` times, the median.
 
 Targets (issue 48): import at least 100 k spans/s; 10 M spans broken down in at most 20 s,
 within 1 GiB. The last line is JSON with every figure and a verdict per target.
@@ -38,6 +40,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # this tree's 
 import report_traces  # noqa: E402 - a sibling module, not a package
 
 GROUP_BY = ["gnn_tracking.server", "gnn_tracking.option", "gnn_tracking.threads"]
+ENGINES = ("python", "duckdb", "compiled")  # the breakdown's, side by side on the million
 
 
 def _run(*arguments: str, engine: str | None = None) -> tuple[float, float, float, str]:
@@ -190,19 +193,32 @@ def main() -> None:
         )
         return
 
-    runs: dict[str, list[tuple[float, float, float]]] = {"python": [], "duckdb": []}
+    # the compiled engine's code is compiled on its first run on a machine and cached (numba's
+    # cache, here a folder of the benchmark's own, emptied first): that run is timed apart
+    cache = args.work / "numba-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    os.environ["NUMBA_CACHE_DIR"] = str(cache)
+    first_wall, first_cpu, first_mib, _ = _breakdown(store, "compiled")
+    print(f"compiled, first run (compiling): {first_wall:.1f} s, {first_mib:.0f} MiB", flush=True)
+    runs: dict[str, list[tuple[float, float, float]]] = {e: [] for e in ENGINES}
     printed: dict[str, str] = {}
     for _ in range(args.rounds):
         for engine in runs:
             wall, cpu, mib, printed[engine] = _breakdown(store, engine)
             runs[engine].append((wall, cpu, mib))
             print(f"{engine}: {wall:.1f} s, {cpu:.1f} s CPU, {mib:.0f} MiB", flush=True)
-    same = printed["python"] == printed["duckdb"]
+    same = printed["python"] == printed["duckdb"] == printed["compiled"]
 
     large = args.work / f"store-{args.copies}x"
     large_spans = _copies(next(store.glob("*.parquet")), args.copies, large)
-    large_wall, large_cpu, large_mib, _ = _breakdown(large, "duckdb")
-    print(f"duckdb, {large_spans} spans: {large_wall:.1f} s, {large_mib:.0f} MiB", flush=True)
+    large_runs = []
+    for _ in range(args.rounds):
+        large_runs.append(_breakdown(large, "compiled")[:3])
+        wall, _, mib = large_runs[-1]
+        print(f"compiled, {large_spans} spans: {wall:.1f} s, {mib:.0f} MiB", flush=True)
+    large_wall, large_cpu, large_mib = (
+        statistics.median(r[i] for r in large_runs) for i in range(3)
+    )
 
     def medians(engine: str) -> dict[str, float]:
         wall, cpu, mib = (statistics.median(r[i] for r in runs[engine]) for i in range(3))
@@ -213,16 +229,25 @@ def main() -> None:
         "load_average": os.getloadavg()[0],
         "import": import_figures,
         "breakdown_1m": {
-            "python": medians("python"),
-            "duckdb": medians("duckdb"),
+            **{engine: medians(engine) for engine in ENGINES},
             "python_over_duckdb": round(
                 medians("python")["seconds"] / medians("duckdb")["seconds"], 2
             ),
+            "python_over_compiled": round(
+                medians("python")["seconds"] / medians("compiled")["seconds"], 2
+            ),
+            "compiled_first_run": {
+                "seconds": round(first_wall, 2),
+                "cpu_s": round(first_cpu, 2),
+                "peak_mib": round(first_mib),
+            },
             "same_output": same,
             "rounds": args.rounds,
         },
         "breakdown_large": {
+            "engine": "compiled",
             "spans": large_spans,
+            "rounds": args.rounds,
             "seconds": round(large_wall, 1),
             "cpu_s": round(large_cpu, 1),
             "peak_mib": round(large_mib),

@@ -38,7 +38,7 @@ and ``network + client wait`` is never negative for that.)
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -95,10 +95,11 @@ _NS = 1e-9
 
 @dataclass
 class Breakdown:
-    """The components of every trace of one group, in seconds, one list entry per trace."""
+    """The components of every trace of one group, in seconds, one entry per trace (a list,
+    or an ``array('d')`` from the compiled engine: eight bytes a value)."""
 
     group: tuple[str, ...]
-    components: dict[str, list[float]] = field(default_factory=dict)
+    components: dict[str, MutableSequence[float]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     incomplete: int = 0  # traces left out: a call's server spans are missing
     parts: set[str] = field(default_factory=set)  # the server's parts: not stages

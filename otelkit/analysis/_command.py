@@ -1,5 +1,6 @@
 """``otelkit breakdown``: where the time of traced requests goes, from trace files, the span
-store (by DuckDB where every file is a segment), or a site's trace store (``_source``).
+store (in compiled code, or by DuckDB, where every file is a segment), or a site's trace store
+(``_source``).
 
 otelkit breakdown ./otelkit-traces --group-by gnn_tracking.option --root "reconstruct event"
 otelkit breakdown --source jaeger://jaeger:16685 --service sonic --since 2h --root "event"
@@ -8,6 +9,7 @@ otelkit breakdown --source jaeger://jaeger:16685 --service sonic --since 2h --ro
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from otelkit.analysis._breakdown import breakdown, format_breakdowns
@@ -28,11 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", default=None, help="only roots with this span name")
     parser.add_argument(
         "--engine",
-        choices=("auto", "duckdb", "python"),
+        choices=("auto", "compiled", "duckdb", "python"),
         default="auto",
-        help="duckdb: SQL over span store segments (otelkit import), no Python object per "
-        "span; python: every span read into Python; auto (default): duckdb where every "
-        "file is a segment and DuckDB is installed",
+        help="compiled: span store segments (otelkit import) read as columns, each trace "
+        "broken down in compiled code (numba), no Python object per span; duckdb: the same "
+        "as SQL queries; python: every span read into Python; auto (default): compiled where "
+        "every file is a segment and numba is installed, else duckdb, else python",
     )
 
 
@@ -107,22 +110,26 @@ def _engine(args: argparse.Namespace, source: SpanSource) -> str:
         return "python"
     if not segments:
         print(
-            "otelkit breakdown: --engine duckdb reads span store segments only "
+            f"otelkit breakdown: --engine {args.engine} reads span store segments only "
             "(otelkit import converts trace files into them)",
             file=sys.stderr,
         )
         return ""
-    try:
-        import duckdb  # noqa: F401
-    except ImportError:
-        if args.engine == "auto":
-            return "python"
-        print(
-            "otelkit breakdown: DuckDB is not installed: pip install 'otelkit[store]'",
-            file=sys.stderr,
-        )
-        return ""
-    return "duckdb"
+    for engine, module, extra in (("compiled", "numba", "store"), ("duckdb", "duckdb", "store")):
+        if args.engine not in ("auto", engine):
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            if args.engine == "auto":
+                continue
+            print(
+                f"otelkit breakdown: {module} is not installed: pip install 'otelkit[{extra}]'",
+                file=sys.stderr,
+            )
+            return ""
+        return engine
+    return "python"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,8 +143,11 @@ def run(args: argparse.Namespace) -> int:
     if not engine:
         return 2
     where = " ".join([*args.paths, *source.imported])
-    if engine == "duckdb":
-        from otelkit.analysis._sql import breakdown_store
+    if engine in ("compiled", "duckdb"):
+        if engine == "compiled":
+            from otelkit.analysis._columns import breakdown_columns as breakdown_store
+        else:
+            from otelkit.analysis._sql import breakdown_store
 
         found = breakdown_store(source.files, args.group_by, args.root)
         if not found.spans:

@@ -20,7 +20,6 @@ DuckDB and pyarrow are imported on first use: ``pip install 'otelkit[store]'``.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -59,11 +58,10 @@ from otelkit.analysis._server_time import (
     SEND,
     SERVE_ROUTER,
 )
-from otelkit.analysis._store import StoreError, check_segment, spans_of_table
+from otelkit.analysis._store import StoreError, spans_of_table, whole_segments
 
 __all__ = ["SqlBreakdown", "breakdown_store"]
 
-_log = logging.getLogger("otelkit.analysis")
 #: what DuckDB may hold in memory before it spills to disk
 MEMORY_LIMIT = "1GB"
 
@@ -617,13 +615,7 @@ def breakdown_store(
 ) -> SqlBreakdown:
     """``breakdown`` of the spans in the segments ``files`` (in arrival order), by DuckDB."""
     duckdb = _duckdb()
-    names = []
-    for path in files:
-        try:
-            check_segment(path)
-            names.append(str(path))
-        except StoreError as error:  # as load_spans does: named, left out, the rest read
-            _log.warning("otelkit: %s; left out", error)
+    names = whole_segments(files)
     if not names:
         return SqlBreakdown({}, 0, 0, 0)
     spill = tempfile.mkdtemp(prefix="otelkit-duckdb-")

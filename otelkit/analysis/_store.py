@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -45,6 +46,7 @@ __all__ = [
     "segment_path",
     "segment_schema",
     "spans_of_table",
+    "whole_segments",
     "write_segment",
 ]
 
@@ -300,6 +302,19 @@ def check_segment(path: str | Path) -> None:
     missing = [name for name in (*_NEEDED, *_QUERIED) if name not in names]
     if missing:
         raise StoreError(f"{path}: not a span segment: no column {', '.join(missing)}")
+
+
+def whole_segments(files: Iterable[str | Path]) -> list[str]:
+    """The files that are whole segments (``check_segment``), in order; each other one named
+    in a warning and left out, as ``load_spans`` does, so that the rest are read."""
+    whole = []
+    for path in files:
+        try:
+            check_segment(path)
+            whole.append(str(path))
+        except StoreError as error:
+            logging.getLogger("otelkit.analysis").warning("otelkit: %s; left out", error)
+    return whole
 
 
 def read_segment(path: str | Path) -> Iterator[Span]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,7 +79,7 @@ class PointTraces:
         )
 
 
-def _p99(values: list[float]) -> float:
+def _p99(values: Sequence[float]) -> float:
     ordered = sorted(values)
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)] if ordered else 0.0
 

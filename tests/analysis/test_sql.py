@@ -1,5 +1,6 @@
-"""otelkit.analysis._sql: the breakdown as DuckDB queries over the span store equals the Python
-path's, trace for trace, on every trace the analysis tests build.
+"""otelkit.analysis._sql and ._columns: the breakdown as DuckDB queries over the span store, and
+in compiled code over its columns, equals the Python path's, trace for trace, on every trace the
+analysis tests build.
 
 Each fixture is written to a segment and broken down both ways: the groups, each component's
 value for each trace (in the same order), the components' order, the problems, the incomplete
@@ -22,6 +23,7 @@ import tests.analysis.test_breakdown as hand
 from otelkit import semconv
 from otelkit.analysis import Span, SpanKind, build_traces, load_spans
 from otelkit.analysis._breakdown import Breakdown, breakdown, format_breakdowns
+from otelkit.analysis._columns import breakdown_columns
 from otelkit.analysis._sql import breakdown_store
 from otelkit.analysis._store import write_segment
 from otelkit.cli import main
@@ -39,20 +41,24 @@ def _same(python: dict[tuple[str, ...], Breakdown], sql: dict[tuple[str, ...], B
         assert got.parts == want.parts, key
         assert list(got.components) == list(want.components), key  # the order a request meets
         for name, values in want.components.items():
-            assert got.components[name] == pytest.approx(values, abs=1e-12), (key, name)
+            assert list(got.components[name]) == pytest.approx(values, abs=1e-12), (key, name)
 
 
 def both_ways(
     spans: list[Span], tmp_path: Path, group_by: tuple[str, ...] = (), root: str | None = None
 ) -> int:
-    """Break ``spans`` down both ways, assert they agree; the traces the queries delegated."""
+    """Break ``spans`` down by the Python path, the queries and the compiled kernel, assert
+    they agree; the traces the queries delegated."""
     segment = tmp_path / "spans-00000.parquet"
     write_segment(spans, segment)
     python = breakdown(build_traces(spans).values(), group_by=group_by, root_name=root)
     sql = breakdown_store([segment], group_by=group_by, root_name=root)
-    _same(python, sql.groups)
-    assert format_breakdowns(sql.groups, group_by) == format_breakdowns(python, group_by)
-    assert sql.spans == len({(s.trace_id, s.span_id) for s in spans})
+    compiled = breakdown_columns([segment], group_by=group_by, root_name=root)
+    for found in (sql, compiled):
+        _same(python, found.groups)
+        assert format_breakdowns(found.groups, group_by) == format_breakdowns(python, group_by)
+        assert found.spans == len({(s.trace_id, s.span_id) for s in spans})
+        assert found.traces == len({s.trace_id for s in spans})
     return sql.delegated
 
 
@@ -266,6 +272,7 @@ def test_segments_are_read_in_order_and_the_first_of_duplicate_ids_wins(tmp_path
     sql = breakdown_store(segments, group_by=("gnn_tracking.option",))
     python = breakdown(build_traces(spans + later).values(), group_by=("gnn_tracking.option",))
     _same(python, sql.groups)
+    _same(python, breakdown_columns(segments, group_by=("gnn_tracking.option",)).groups)
 
 
 def test_the_cli_breaks_a_store_down_by_duckdb_as_by_python(
@@ -275,23 +282,26 @@ def test_the_cli_breaks_a_store_down_by_duckdb_as_by_python(
     assert main(["import", str(DEMO), "--out", str(store), "--segment-spans", "150"]) == 0
     capsys.readouterr()
     printed = {}
-    for engine in ("duckdb", "python"):
+    for engine in ("compiled", "duckdb", "python", "auto"):
         args = ["breakdown", str(store), "--group-by", "gnn_tracking.option", "--engine", engine]
         assert main(args) == 0
         printed[engine] = capsys.readouterr().out
     assert printed["duckdb"] == printed["python"] and "server queue" in printed["duckdb"]
+    assert printed["compiled"] == printed["python"] == printed["auto"]
     # trace files are not segments: the SQL engine says what it reads
     assert main(["breakdown", str(DEMO), "--engine", "duckdb"]) == 2
     assert "segments only" in capsys.readouterr().err
     # a segment cut short (a writer killed before its footer) is named and left out
     first = sorted(store.glob("*.parquet"))[0]
     first.write_bytes(first.read_bytes()[:-64])
-    with caplog.at_level(logging.WARNING, logger="otelkit.analysis"):
-        assert main(["breakdown", str(store), "--engine", "duckdb"]) == 0
-    assert any(
-        first.name in r.getMessage() and "left out" in r.getMessage() for r in caplog.records
-    )
-    assert "traces" in capsys.readouterr().out
+    for engine in ("duckdb", "compiled"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="otelkit.analysis"):
+            assert main(["breakdown", str(store), "--engine", engine]) == 0
+        assert any(
+            first.name in r.getMessage() and "left out" in r.getMessage() for r in caplog.records
+        )
+        assert "traces" in capsys.readouterr().out
 
 
 def test_ids_that_are_not_hex_take_the_python_path(tmp_path: Path) -> None:
@@ -322,9 +332,13 @@ def test_traces_read_in_chunks_break_down_alike(
 ) -> None:
     """Past ``CHUNK_SPANS`` the queries run over parts of the traces, each trace whole in one:
     the answer is the same, the delegated traces' included."""
+    import otelkit.analysis._columns as columns
     import otelkit.analysis._sql as sql
 
     monkeypatch.setattr(sql, "CHUNK_SPANS", 60)  # the fixtures' ~500 spans: about nine parts
+    # the compiled kernel reads units of 64 rows: traces cross them, and wait for their last
+    monkeypatch.setattr(columns, "_UNIT_ROWS", 64)
+    monkeypatch.setattr(columns, "_BATCH_ROWS", 48)
     spans = load_spans(DEMO) + shapes() + queries_only()
     assert both_ways(spans, tmp_path, ("option", semconv.ANSWERED_BY)) == 2
     assert both_ways(spans, tmp_path, ("gnn_tracking.option",), "reconstruct event") == 2

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from array import array
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,8 +33,9 @@ from otelkit.analysis import _breakdown as bd
 from otelkit.analysis import _server_time as times
 from otelkit.analysis._breakdown import Breakdown
 from otelkit.analysis._loader import build_traces
+from otelkit.analysis._sampling import _JAEGER_PARAM, _JAEGER_TYPE, Sampling
 from otelkit.analysis._sql import SqlBreakdown
-from otelkit.analysis._store import StoreError, spans_of_table, whole_segments
+from otelkit.analysis._store import StoreError, _parse, spans_of_table, whole_segments
 
 __all__ = ["breakdown_columns"]
 
@@ -71,6 +73,8 @@ _FAMILIES[5] = "server {} (span)"
 _TYPED = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
 _SERVE_HEADS = frozenset([*times._SERVE_SPANS, times._SERVE_REPLICA])
 _BATCH_ROWS = 65_536  # what a read holds in Arrow's memory at once: a row group's spans
+#: read as dictionaries (few distinct values: a process's resource), never as a string a row
+_AS_DICTIONARY = ["ResourceAttributesJson"]
 _COLUMNS = [
     "SpanId",
     "ParentSpanId",
@@ -79,6 +83,7 @@ _COLUMNS = [
     "SpanName",
     "SpanKind",
     "SpanAttributes",
+    "ResourceAttributesJson",
     "Events",
 ]
 
@@ -142,12 +147,21 @@ def _hex64(np: Any, pa: Any, kernel: Any, values: Any) -> tuple[Any, Any, Any]:
     return ids, ok, empty
 
 
+def _entries(np: Any, lists: Any) -> tuple[Any, Any]:
+    """The items of a list (or map) array's rows, and the row of each: of these rows alone, a
+    batch being possibly a slice of a column whose items run on past it."""
+    offsets = lists.offsets.to_numpy(zero_copy_only=False)
+    start, end = int(offsets[0]), int(offsets[-1])
+    items = lists.values.slice(start, end - start)
+    return items, np.repeat(np.arange(len(lists)), np.diff(offsets))
+
+
 def _lookup(np: Any, pc: Any, maps: Any, keys: Sequence[str]) -> dict[str, tuple[Any, Any]]:
     """For each key: the rows of ``maps`` that hold it and its values there (the first)."""
-    offsets = maps.offsets.to_numpy(zero_copy_only=False)
-    counts = np.diff(offsets)
-    row_of = np.repeat(np.arange(len(maps)), counts)
-    names = pc.dictionary_encode(maps.keys)
+    # the entries of these rows alone: a batch may be a slice of the column, whose keys and
+    # items arrays run on past it
+    entries, row_of = _entries(np, maps)
+    names = pc.dictionary_encode(entries.field(0))
     wanted = {k: i for i, k in enumerate(names.dictionary.to_pylist()) if k in set(keys)}
     codes = names.indices.to_numpy(zero_copy_only=False)
     out = {}
@@ -159,7 +173,7 @@ def _lookup(np: Any, pc: Any, maps: Any, keys: Sequence[str]) -> dict[str, tuple
         rows = row_of[where]
         first = np.ones(len(rows), np.bool_)
         first[1:] = rows[1:] != rows[:-1]
-        out[key] = (rows[first], maps.items.take(where[first]))
+        out[key] = (rows[first], entries.field(1).take(where[first]))
     return out
 
 
@@ -171,8 +185,10 @@ def _batch(
     table: Any,
     strings: _Strings,
     group_by: Sequence[str],
+    sampling: Sampling,
 ) -> dict[str, Any]:
-    """The kernel's columns of one record batch of a segment."""
+    """The kernel's columns of one record batch of a segment (its sampling into
+    ``sampling``)."""
     n = table.num_rows
     cols: dict[str, Any] = {}
     sid, sid_ok, _ = _hex64(np, pa, kernel, table.column("SpanId"))
@@ -202,9 +218,13 @@ def _batch(
         semconv.MODEL_NAME,
         semconv.SERVER_ADDRESS,
         semconv.SERVER_PORT,
+        semconv.TAIL_SAMPLING_POLICY,
+        _JAEGER_TYPE,
+        _JAEGER_PARAM,
         *[k for k in group_by if k != semconv.ANSWERED_BY],
     ]
     found = _lookup(np, pc, table.column("SpanAttributes"), keys)
+    _sampled(np, pc, table, found, pid_empty, sampling)
 
     def codes(key: str) -> Any:
         rows, values = found[key]
@@ -247,15 +267,56 @@ def _batch(
     cols["groups"] = np.stack(groups, axis=1) if groups else np.zeros((n, 0), np.int32)
     cols["odd"] = odd
     events = table.column("Events")
-    offsets = events.offsets.to_numpy(zero_copy_only=False)
-    flat = events.values
+    flat, row_of = _entries(np, events)
     code = pc.index_in(flat.field("Name"), value_set=pa.array(EVENTS))
     keep = code.is_valid().to_numpy(zero_copy_only=False)
-    row_of = np.repeat(np.arange(n), np.diff(offsets))
     cols["ev_count"] = np.bincount(row_of[keep], minlength=n).astype(np.int32)
     cols["ev_code"] = code.to_numpy(zero_copy_only=False)[keep].astype(np.int8)
     cols["ev_time"] = flat.field("Timestamp").to_numpy(zero_copy_only=False)[keep]
     return cols
+
+
+def _sampled(
+    np: Any,
+    pc: Any,
+    table: Any,
+    found: dict[str, tuple[Any, Any]],
+    roots: Any,
+    sampling: Sampling,
+) -> None:
+    """What a batch's spans say of their sampling, as ``Sampling.add`` reads each span: a
+    resource's sampler (read from its JSON once a distinct resource), else Jaeger's on the
+    span; the tail sampling policy on each root."""
+    resources = table.column("ResourceAttributesJson")
+    if not hasattr(resources, "dictionary"):  # a writer's segment without its dictionary
+        resources = pc.dictionary_encode(resources)
+    indices = resources.indices.to_numpy(zero_copy_only=False)
+    samplers, services = [], []
+    for text in resources.dictionary.to_pylist():
+        attributes = _parse(text) if text else {}
+        attributes = attributes if isinstance(attributes, dict) else {}
+        sampler = attributes.get(semconv.OTELKIT_SAMPLER)
+        samplers.append(None if sampler is None else str(sampler).strip())
+        services.append(str(attributes.get(semconv.SERVICE_NAME, "unknown service")))
+    for code in np.unique(indices).tolist():
+        if samplers[code] is not None:
+            sampling.head.setdefault(samplers[code], set()).add(services[code])
+    rows, kinds = _values(found[_JAEGER_TYPE])
+    if rows:  # Jaeger's sampler where the resource names none
+        params = dict(zip(*_values(found[_JAEGER_PARAM]), strict=True))
+        for row, kind in zip(rows, kinds, strict=True):
+            if samplers[indices[row]] is None:
+                sampler = f"{kind} {params.get(row, '')}".strip()
+                sampling.head.setdefault(sampler, set()).add(services[indices[row]])
+    sampling.roots += int(roots.sum())
+    for row, policy in zip(*_values(found[semconv.TAIL_SAMPLING_POLICY]), strict=True):
+        if roots[row]:
+            sampling.tail[policy] = sampling.tail.get(policy, 0) + 1
+
+
+def _values(found: tuple[Any, Any]) -> tuple[list[int], list[Any]]:
+    rows, values = found
+    return (rows.tolist(), values.to_pylist()) if len(rows) else ([], [])
 
 
 def _take(np: Any, cols: dict[str, Any], rows: Any) -> dict[str, Any]:
@@ -464,7 +525,8 @@ def _breakdown(
     row = 0
     # the next rows are read while the kernel breaks these down (it lets go of Python's
     # lock): the two cores each do one
-    for cols in _prefetched(np, pa, pc, names, run.strings, group_by):
+    sampling = Sampling()
+    for cols in _prefetched(np, pa, pc, names, run.strings, group_by, sampling):
         count = len(cols["sid"])
         cols["tcode"] = tcodes[row : row + count]
         row += count
@@ -480,35 +542,71 @@ def _breakdown(
     odd = np.unique(np.concatenate(run.python)) if run.python else np.zeros(0, np.int64)
     sizes = [pq.ParquetFile(path).metadata.num_rows for path in names]
     spans = run.spans + _delegate(np, pq, names, sizes, tcodes, odd, run, root_name)
-    return SqlBreakdown(run.groups.breakdowns(), spans, len(trace_ids), len(odd))
+    return SqlBreakdown(run.groups.breakdowns(), spans, len(trace_ids), len(odd), sampling)
 
 
 _UNIT_ROWS = 2 * _BATCH_ROWS  # the rows read, prepared and broken down together
 
 
 def _prefetched(
-    np: Any, pa: Any, pc: Any, names: list[str], strings: _Strings, group_by: Sequence[str]
+    np: Any,
+    pa: Any,
+    pc: Any,
+    names: list[str],
+    strings: _Strings,
+    group_by: Sequence[str],
+    sampling: Sampling,
 ) -> Iterator[dict[str, Any]]:
-    """The segments' rows as the kernel's columns, a unit at a time, each prepared by a
-    thread of its own while the one before is broken down."""
+    """The segments' rows as the kernel's columns, a unit at a time, in order: one thread
+    reads the units, two prepare them, while the caller breaks the one before down (the
+    kernel, pyarrow's decoding and most of numpy's work let go of Python's lock)."""
     import pyarrow.parquet as pq
 
     from otelkit.analysis import _kernel as kernel
 
-    def units() -> Iterator[dict[str, Any]]:
+    def units() -> Iterator[tuple[str, Any]]:
         for path in names:
             try:
-                for batch in pq.ParquetFile(path).iter_batches(_UNIT_ROWS, columns=_COLUMNS):
-                    yield _batch(np, pa, pc, kernel, batch, strings, group_by)
+                segment = pq.ParquetFile(path, read_dictionary=_AS_DICTIONARY)
+                for batch in segment.iter_batches(_UNIT_ROWS, columns=_COLUMNS):
+                    yield path, batch
             except (OSError, pa.ArrowException) as error:
                 raise StoreError(f"the span store could not be read: {path}: {error}") from error
 
-    made = units()
-    with ThreadPoolExecutor(1, thread_name_prefix="otelkit-read") as reader:
-        coming = reader.submit(next, made, None)
-        while (cols := coming.result()) is not None:
-            coming = reader.submit(next, made, None)
+    def prepare(path: str, batch: Any) -> tuple[dict[str, Any], Sampling]:
+        said = Sampling()  # this unit's, merged in order
+        try:
+            return _batch(np, pa, pc, kernel, batch, strings, group_by, said), said
+        except (OSError, pa.ArrowException) as error:
+            raise StoreError(f"the span store could not be read: {path}: {error}") from error
+
+    reads = units()
+    with ThreadPoolExecutor(1 + _PREPARING, thread_name_prefix="otelkit-read") as pool:
+        read: Any = pool.submit(next, reads, None)
+        made: deque[Any] = deque()
+        while True:
+            # the unit to give, and those to prepare while the caller works on it
+            while read is not None and len(made) <= _PREPARING:
+                unit = read.result()
+                read = None if unit is None else pool.submit(next, reads, None)
+                if unit is not None:
+                    made.append(pool.submit(prepare, *unit))
+            if not made:
+                return
+            cols, said = made.popleft().result()
+            _merge(sampling, said)
             yield cols
+
+
+_PREPARING = 1  # units prepared while the kernel works (two: 12 % slower, the GIL)
+
+
+def _merge(into: Sampling, said: Sampling) -> None:
+    into.roots += said.roots
+    for policy, count in said.tail.items():
+        into.tail[policy] = into.tail.get(policy, 0) + count
+    for sampler, services in said.head.items():
+        into.head.setdefault(sampler, set()).update(services)
 
 
 class _Run:

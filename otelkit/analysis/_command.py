@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"otelkit breakdown: no span read from {where}", file=sys.stderr)
             return 1
         print(format_breakdowns(found.groups, labels=args.group_by) or "no complete traces found")
-        _say_sampling(sampling_of_segments(source.files))
+        _say_sampling(found.sampling or sampling_of_segments(source.files))
         return 0
     spans = load_spans(*source.files)
     if not spans:

@@ -251,6 +251,11 @@ def _parts(p_st, p_en, p_comp, p_rank, held_a, held_b, lo, hi):  # type: ignore[
     return out_c, out_v
 
 
+_HEX = np.full(256, 255, np.uint8)  # a byte's value as a lowercase hex digit (255: none)
+_HEX[48:58] = np.arange(10)
+_HEX[97:103] = np.arange(10, 16)
+
+
 @njit(cache=True, nogil=True)
 def hex64(offsets, data):  # type: ignore[no-untyped-def]
     """Ids of 16 lowercase hex digits (an Arrow string array's ``offsets`` and ``data``) as
@@ -267,18 +272,12 @@ def hex64(offsets, data):  # type: ignore[no-untyped-def]
         if end - start != 16:
             continue
         value = np.uint64(0)
-        good = True
+        bad = np.uint8(0)
         for i in range(start, end):
-            c = data[i]
-            if 48 <= c <= 57:
-                digit = c - 48
-            elif 97 <= c <= 102:
-                digit = c - 87
-            else:
-                good = False
-                break
-            value = (value << np.uint64(4)) | np.uint64(digit)
-        if good:
+            digit = _HEX[data[i]]
+            bad |= digit & np.uint8(0xF0)
+            value = (value << np.uint64(4)) | np.uint64(digit & np.uint8(0x0F))
+        if bad == 0:
             out[row] = value
             ok[row] = True
     return out, ok, empty

@@ -42,6 +42,7 @@ from otelkit.analysis._breakdown import (
     group_key,
 )
 from otelkit.analysis._loader import build_traces
+from otelkit.analysis._sampling import Sampling
 from otelkit.analysis._server_time import (
     _KNOWN_SPANS,
     _SERVE_DEPLOYMENT,
@@ -69,12 +70,14 @@ MEMORY_LIMIT = "1GB"
 @dataclass
 class SqlBreakdown:
     """The groups, and how the traces were read: ``traces`` in all, ``delegated`` of them by
-    the Python path (a shape the queries leave to it), ``spans`` read."""
+    the Python path (a shape the queries leave to it), ``spans`` read; ``sampling``: what the
+    spans say of it, where the engine read it on the way (None: ``sampling_of_segments``)."""
 
     groups: dict[tuple[str, ...], Breakdown]
     spans: int
     traces: int
     delegated: int
+    sampling: Sampling | None = None
 
 
 def _duckdb() -> Any:

@@ -24,6 +24,7 @@ from otelkit import semconv
 from otelkit.analysis import Span, SpanKind, build_traces, load_spans
 from otelkit.analysis._breakdown import Breakdown, breakdown, format_breakdowns
 from otelkit.analysis._columns import breakdown_columns
+from otelkit.analysis._sampling import Sampling
 from otelkit.analysis._sql import breakdown_store
 from otelkit.analysis._store import write_segment
 from otelkit.cli import main
@@ -54,6 +55,10 @@ def both_ways(
     python = breakdown(build_traces(spans).values(), group_by=group_by, root_name=root)
     sql = breakdown_store([segment], group_by=group_by, root_name=root)
     compiled = breakdown_columns([segment], group_by=group_by, root_name=root)
+    said = Sampling().update(spans)
+    assert compiled.sampling is not None
+    assert (compiled.sampling.roots, compiled.sampling.tail) == (said.roots, said.tail)
+    assert compiled.sampling.head == said.head
     for found in (sql, compiled):
         _same(python, found.groups)
         assert format_breakdowns(found.groups, group_by) == format_breakdowns(python, group_by)

@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"embedded OTLP receiver -> {out / 'traces'}")
     # every server and the client export here at once: room for all of them, no 503s
-    # the traces as span store segments, which the breakdown reads by DuckDB (otelkit[store])
+    # the traces as span store segments, which the breakdown reads compiled (otelkit[store])
     formats = ("parquet",) if _store_installed() else ("jsonl",)
     receiver = Receiver(out / "traces", max_concurrent=32, formats=formats).start()
     client_metrics_port = free_port()
@@ -552,16 +552,16 @@ def _run(
 
 
 def _store_installed() -> bool:
-    """Whether the span store's engine is here (``otelkit[store]``: pyarrow and DuckDB)."""
-    return all(importlib.util.find_spec(name) is not None for name in ("pyarrow", "duckdb"))
+    """Whether the span store's compiled engine is here (``otelkit[store]``: pyarrow, numba)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("pyarrow", "numba"))
 
 
 def _breakdown(
     folder: Path, keys: tuple[str, ...], crashed_runs: set[str]
 ) -> dict[tuple[str, ...], Breakdown]:
     """The breakdown of the traces in ``folder`` by ``keys``, the runs cut short by a crash
-    left out: by DuckDB over the segments, each run its own group first, then the runs kept
-    merged (a trace's components in the order the groups list them); by Python from JSON
+    left out: in compiled code over the segments, each run its own group first, then the
+    runs kept merged (a trace's components in the order the groups list them); by Python from JSON
     lines where the store is not installed."""
     if not _store_installed():
         traces = [
@@ -570,10 +570,10 @@ def _breakdown(
             if not any(str(r.attributes.get(RUN_ATTRIBUTE)) in crashed_runs for r in trace.roots)
         ]
         return breakdown(traces, group_by=keys, root_name=ROOT_SPAN)
-    from otelkit.analysis._sql import breakdown_store
+    from otelkit.analysis._columns import breakdown_columns
 
     segments = sorted(folder.glob("spans-*.parquet"))
-    by_run = breakdown_store(segments, (*keys, RUN_ATTRIBUTE), ROOT_SPAN).groups
+    by_run = breakdown_columns(segments, (*keys, RUN_ATTRIBUTE), ROOT_SPAN).groups
     merged: dict[tuple[str, ...], Breakdown] = {}
     for key, group in sorted(by_run.items()):
         if key[-1] in crashed_runs:

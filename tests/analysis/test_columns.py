@@ -22,10 +22,13 @@ MS = 1_000_000
 def test_traces_spread_over_segments_wait_for_their_last_span(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each trace's spans dealt round-robin into three segments, read in units of 40 rows:
-    a trace is broken down once its last span is read, and lands in its place."""
+    """Each trace's spans dealt round-robin into three segments of row groups of 30 rows,
+    read in units of 40 (a unit across two row groups is a slice of their columns): a trace
+    is broken down once its last span is read, and lands in its place."""
     import otelkit.analysis._columns as columns
+    import otelkit.analysis._store as store
 
+    monkeypatch.setattr(store, "_ROWS_PER_GROUP", 30)
     monkeypatch.setattr(columns, "_UNIT_ROWS", 40)
     monkeypatch.setattr(columns, "_BATCH_ROWS", 32)
     spans = load_spans(DEMO) + shapes()

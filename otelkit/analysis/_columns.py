@@ -66,8 +66,14 @@ EVENTS = (
     semconv.HTTP_RESPONSE_STARTED,
     semconv.HTTP_RESPONSE_SENT,
 )
-_FAMILIES = {1: "server {}", 2: "server {} hand-off", 3: "server {} compute", 4: "client {}"}
-_FAMILIES[5] = "server {} (span)"
+#: the components named after a string, by ``_kernel``'s family codes
+_FAMILIES = {
+    1: "server {}",
+    2: "server {} hand-off",
+    3: "server {} compute",
+    4: "client {}",
+    5: "server {} (span)",
+}
 #: attribute values whose text in the exporter's string map is not Python's ``str`` of the
 #: typed value (a bool, None, a list, a map, a float that is not finite): read from the JSON
 _TYPED = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
@@ -240,7 +246,13 @@ def _batch(
             try:
                 out[rows] = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                odd[rows] = True  # not a number: the Python path says what it makes of it
+                # a text Arrow's cast refuses (" 0.002", "1_0"): each value as the Python
+                # path's float reads it; one it cannot read is the Python path's to handle
+                for row, text in zip(rows.tolist(), values.to_pylist(), strict=True):
+                    try:
+                        out[row] = float(text)
+                    except (TypeError, ValueError):
+                        odd[row] = True
         return out
 
     cols["stage"] = codes(semconv.STAGE_NAME)
@@ -628,10 +640,7 @@ class _Run:
         self.spans = 0  # the spans of the others
 
     def chunk(self, cols: dict[str, Any], ready: Any) -> None:
-        found, kept = _chunk(
-            self.np, self.kernel, cols, ready, self.strings, self.groups, self.group_by,
-            self.want, self.trace_ids,
-        )  # fmt: skip
+        found, kept = _chunk(self, cols, ready)
         self.python.append(found)
         self.spans += kept
 
@@ -657,40 +666,34 @@ def _name(strings: _Strings, code: int) -> str:
     return _FAMILIES[family].format(strings.texts[string])
 
 
-def _chunk(
-    np: Any,
-    kernel: Any,
-    cols: dict[str, Any],
-    ready: Any,
-    strings: _Strings,
-    groups: _Groups,
-    group_by: Sequence[str],
-    want: int,
-    trace_ids: Any,
-) -> tuple[Any, int]:
-    """Break down the complete traces in ``cols`` (the rows ``ready``) into ``groups``: the
-    traces left to the Python path (their codes), and how many spans the others hold."""
+def _chunk(run: _Run, cols: dict[str, Any], ready: Any) -> tuple[Any, int]:
+    """Break down the complete traces in ``cols`` (the rows ``ready``) into the run's groups:
+    the traces left to the Python path (their codes), and how many spans the others hold."""
+    np, kernel, strings, groups = run.np, run.kernel, run.strings, run.groups
+    group_by, trace_ids = run.group_by, run.trace_ids
     perm = ready[np.argsort(cols["tcode"][ready], kind="stable")]
     tcode = cols["tcode"][perm]
     starts = np.nonzero(np.concatenate([[True], tcode[1:] != tcode[:-1]]))[0]
     toff = np.concatenate([starts, [len(tcode)]]).astype(np.int64)
     traced = tcode[starts].astype(np.int64)
     del tcode
-    label, merged = _labels(np, strings)
+    labels, merged = _labels(np, strings)
     odd = cols["odd"] | np.isin(cols["stage"], list(merged))
     if cols["groups"].shape[1]:
-        roots = ~cols["hasp"]
+        is_root = ~cols["hasp"]
         for column in cols["groups"].T:
-            bad = [c for c in np.unique(column[roots]).tolist() if c >= 0]
+            bad = [c for c in np.unique(column[is_root]).tolist() if c >= 0]
             bad = [c for c in bad if _typed(strings.texts[c])]
-            odd |= roots & np.isin(column, bad)
+            odd |= is_root & np.isin(column, bad)
     ev_off = np.concatenate([[0], np.cumsum(cols["ev_count"])]).astype(np.int64)
+    spans = [cols[k] for k in ("sid", "pid", "hasp", "st", "en", "client")]
+    coded = [cols[k] for k in ("name", "stage", "tmodel", "called")]
+    label = labels[cols["name"]].astype(np.int32)
+    numbers = [cols[k] for k in ("ser", "deser", "conn")]
+    events = [ev_off, cols["ev_code"], cols["ev_time"]]
     roots, comps, problems, python, held = kernel.breakdown_chunk(
-        toff, perm, cols["sid"], cols["pid"], cols["hasp"], cols["st"], cols["en"],
-        cols["client"], odd, cols["name"], cols["stage"], cols["tmodel"], cols["called"],
-        label[cols["name"]].astype(np.int32), cols["ser"], cols["deser"], cols["conn"], ev_off,
-        cols["ev_code"], cols["ev_time"], want,
-    )  # fmt: skip
+        toff, perm, *spans, odd, *coded, label, *numbers, *events, run.want
+    )
     r_trace, r_idx, r_span, r_call, r_bad = roots
     kept = int(held[~python].sum())
     keys = traced[r_trace] * _ROOT_KEY + r_idx

@@ -115,7 +115,7 @@ def _engine(args: argparse.Namespace, source: SpanSource) -> str:
             file=sys.stderr,
         )
         return ""
-    for engine, module, extra in (("compiled", "numba", "store"), ("duckdb", "duckdb", "store")):
+    for engine, module in (("compiled", "numba"), ("duckdb", "duckdb")):
         if args.engine not in ("auto", engine):
             continue
         try:
@@ -124,7 +124,7 @@ def _engine(args: argparse.Namespace, source: SpanSource) -> str:
             if args.engine == "auto":
                 continue
             print(
-                f"otelkit breakdown: {module} is not installed: pip install 'otelkit[{extra}]'",
+                f"otelkit breakdown: {module} is not installed: pip install 'otelkit[store]'",
                 file=sys.stderr,
             )
             return ""

@@ -61,14 +61,26 @@ def _trace(trace: str, stages: list[str], **attributes: object) -> list[Span]:
     return out
 
 
+def _call(trace: str, attributes: dict[str, object]) -> list[Span]:
+    """A root, its call with ``attributes`` and the call's server span."""
+    root = Span(trace, "1" * 16, None, "event", SpanKind.INTERNAL, 0, 9 * MS, {"option": 2})
+    call = Span(trace, "2" * 16, root.span_id, "infer", SpanKind.CLIENT, MS, 8 * MS, attributes)
+    server = Span(trace, "3" * 16, call.span_id, "infer", SpanKind.SERVER, 2 * MS, 7 * MS)
+    return [root, call, server]
+
+
 def test_shapes_the_kernel_cannot_hold_take_the_python_path(tmp_path: Path) -> None:
     """A client stage named ``other`` (the Python path overwrites ``client other`` with the
-    remainder), group values whose string is not their typed text (a bool), and a root with
-    more components than the kernel holds: each such trace is the Python path's, alike."""
+    remainder), group values whose string is not their typed text (a bool), a root with more
+    components than the kernel holds: each such trace is the Python path's, alike. A number
+    Arrow's cast refuses is read as Python reads it, and its trace stays the kernel's."""
     spans = load_spans(DEMO)
     spans += _trace("a" * 32, ["load", "other"], option=1)
     spans += _trace("b" * 32, ["load"], option=True)
     spans += _trace("c" * 32, [f"stage {n}" for n in range(600)], option=1)
+    # a call's serialising time as text that Python's float reads and Arrow's cast does not:
+    # read as Python reads it, the trace stays the kernel's
+    spans += _call("d" * 32, {semconv.SERIALIZE_S: " 0.002"})
     write_segment(spans, tmp_path / "spans-00000.parquet")
     for group_by in (("option",), ()):
         python = breakdown(build_traces(spans).values(), group_by=group_by)
@@ -76,6 +88,7 @@ def test_shapes_the_kernel_cannot_hold_take_the_python_path(tmp_path: Path) -> N
         _same(python, found.groups)
         # the bool is the Python path's only where it groups
         assert found.delegated == (3 if group_by else 2)
+    assert 0.002 in [v for g in found.groups.values() for v in g.components["client serialize"]]
     assert found.spans == len(spans)
 
 

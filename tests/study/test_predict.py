@@ -47,11 +47,18 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+#: a prediction and its confirmation are measured minutes apart on a shared host: a state of the
+#: host lasting one 2-s point moved one base point by 15 % and failed a confirmation (CI, stop
+#: 54). Three interleaved repeats of a second each (the study's own remedy, docs/study.md) keep
+#: measured / predicted within 3 % on this host, so 15 % still fails a wrong fit or a lost change
+LOAD = Load(seconds=1.0, warmup_s=0.5, repeats=3)
+
+
 def measure(repository: Path, model: str, out: Path, concurrency: list[int]) -> StudyResults:
     return Study(
         model=model,
         server=Triton(repository),
-        load=Load(seconds=2.0, warmup_s=0.5),
+        load=LOAD,
         sweep={"instances": [1], "concurrency": concurrency},
         out=out,
         progress=False,
@@ -79,7 +86,7 @@ def test_a_second_instance_is_predicted_and_confirmed(
             "saturated.instances=2",
             "--confirm",
             "--seconds",
-            "2",
+            "1",
         ]
     )
     out = capsys.readouterr().out
@@ -100,7 +107,7 @@ def test_when_instances_stop_paying_the_cores_take_over(repository: Path, tmp_pa
     (prediction,) = results.predict(["cores.instances=4"])
     at_eight = prediction.points[-1]
     assert at_eight.limit == "the host's 2 cores"
-    measured = confirm(results, prediction, out=tmp_path / "cores.confirm.jsonl", seconds=2.0)
+    measured = confirm(results, prediction, out=tmp_path / "cores.confirm.jsonl", seconds=1.0)
     assert measured.point(concurrency=8).throughput == pytest.approx(at_eight.throughput, rel=0.15)
 
 
@@ -113,7 +120,7 @@ def test_a_batch_size_between_those_measured_is_predicted_and_confirmed(
     results = Study(
         model="rows",
         server=Triton(repository),
-        load=Load(seconds=2.0, warmup_s=0.5),
+        load=LOAD,
         sweep={"instances": [1], "batch_size": [1, 8], "concurrency": [1, 4]},
         out=tmp_path / "rows.jsonl",
         progress=False,
@@ -123,7 +130,7 @@ def test_a_batch_size_between_those_measured_is_predicted_and_confirmed(
     assert prediction.base == "batch sizes 1, 8 (demands fitted linear in the batch)"
     assert prediction.points[-1].limit == "rows"
     assert "inferences/s" in prediction.summary()
-    measured = confirm(results, prediction, out=tmp_path / "rows.confirm.jsonl", seconds=2.0)
+    measured = confirm(results, prediction, out=tmp_path / "rows.confirm.jsonl", seconds=1.0)
     for predicted in prediction.points:
         point = measured.point(concurrency=int(predicted.load))
         assert point.params["batch_size"] == 4

@@ -252,8 +252,8 @@ def test_merged_windows_add_the_clients_and_leave_the_servers_to_the_first_part(
 def test_the_driver_reads_every_parts_edge_and_leaves_its_hooks_cpu_out() -> None:
     parts: list[int] = []
 
-    def burn() -> None:  # a hook as costly as a slow scrape: 30 ms of CPU
-        end = time.thread_time() + 0.03
+    def burn() -> None:  # a hook as costly as a slow scrape: 50 ms of CPU
+        end = time.thread_time() + 0.05
         while time.thread_time() < end:
             pass
 
@@ -281,8 +281,10 @@ def test_the_driver_reads_every_parts_edge_and_leaves_its_hooks_cpu_out() -> Non
     assert sum(w.cpu_s or 0 for w in point.windows) == pytest.approx(point.cpu_s, abs=1e-9)
     for window, first, last in zip(point.windows, bounds, bounds[1:], strict=False):
         assert window.seconds == pytest.approx(last - first)
-    # the eleven hooks burnt 0.33 s; two threads sleeping 20 ms a request use far less
-    assert point.cpu_s < 0.1
+    # the hooks inside the window (its start and nine parts' edges) burnt 0.5 s; counting the
+    # parts' alone would give 0.45 s and more. The client's own CPU, two threads sleeping 20 ms a
+    # request, was 0.03-0.11 s, the most late in a full suite (the process's other threads count)
+    assert point.cpu_s < 0.25
     counted = drive(request, Load(concurrency=2, requests=40, warmup_s=0.1), on_part=parts.append)
     assert len(counted.edges) == 2 and parts == list(range(1, 10))
     equal = Point.from_run(0, {}, counted, 10, batch_size=1)

@@ -23,8 +23,9 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,13 @@ from otelkit import semconv
 from otelkit.analysis import _breakdown as bd
 from otelkit.analysis import _server_time as times
 from otelkit.analysis._breakdown import Breakdown
-from otelkit.analysis._loader import build_traces
+from otelkit.analysis._loader import Trace, build_traces
 from otelkit.analysis._sampling import _JAEGER_PARAM, _JAEGER_TYPE, Sampling
+from otelkit.analysis._spans import Span
 from otelkit.analysis._sql import SqlBreakdown
 from otelkit.analysis._store import StoreError, _parse, spans_of_table, whole_segments
 
-__all__ = ["breakdown_columns"]
+__all__ = ["ReportMode", "StoreFacts", "breakdown_columns", "report_columns"]
 
 
 #: the components of fixed names, in the order of ``_kernel``'s codes
@@ -486,13 +488,34 @@ def breakdown_columns(
     files: Sequence[str | Path], group_by: Sequence[str] = (), root_name: str | None = None
 ) -> SqlBreakdown:
     """``breakdown`` of the spans in the segments ``files`` (in arrival order), compiled."""
+    return _run(files, group_by, root_name, None)
+
+
+def report_columns(
+    files: Sequence[str | Path],
+    group_by: Sequence[str],
+    root_name: str | None,
+    report: ReportMode,
+) -> SqlBreakdown:
+    """The breakdown a report shows of the segments ``files``: each trace grouped by its
+    first root (``report.key``), each trace's first root recorded in ``report.roots`` and
+    the run's facts in ``report.facts``."""
+    return _run(files, group_by, root_name, report)
+
+
+def _run(
+    files: Sequence[str | Path],
+    group_by: Sequence[str],
+    root_name: str | None,
+    report: ReportMode | None,
+) -> SqlBreakdown:
     np, pa, pc, kernel = _modules()
     # Arrow's default pool (mimalloc) keeps what a read freed for the next: over a store it
     # held a third more memory than the system's allocator, for 5 % of the time
     pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
     try:
-        return _breakdown(np, pa, pc, kernel, files, group_by, root_name)
+        return _breakdown(np, pa, pc, kernel, files, group_by, root_name, report)
     finally:
         pa.set_memory_pool(pool)
 
@@ -505,11 +528,14 @@ def _breakdown(
     files: Sequence[str | Path],
     group_by: Sequence[str],
     root_name: str | None,
+    report: ReportMode | None,
 ) -> SqlBreakdown:
     import pyarrow.parquet as pq
 
     names = whole_segments(files)
     if not names:
+        if report is not None:
+            report.finish(np, [], pa.array([], pa.string()), ([], [], np.zeros(0, np.int32)))
         return SqlBreakdown({}, 0, 0, 0)
     # the trace ids first: each span's trace as a code (the traces in order of first
     # arrival) and the row (over all segments) of each trace's last span
@@ -532,13 +558,14 @@ def _breakdown(
     ).astype(np.int32)
     del local, dictionaries, every, codes
     last = kernel.last_rows(tcodes, len(trace_ids))
-    run = _Run(np, kernel, group_by, root_name, trace_ids)
+    run = _Run(np, kernel, group_by, root_name, trace_ids, report)
     pending: dict[str, Any] | None = None
     row = 0
     # the next rows are read while the kernel breaks these down (it lets go of Python's
     # lock): the two cores each do one
     sampling = Sampling()
-    for cols in _prefetched(np, pa, pc, names, run.strings, group_by, sampling):
+    facts = None if report is None else report.facts
+    for cols in _prefetched(np, pa, pc, names, run.strings, run.group_by, sampling, facts):
         count = len(cols["sid"])
         cols["tcode"] = tcodes[row : row + count]
         row += count
@@ -554,6 +581,8 @@ def _breakdown(
     odd = np.unique(np.concatenate(run.python)) if run.python else np.zeros(0, np.int64)
     sizes = [pq.ParquetFile(path).metadata.num_rows for path in names]
     spans = run.spans + _delegate(np, pq, names, sizes, tcodes, odd, run, root_name)
+    if report is not None:
+        report.finish(np, run.strings.texts, trace_ids, (names, sizes, tcodes))
     return SqlBreakdown(run.groups.breakdowns(), spans, len(trace_ids), len(odd), sampling)
 
 
@@ -568,6 +597,7 @@ def _prefetched(
     strings: _Strings,
     group_by: Sequence[str],
     sampling: Sampling,
+    facts: StoreFacts | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The segments' rows as the kernel's columns, a unit at a time, in order: one thread
     reads the units, two prepare them, while the caller breaks the one before down (the
@@ -576,19 +606,22 @@ def _prefetched(
 
     from otelkit.analysis import _kernel as kernel
 
+    columns = _COLUMNS if facts is None else [*_COLUMNS, "ScopeName"]
+
     def units() -> Iterator[tuple[str, Any]]:
         for path in names:
             try:
                 segment = pq.ParquetFile(path, read_dictionary=_AS_DICTIONARY)
-                for batch in segment.iter_batches(_UNIT_ROWS, columns=_COLUMNS):
+                for batch in segment.iter_batches(_UNIT_ROWS, columns=columns):
                     yield path, batch
             except (OSError, pa.ArrowException) as error:
                 raise StoreError(f"the span store could not be read: {path}: {error}") from error
 
-    def prepare(path: str, batch: Any) -> tuple[dict[str, Any], Sampling]:
+    def prepare(path: str, batch: Any) -> tuple[dict[str, Any], Sampling, StoreFacts | None]:
         said = Sampling()  # this unit's, merged in order
         try:
-            return _batch(np, pa, pc, kernel, batch, strings, group_by, said), said
+            cols = _batch(np, pa, pc, kernel, batch, strings, group_by, said)
+            return cols, said, None if facts is None else _facts(np, pc, batch, cols)
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"the span store could not be read: {path}: {error}") from error
 
@@ -605,12 +638,38 @@ def _prefetched(
                     made.append(pool.submit(prepare, *unit))
             if not made:
                 return
-            cols, said = made.popleft().result()
+            cols, said, seen = made.popleft().result()
             _merge(sampling, said)
+            if facts is not None and seen is not None:
+                facts.merge(seen)
             yield cols
 
 
 _PREPARING = 1  # units prepared while the kernel works (two: 12 % slower, the GIL)
+
+
+def _facts(np: Any, pc: Any, batch: Any, cols: dict[str, Any]) -> StoreFacts:
+    """A unit's facts: its spans, first start, last end, scopes, each service's first
+    resource (read from the resources' JSON, a distinct resource once)."""
+    seen = StoreFacts(len(cols["st"]))
+    if not seen.spans:
+        return seen
+    seen.first_ns, seen.last_ns = int(cols["st"].min()), int(cols["en"].max())
+    scopes = pc.value_counts(batch.column("ScopeName").fill_null(""))
+    for scope, count in zip(scopes.field(0).to_pylist(), scopes.field(1).to_pylist(), strict=True):
+        name = str(scope) if scope else "(no scope)"
+        seen.scopes[name] = seen.scopes.get(name, 0) + count
+    resources = batch.column("ResourceAttributesJson")
+    if not hasattr(resources, "dictionary"):
+        resources = pc.dictionary_encode(resources)
+    indices = resources.indices.to_numpy(zero_copy_only=False)
+    codes, firsts = np.unique(indices, return_index=True)
+    texts = resources.dictionary.to_pylist()
+    for code in codes[np.argsort(firsts)].tolist():
+        resource = _parse(texts[code]) if texts[code] else {}
+        resource = resource if isinstance(resource, dict) else {}
+        seen.resources.setdefault(str(resource.get("service.name", "unknown service")), resource)
+    return seen
 
 
 def _merge(into: Sampling, said: Sampling) -> None:
@@ -619,6 +678,88 @@ def _merge(into: Sampling, said: Sampling) -> None:
         into.tail[policy] = into.tail.get(policy, 0) + count
     for sampler, services in said.head.items():
         into.head.setdefault(sampler, set()).update(services)
+
+
+@dataclass
+class StoreFacts:
+    """The run as a store's columns tell it (a report's facts): spans, their first start and
+    last end, each service's first resource, the spans of each instrumentation scope."""
+
+    spans: int = 0
+    first_ns: int | None = None
+    last_ns: int = 0
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    scopes: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, other: StoreFacts) -> None:
+        """``other``'s spans, read after these."""
+        self.spans += other.spans
+        if other.first_ns is not None:
+            self.first_ns = min(other.first_ns, self.first_ns or other.first_ns)
+        self.last_ns = max(self.last_ns, other.last_ns)
+        for service, resource in other.resources.items():
+            self.resources.setdefault(service, resource)
+        for scope, count in other.scopes.items():
+            self.scopes[scope] = self.scopes.get(scope, 0) + count
+
+
+class ReportMode:
+    """What a report reads beside the breakdown (``report_columns``): each trace groups by
+    its first root, its group from ``key`` (the groups' values, the root's study phase, run
+    and point, its name) or, for a trace the Python path breaks down, ``python_key``; each
+    trace's first root is recorded (``roots``), and the run's facts."""
+
+    EXTRA = (semconv.STUDY_PHASE, semconv.STUDY_RUN, semconv.STUDY_POINT)
+
+    def __init__(
+        self,
+        key: Callable[[tuple[str, ...]], tuple[str, ...]],
+        python_key: Callable[[Trace, Span], tuple[str, ...]],
+    ) -> None:
+        self.key, self.python_key = key, python_key
+        self.facts = StoreFacts()
+        self._roots: list[tuple[Any, ...]] = []
+        self.roots: dict[str, Any] = {}  # by ``finish``: arrays, a row a trace with a root
+        self.strings: list[str] = []  # the texts of the codes in ``roots``' run and point
+        self.trace_ids: Any = None  # a trace's id by its code (first arrival order)
+        self.spans_of: Any = None  # a trace's spans by its code
+        self._where: tuple[list[str], list[int], Any] = ([], [], None)
+
+    def add(self, *columns: Any) -> None:
+        """Roots: their trace's code, group, incomplete, duration (ns), run, point (codes)."""
+        self._roots.append(columns)
+
+    def finish(
+        self, np: Any, strings: list[str], trace_ids: Any, where: tuple[list[str], list[int], Any]
+    ) -> None:
+        """The run read: ``strings`` (the codes' texts), ``trace_ids`` (by code) and
+        ``where`` the traces' rows lie (segments, their sizes, each row's trace code)."""
+        names = ("trace", "group", "incomplete", "duration_ns", "run", "point")
+        parts = list(zip(*self._roots, strict=True)) or [()] * len(names)
+        roots = {
+            name: np.concatenate(part) if part else np.zeros(0, np.int64)
+            for name, part in zip(names, parts, strict=True)
+        }
+        order = np.argsort(roots["trace"], kind="stable")
+        self.roots = {name: values[order] for name, values in roots.items()}
+        self._roots = []
+        self.strings, self.trace_ids, self._where = strings, trace_ids, where
+        self.spans_of = np.bincount(where[2], minlength=len(trace_ids))
+
+    def traces(self, codes: Iterable[int]) -> dict[int, Trace]:
+        """The traces of ``codes`` as Python objects (the few a page draws), by code."""
+        import numpy as np
+
+        wanted = np.array(sorted(set(codes)), np.int64)
+        names, sizes, tcodes = self._where
+        table = _rows_of(np, names, sizes, tcodes, wanted)
+        if table is None:
+            return {}
+        first = dict(
+            zip(table.column("TraceId").to_pylist(), table.column("tcode").to_pylist(), strict=True)
+        )
+        built = build_traces(spans_of_table(table.drop(["tcode"])))
+        return {first[trace_id]: trace for trace_id, trace in built.items()}
 
 
 class _Run:
@@ -631,13 +772,20 @@ class _Run:
         group_by: Sequence[str],
         root_name: str | None,
         trace_ids: Any,
+        report: ReportMode | None = None,
     ) -> None:
-        self.np, self.kernel, self.group_by, self.trace_ids = np, kernel, group_by, trace_ids
+        self.np, self.kernel, self.trace_ids, self.report = np, kernel, trace_ids, report
+        # the attributes read of each root: a report's study attributes after the groups'
+        self.group_by = [*group_by, *(ReportMode.EXTRA if report is not None else ())]
         self.strings = _Strings()
         self.groups = _Groups(np)
         self.want = -1 if root_name is None else self.strings.code(root_name)
         self.python: list[Any] = []  # the codes of the traces left to the Python path
         self.spans = 0  # the spans of the others
+
+    def key(self, values: tuple[str, ...]) -> tuple[str, ...]:
+        """A root's group from its attributes' values (and, for a report, its name last)."""
+        return values if self.report is None else self.report.key(values)
 
     def chunk(self, cols: dict[str, Any], ready: Any) -> None:
         found, kept = _chunk(self, cols, ready)
@@ -694,6 +842,8 @@ def _chunk(run: _Run, cols: dict[str, Any], ready: Any) -> tuple[Any, int]:
     roots, comps, problems, python, held = kernel.breakdown_chunk(
         toff, perm, *spans, odd, *coded, label, *numbers, *events, run.want
     )
+    if run.report is not None:  # a report groups a trace by its first root alone
+        roots, comps, problems = _first_roots(np, roots, comps, problems)
     r_trace, r_idx, r_span, r_call, r_bad = roots
     kept = int(held[~python].sum())
     keys = traced[r_trace] * _ROOT_KEY + r_idx
@@ -704,18 +854,30 @@ def _chunk(run: _Run, cols: dict[str, Any], ready: Any) -> tuple[Any, int]:
             columns.append(_addresses(np, strings, cols, r_call))
         else:
             columns.append(cols["groups"][r_span, place])
+    if run.report is not None:
+        columns.append(cols["name"][r_span])
     gids = np.zeros(len(r_trace), np.int64)
     if len(r_trace):
         matrix = np.stack(columns, axis=1) if columns else np.zeros((len(r_trace), 0), np.int64)
         combos, inverse = np.unique(matrix, axis=0, return_inverse=True)
         ids = np.array(
             [
-                groups.gid(tuple(strings.texts[c] if c >= 0 else "" for c in combo.tolist()))
-                for combo in combos
+                groups.gid(run.key(tuple(strings.texts[c] if c >= 0 else "" for c in combo)))
+                for combo in combos.tolist()
             ],
             np.int64,
         )
         gids = ids[inverse.reshape(-1)]
+    if run.report is not None:
+        extra = len(group_by) - len(ReportMode.EXTRA)
+        run.report.add(
+            traced[r_trace],
+            gids,
+            r_bad,
+            cols["en"][r_span] - cols["st"][r_span],
+            columns[extra + 1],
+            columns[extra + 2],
+        )
     c_root, c_comp, c_val, c_part = comps
     unique, inverse = np.unique(c_comp, return_inverse=True)
     ids = np.array([groups.name(_name(strings, int(c))) for c in unique], np.int64)
@@ -735,6 +897,23 @@ def _chunk(run: _Run, cols: dict[str, Any], ready: Any) -> tuple[Any, int]:
         text = f"{strings.texts[model]}: {what} ({trace})"
         groups.said(int(gids[row]), int(keys[row]), numbering[row], text)
     return traced[python], kept
+
+
+def _first_roots(np: Any, roots: Any, comps: Any, problems: Any) -> tuple[Any, Any, Any]:
+    """The kernel's answers for each trace's first root alone (a trace's roots come
+    together, in the trace's order)."""
+    r_trace = roots[0]
+    first = np.ones(len(r_trace), np.bool_)
+    first[1:] = r_trace[1:] != r_trace[:-1]
+    if first.all():
+        return roots, comps, problems
+    renumber = np.cumsum(first) - 1
+
+    def keep(arrays: Any) -> Any:
+        mine = first[arrays[0]]
+        return (renumber[arrays[0][mine]], *(a[mine] for a in arrays[1:]))
+
+    return tuple(a[first] for a in roots), keep(comps), keep(problems)
 
 
 def _addresses(np: Any, strings: _Strings, cols: dict[str, Any], calls: Any) -> Any:
@@ -757,6 +936,36 @@ def _addresses(np: Any, strings: _Strings, cols: dict[str, Any], calls: Any) -> 
     return out
 
 
+def _rows_of(np: Any, files: list[str], sizes: list[int], tcodes: Any, wanted: Any) -> Any:
+    """The rows of the traces ``wanted`` (codes), every column and a ``tcode`` one, in the
+    segments' order (None: no row); only the row groups that hold them are read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    start = 0
+    for path, size in zip(files, sizes, strict=True):
+        codes = tcodes[start : start + size]
+        start += size
+        rows = np.nonzero(np.isin(codes, wanted))[0]
+        if not len(rows):
+            continue
+        segment = pq.ParquetFile(path)
+        counts = np.array(
+            [segment.metadata.row_group(i).num_rows for i in range(segment.num_row_groups)]
+        )
+        ends = np.cumsum(counts)
+        group_of = np.searchsorted(ends, rows, side="right")
+        groups = np.unique(group_of)
+        table = segment.read_row_groups(groups.tolist())
+        # each row's place in the row groups read, one after another
+        offset = np.cumsum(np.concatenate([[0], counts[groups]]))[:-1]
+        local = rows - (ends - counts)[group_of] + offset[np.searchsorted(groups, group_of)]
+        table = table.take(pa.array(local))
+        tables.append(table.append_column("tcode", pa.array(codes[rows])))
+    return pa.concat_tables(tables) if tables else None
+
+
 def _delegate(
     np: Any,
     pq: Any,
@@ -771,34 +980,39 @@ def _delegate(
     groups; the spans they hold."""
     if not len(odd):
         return 0
-    import pyarrow as pa
 
     groups, group_by = run.groups, run.group_by
-    tables = []
-    start = 0
-    for path, size in zip(files, sizes, strict=True):
-        codes = tcodes[start : start + size]
-        start += size
-        rows = np.nonzero(np.isin(codes, odd))[0]
-        if len(rows):
-            table = pq.read_table(path).take(pa.array(rows))
-            tables.append(table.append_column("tcode", pa.array(codes[rows])))
-    table = pa.concat_tables(tables)
+    table = _rows_of(np, files, sizes, tcodes, odd)
     first = dict(
         zip(table.column("TraceId").to_pylist(), table.column("tcode").to_pylist(), strict=True)
     )
     spans = 0
+    report = run.report
     for trace_id, trace in build_traces(spans_of_table(table.drop(["tcode"]))).items():
         spans += len(trace.spans)
         index = 0
         for root in trace.roots:
             if trace.is_orphan(root) or (root_name is not None and root.name != root_name):
                 continue
+            if report is not None and index:
+                break  # a report groups a trace by its first root alone
             index += 1
             key = first[trace_id] * _ROOT_KEY + index
             components, problems, named = bd._components(trace, root)
-            gid = groups.gid(bd.group_key(trace, root, group_by))
             bad = bd.NO_SERVER_SPAN in components
+            if report is None:
+                gid = groups.gid(bd.group_key(trace, root, group_by))
+            else:
+                gid = groups.gid(report.python_key(trace, root))
+                study = [root.attributes.get(k) for k in ReportMode.EXTRA[1:]]
+                codes = [-1 if v is None else run.strings.code(str(v)) for v in study]
+                report.add(
+                    np.array([first[trace_id]]),
+                    np.array([gid]),
+                    np.array([bad]),
+                    np.array([root.duration_ns]),
+                    *(np.array([c]) for c in codes),
+                )
             ids = np.array([groups.name(n) for n in components], np.int64)
             parts = np.array([n in named for n in components], np.bool_)
             groups.add(

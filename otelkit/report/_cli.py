@@ -13,6 +13,7 @@ import sys
 import time
 
 from otelkit.analysis._command import add_source_arguments, source_of
+from otelkit.analysis._store import StoreError
 from otelkit.report._report import Report
 
 __all__ = ["add_arguments", "run"]
@@ -52,6 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "last span (raise it for exporters that flush less often)",
     )
     parser.add_argument("--title", default="otelkit report")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "compiled", "python"),
+        default="auto",
+        help="compiled: span store segments read as columns, each trace broken down in "
+        "compiled code (numba), Python objects only for the traces the page draws, each "
+        "group's views picked from every trace; python: every span streamed as a Python "
+        "object; auto (default): compiled where every file is a segment and numba is installed",
+    )
     add_source_arguments(parser)
 
 
@@ -76,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
             root_name=args.root,
             max_spans=args.max_spans,
             grace_s=args.grace_s,
+            engine=args.engine,
         )
-    except FileNotFoundError as error:
+    except (FileNotFoundError, StoreError) as error:
         print(f"otelkit report: {error}", file=sys.stderr)
         return 2
     if not report.facts.spans:

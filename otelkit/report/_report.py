@@ -15,6 +15,7 @@ With neither traces nor studies the page still opens and says so:
 from __future__ import annotations
 
 import gc
+import importlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from otelkit import semconv
-from otelkit.analysis import iter_spans
+from otelkit.analysis import iter_spans, trace_files
 from otelkit.analysis._breakdown import TOTAL, Breakdown
+from otelkit.analysis._store import SUFFIX, StoreError
 from otelkit.report._charts import Chart, breakdown_chart, sized
 from otelkit.report._collect import APART, Facts, Gathered, natural_order
 from otelkit.report._page import render_page
@@ -73,6 +75,7 @@ class Report:
         max_spans: int = 8000,
         grace_s: float = 10.0,
         names: Mapping[str, str] | None = None,
+        engine: str = "auto",
     ) -> Report:
         """Read ``traces`` (OTLP JSON files, or folders holding them at any depth) in one
         streaming pass and ``studies`` (results files of ``otelkit study``).
@@ -83,7 +86,12 @@ class Report:
 
         With studies and no ``traces``, the traces are read where each results file says its
         study wrote them; with studies and no ``group_by``, traces are grouped by the studies'
-        swept parameters (``otelkit.study.param.<name>``)."""
+        swept parameters (``otelkit.study.param.<name>``).
+
+        ``engine``: ``compiled`` reads span store segments as columns (``_columnar``: no
+        Python object but for the traces the page draws, each group's views picked from
+        every trace); ``python`` streams every span as a Python object; ``auto`` (default)
+        is ``compiled`` where every file is a segment and numba is installed."""
         report = cls()
         read = _read_studies(studies)
         if not traces:
@@ -91,7 +99,12 @@ class Report:
         if not group_by:
             group_by = swept_keys([results for _, results in read])
         gathered = Gathered(group_by, root_name=root_name, max_spans=max_spans, names=names)
-        if traces:
+        files = trace_files(*traces) if traces else []
+        if files and _compiled(files, engine):
+            from otelkit.report._columnar import gather_store
+
+            gathered = gather_store(files, group_by, root_name, max_spans, names)
+        elif traces:
             stream = TraceStream(grace_s=grace_s)
             # The reader makes millions of small objects, none in a cycle, while up to
             # 100 000 spans stay alive: each pass of the cycle collector walks them all and
@@ -224,6 +237,24 @@ def _read_studies(studies: Sequence[str | Path]) -> list[tuple[str | Path, Study
     from otelkit.study import read_results  # the study package's imports cost half a second
 
     return [(path, read_results(path)) for path in studies]
+
+
+def _compiled(files: Sequence[Path], engine: str) -> bool:
+    """Whether ``engine`` reads ``files`` as columns (StoreError: it cannot)."""
+    if engine not in ("auto", "compiled", "python"):
+        raise ValueError(f"engine {engine!r}: auto, compiled or python")
+    segments = all(path.name.endswith(SUFFIX) for path in files)
+    if engine == "python" or (engine == "auto" and not segments):
+        return False
+    if not segments:
+        raise StoreError("the compiled engine reads span store segments only (otelkit import)")
+    try:
+        importlib.import_module("numba")
+    except ImportError as error:
+        if engine == "auto":
+            return False
+        raise StoreError("the compiled engine needs numba: pip install 'otelkit[store]'") from error
+    return True
 
 
 def _study_traces(results: StudyResults) -> list[Path]:

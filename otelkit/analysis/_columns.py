@@ -727,7 +727,18 @@ class ReportMode:
 
     def add(self, *columns: Any) -> None:
         """Roots: their trace's code, group, incomplete, duration (ns), run, point (codes)."""
-        self._roots.append(columns)
+        trace, group, incomplete, duration, run, point = columns
+        # as narrow as they go: a row a trace, millions of them beside the groups' values
+        self._roots.append(
+            (
+                trace.astype("int32"),
+                group.astype("int32"),
+                incomplete.astype("bool"),
+                duration.astype("int64"),
+                run.astype("int32"),
+                point.astype("int32"),
+            )
+        )
 
     def finish(
         self, np: Any, strings: list[str], trace_ids: Any, where: tuple[list[str], list[int], Any]
@@ -749,10 +760,16 @@ class ReportMode:
     def traces(self, codes: Iterable[int]) -> dict[int, Trace]:
         """The traces of ``codes`` as Python objects (the few a page draws), by code."""
         import numpy as np
+        import pyarrow as pa
 
         wanted = np.array(sorted(set(codes)), np.int64)
         names, sizes, tcodes = self._where
-        table = _rows_of(np, names, sizes, tcodes, wanted)
+        pool = pa.default_memory_pool()
+        pa.set_memory_pool(pa.system_memory_pool())  # as the breakdown's reads (``_run``)
+        try:
+            table = _rows_of(np, names, sizes, tcodes, wanted)
+        finally:
+            pa.set_memory_pool(pool)
         if table is None:
             return {}
         first = dict(
@@ -956,13 +973,12 @@ def _rows_of(np: Any, files: list[str], sizes: list[int], tcodes: Any, wanted: A
         )
         ends = np.cumsum(counts)
         group_of = np.searchsorted(ends, rows, side="right")
-        groups = np.unique(group_of)
-        table = segment.read_row_groups(groups.tolist())
-        # each row's place in the row groups read, one after another
-        offset = np.cumsum(np.concatenate([[0], counts[groups]]))[:-1]
-        local = rows - (ends - counts)[group_of] + offset[np.searchsorted(groups, group_of)]
-        table = table.take(pa.array(local))
-        tables.append(table.append_column("tcode", pa.array(codes[rows])))
+        # a row group at a time: the traces a page draws lie all over the store, and reading
+        # their row groups together held a whole segment's columns at once
+        for group in np.unique(group_of).tolist():
+            mine = rows[group_of == group]
+            table = segment.read_row_group(group).take(pa.array(mine - (ends - counts)[group]))
+            tables.append(table.append_column("tcode", pa.array(codes[mine])))
     return pa.concat_tables(tables) if tables else None
 
 

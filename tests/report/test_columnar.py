@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 
 from otelkit import semconv
-from otelkit.analysis import Span, SpanKind, load_spans
+from otelkit.analysis import Span, SpanKind, iter_spans, load_spans
 from otelkit.analysis._breakdown import TOTAL
 from otelkit.analysis._store import StoreError, write_segment
 from otelkit.cli import main
 from otelkit.report import Report
-from otelkit.report._collect import WARMUP
+from otelkit.report._collect import WARMUP, Gathered
+from otelkit.report._columnar import gather_store
+from otelkit.report._stream import TraceStream
 from tests.analysis.test_store import DEMO, shapes
 
 MS = 1_000_000
@@ -113,19 +115,26 @@ def test_broken_shapes_and_proxies_take_the_python_path_alike(tmp_path: Path) ->
 
 
 def test_a_studys_warmups_points_and_incomplete_traces(tmp_path: Path) -> None:
-    python, compiled = _both(_study(), tmp_path, group_by=(f"{semconv.STUDY_PARAM}.concurrency",))
+    swept = (f"{semconv.STUDY_PARAM}.concurrency",)
+    python, compiled = _both(_study(), tmp_path, group_by=swept)
     _same(python, compiled)
     labels = [label for label, _ in compiled.groups]
     assert labels == ["concurrency=1", "concurrency=2", WARMUP[0]]
     assert compiled.groups[0][1].incomplete == 1  # trace 8 has no server span
-    # each point's first measured, complete trace, as the streaming pass keeps it
-    report = Report.build(
-        [tmp_path / "spans-00000.parquet"],
-        engine="compiled",
-        group_by=("otelkit.study.param.concurrency",),
-    )
-    views = report.views
-    assert views == python.views
+    assert compiled.views == python.views
+    # each point's first measured, complete trace, which a study's row links to
+    segment = tmp_path / "spans-00000.parquet"
+    streamed = Gathered(swept)
+    for trace in TraceStream().complete_traces(iter_spans(segment)):
+        streamed.add(trace)
+    columns = gather_store([segment], swept)
+    links = columns.point_traces(columns.views())
+    assert links == streamed.point_traces(streamed.views())
+    # a group of one point links its median view; the point's first trace is kept beside it
+    views = columns.views()
+    assert links == {("r1", 0): views[("1",)]["median"], ("r1", 1): views[("2",)]["median"]}
+    assert columns.points == {("r1", 0): f"{4:032x}", ("r1", 1): f"{24:032x}"}
+    assert set(columns.points.values()) <= set(columns.kept)
     # without grouping keys, a trace groups by its root's name
     python, compiled = _both(_study(), tmp_path)
     _same(python, compiled)

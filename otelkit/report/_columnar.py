@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from otelkit import semconv
-from otelkit.analysis import Span, Trace
 from otelkit.analysis._breakdown import TOTAL
 from otelkit.report._collect import _HOST_KEYS, WARMUP, Facts, Gathered
 from otelkit.report._waterfall import encode_trace, json_value
@@ -64,10 +63,7 @@ def gather_store(
             return (values[n + 3],)
         return tuple(gathered.names.get(v, v) for v in values[:n])
 
-    def python_key(trace: Trace, root: Span) -> tuple[str, ...]:
-        return gathered._key(trace, root)
-
-    mode = ReportMode(key, python_key)
+    mode = ReportMode(key, gathered._key)
     found = report_columns(files, gathered.group_by, root_name, mode)
     gathered.groups = found.groups
     gathered.facts = _facts(mode, found.spans, found.traces, found.sampling)
@@ -91,10 +87,11 @@ def gather_store(
     # per group, the traces nearest its median and p99 (of all its complete traces) and the
     # slowest, as the streaming pass's ``views`` picks among its candidates
     chosen: dict[tuple[str, ...], dict[str, int]] = {}
-    for gid, group_key in enumerate(keys):
-        mine = np.nonzero(complete & (roots["group"] == gid))[0]
-        if not len(mine):
-            continue
+    rows = np.nonzero(complete)[0]
+    rows = rows[np.argsort(roots["group"][rows], kind="stable")]  # by group, in trace order
+    bounds = np.nonzero(np.diff(roots["group"][rows]))[0] + 1
+    for mine in np.split(rows, bounds) if len(rows) else []:
+        group_key = keys[int(roots["group"][mine[0]])]
         durations = seconds[mine]
         totals = sorted(gathered.groups[group_key].components[TOTAL])
         views = {}
@@ -109,9 +106,14 @@ def gather_store(
     points: dict[tuple[str, int], int] = {}
     strings = mode.strings
     measured = np.nonzero(complete & (roots["point"] >= 0))[0]
-    for row in measured.tolist():
-        group_key = keys[int(roots["group"][row])]
-        run_code, point_code = int(roots["run"][row]), int(roots["point"][row])
+    # each (run, point, group) once, at its first trace, in trace order
+    triples = np.stack([roots[k][measured] for k in ("run", "point", "group")], axis=1)
+    unique, firsts = np.unique(triples.reshape(-1, 3), axis=0, return_index=True)
+    for (run_code, point_code, gid), at in sorted(
+        zip(unique.tolist(), firsts.tolist(), strict=True), key=lambda item: item[1]
+    ):
+        row = int(measured[at])
+        group_key = keys[gid]
         try:
             point = (strings[run_code] if run_code >= 0 else "", int(strings[point_code]))
         except ValueError:

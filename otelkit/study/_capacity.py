@@ -101,6 +101,29 @@ def _instances(point: Point, model: str) -> int | None:
 _TRANSIENT_CORES = 0.5
 
 
+def other_use(point: Point) -> float:
+    """The cores the host kept busy at ``point`` beside its requests: its cores less this are
+    the cores the requests had (read from /proc/stat; 0 without a host reading)."""
+    host = point.host
+    if host is None or not host.cores or host.busy_cores is None:
+        return 0.0
+    # What the host keeps busy with no request in flight (other processes, a server's own
+    # polling, Ray's daemons) is not the requests' demand but fewer cores left for them.
+    idle = host.idle_cores or 0.0
+    if host.server_cores is not None and point.seconds:
+        # What the point itself left unexplained by the server's processes and the client
+        # is the host's other use during it. A reading before the point half a core above
+        # that, while the point left half a core free that this use could have taken, was
+        # a transient, not the host's use (in CI: 1.09 cores read just before a point
+        # that left 0.17 unexplained and 0.73 free). On a host loaded to its last core
+        # the other processes yield to the point and the reading before it stands.
+        unexplained = max(0.0, host.busy_cores - host.server_cores - point.cpu_s / point.seconds)
+        free = host.cores - host.busy_cores
+        if idle - unexplained >= _TRANSIENT_CORES and free >= _TRANSIENT_CORES:
+            idle = unexplained
+    return min(idle, host.busy_cores, host.cores - 0.5)
+
+
 def resources(point: Point) -> dict[str, Resource]:
     """Every resource of ``point`` that its figures show, by key."""
     x = point.throughput
@@ -173,23 +196,7 @@ def resources(point: Point) -> dict[str, Resource]:
         )
     host = point.host
     if host is not None and host.cores and host.busy_cores is not None:
-        # What the host keeps busy with no request in flight (other processes, a server's own
-        # polling, Ray's daemons) is not the requests' demand but fewer cores left for them.
-        idle = host.idle_cores or 0.0
-        if host.server_cores is not None and point.seconds:
-            # What the point itself left unexplained by the server's processes and the client
-            # is the host's other use during it. A reading before the point half a core above
-            # that, while the point left half a core free that this use could have taken, was
-            # a transient, not the host's use (in CI: 1.09 cores read just before a point
-            # that left 0.17 unexplained and 0.73 free). On a host loaded to its last core
-            # the other processes yield to the point and the reading before it stands.
-            unexplained = max(
-                0.0, host.busy_cores - host.server_cores - point.cpu_s / point.seconds
-            )
-            free = host.cores - host.busy_cores
-            if idle - unexplained >= _TRANSIENT_CORES and free >= _TRANSIENT_CORES:
-                idle = unexplained
-        idle = min(idle, host.busy_cores, host.cores - 0.5)
+        idle = other_use(point)
         add(
             "host cores",
             "cores",

@@ -34,6 +34,7 @@ from otelkit.study import (
     Triton,
     Workload,
 )
+from otelkit.study._capacity import other_use
 from otelkit.study._point import Point
 from otelkit.study._verdicts import Verdict, verdicts
 from otelkit.tritonserver import TritonServer, free_port
@@ -144,7 +145,9 @@ def cores_reading(point: Point) -> tuple[float, float]:
     busy before the load (m) and the CPU a request took of them (D, seconds)."""
     host = point.host
     assert host is not None and host.busy_cores is not None, point.label
-    idle = min(host.idle_cores or 0.0, host.busy_cores, host.cores - 0.5)
+    # the study's own reading of the host's other use: a reading before the point as high as
+    # the point's busy cores was a transient (CI, fde9055: D read 0 without this rule)
+    idle = other_use(point)
     return host.cores - idle, (host.busy_cores - idle) / point.throughput
 
 

@@ -102,6 +102,13 @@ def drive(protocol: str, server: TritonServer) -> tuple[int, list[Exception], fl
     return sum(answered), errors, time.monotonic() - began
 
 
+def described(error: Exception) -> str:
+    """A failed call as a failure must say it: tritonclient's exception keeps its message and
+    status out of its repr (``InferenceServerException()``)."""
+    status = error.status() if isinstance(error, InferenceServerException) else None
+    return f"{type(error).__name__} ({status}): {error}"
+
+
 def marker_call(server: TritonServer) -> str:
     """One call with a sampled context of its own, made after the load: its trace id."""
     trace_id = secrets.token_hex(16)
@@ -144,12 +151,12 @@ def test_traced_load_under_the_rate_limit(
         assert "after logging 'Signal (" in failure, f"{failure}\n{traced_triton.log_tail()}"
         # what the transport raises when its server is gone, as a bare client would see it
         unclear = [e for e in errors if not isinstance(e, TRANSPORT_ERRORS)]
-        assert unclear == [], unclear[:5]
+        assert unclear == [], [described(e) for e in unclear[:5]]
         pytest.xfail(
             f"{failure}: tritonserver 2.51's crash under traced load (upstream issue 7795), "
             f"{answered} calls answered and {len(errors)} failed with a clear error before it"
         )
-    assert not errors, errors[:5]
+    assert not errors, [described(e) for e in errors[:5]]
     assert answered == THREADS * CALLS
 
     # The client's spans are in (flushed above); Triton exports its spans in the order they

@@ -21,21 +21,32 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from otelkit import semconv
+from otelkit.analysis._sampling import _JAEGER_PARAM, _JAEGER_TYPE, Sampling
 from otelkit.analysis._store import StoreError, segment_path, segment_schema
 from otelkit.analysis._store import _json as _store_json
 from otelkit.analysis._store import _texts as _store_texts
 
-__all__ = ["SCHEMES", "import_clickhouse"]
+if TYPE_CHECKING:
+    from otelkit.analysis._sql import SqlBreakdown
+
+__all__ = ["ORDER", "SCHEMES", "breakdown_clickhouse", "import_clickhouse"]
+
+_log = logging.getLogger("otelkit.analysis")
 
 #: the sources ``otelkit import`` hands to this module
 SCHEMES = ("clickhouse://", "clickhouses://", "chdb://")
 _NEEDED = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "Duration")
 _KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
 _STATUSES = ("UNSET", "OK", "ERROR")
+#: a table keeps no arrival order: its spans are read in this one (by the columns as read),
+#: whose first of duplicate ids is the one that counts, whichever way the table is read
+ORDER = "ORDER BY Timestamp, TraceId, SpanId, Duration, SpanName, ParentSpanId"
 
 
 def _client(dsn: str) -> Any:
@@ -80,36 +91,63 @@ def _nanoseconds(column: str, kind: str) -> str:
     return f"toInt64(toUnixTimestamp({column})) * 1000000000"
 
 
-def _select(columns: dict[str, str], table: str, where: str) -> str:
+def _listed(values: Sequence[str]) -> str:
+    return ", ".join(_text(value) for value in values)
+
+
+def _select(
+    columns: dict[str, str], table: str, where: str, narrow: Sequence[str] | None = None
+) -> str:
+    """The spans of ``table`` as the store's columns; ``narrow``: only what the breakdown's
+    queries read (the attributes ``ATTRIBUTES``, the events ``EVENTS``; in the JSON column,
+    the grouping keys ``narrow`` alone), the other columns empty."""
     missing = [name for name in _NEEDED if name not in columns]
     if missing:
         raise StoreError(f"{table} is not an otel_traces table: no column {', '.join(missing)}")
+    if narrow is not None:
+        from otelkit.analysis._sql import ATTRIBUTES, EVENTS
 
     def present(name: str, default: str) -> str:
+        if narrow is not None and name in ("ScopeName", "StatusMessage", "StatusCode"):
+            return default
         return _ident(name) if name in columns else default
 
-    def attributes(name: str) -> tuple[str, str]:
-        if name not in columns:
+    def attributes(name: str, read: Sequence[str], grouped: Sequence[str]) -> tuple[str, str]:
+        if name not in columns or (narrow is not None and not read):
             return "map()", "'{}'"
         if _is_json(columns[name]):  # its map is made from the JSON, once the paths are joined
             # the column by its table's name: the map's alias would shadow it
             return "map()", f"toJSONString({table}.{_ident(name)})"
-        return f"CAST({_ident(name)}, 'Map(String, String)')", f"toJSONString({_ident(name)})"
+        whole = f"CAST({_ident(name)}, 'Map(String, String)')"
+        if narrow is None:
+            return whole, f"toJSONString({_ident(name)})"
+        kept = f"mapFilter((k, v) -> k IN ({_listed(read)}), {whole})"
+        grouping = (
+            f"toJSONString(mapFilter((k, v) -> k IN ({_listed(grouped)}), {whole}))"
+            if grouped
+            else "'{}'"
+        )
+        return kept, grouping
 
-    span_map, span_json = attributes("SpanAttributes")
-    resource_map, resource_json = attributes("ResourceAttributes")
+    read: Sequence[str] = () if narrow is None else (*ATTRIBUTES, *narrow)
+    span_map, span_json = attributes("SpanAttributes", read, narrow or ())
+    resource_map, resource_json = attributes("ResourceAttributes", (), ())
     event_time = _nanoseconds("t", columns.get("Events.Timestamp", "DateTime64(9)")[6:-1])
     events = "[]"
     if {"Events.Timestamp", "Events.Name"} <= set(columns):
         attrs = "`Events.Attributes`" if "Events.Attributes" in columns else "[]"
+        if narrow is not None:  # the events the queries read, without their attributes
+            attrs = "arrayMap(t -> map(), `Events.Timestamp`)"
         events = (
             "arrayMap((t, n, a) -> CAST(tuple("
             f"{event_time}, toString(n), toJSONString(a)), "
             "'Tuple(Timestamp Int64, Name String, AttributesJson String)'), "
             f"`Events.Timestamp`, `Events.Name`, {attrs})"
         )
+        if narrow is not None:
+            events = f"arrayFilter(e -> e.2 IN ({_listed(list(EVENTS.values()))}), {events})"
     links = "[]"
-    if {"Links.TraceId", "Links.SpanId"} <= set(columns):
+    if narrow is None and {"Links.TraceId", "Links.SpanId"} <= set(columns):
         attrs = "`Links.Attributes`" if "Links.Attributes" in columns else "[]"
         links = (
             "arrayMap((t, s, a) -> CAST(tuple(t, s, toJSONString(a)), "
@@ -136,7 +174,7 @@ def _select(columns: dict[str, str], table: str, where: str) -> str:
         "Links": links,
     }
     chosen = ",\n  ".join(f"{expression} AS {name}" for name, expression in fields.items())
-    return f"SELECT\n  {chosen}\nFROM {table}\n{where}\nORDER BY Timestamp, SpanId"
+    return f"SELECT\n  {chosen}\nFROM {table}\n{where}\n{ORDER}"
 
 
 def _is_json(kind: str) -> bool:
@@ -190,6 +228,30 @@ def _json_typed(table: Any, columns: dict[str, str], pyarrow: Any) -> Any:
     return table
 
 
+def _described(client: Any, dsn: str, table: str) -> tuple[str, dict[str, str]]:
+    """``table`` as a query names it, and its columns' types (``DESC TABLE``)."""
+    name = ".".join(_ident(part) for part in table.split("."))
+    try:
+        described = client.query(f"DESC TABLE {name}").result_rows
+    except Exception as error:
+        raise StoreError(f"{_redacted(dsn)}: cannot read table {table}: {error}") from error
+    return name, {str(row[0]): str(row[1]) for row in described}
+
+
+def _where(name: str, since_ns: int | None, until_ns: int | None, services: Sequence[str]) -> str:
+    """Whole traces: every span of a trace that has a span in the window, of the services."""
+    window = []
+    if since_ns is not None:
+        window.append(f"Timestamp >= fromUnixTimestamp64Nano(toInt64({int(since_ns)}))")
+    if until_ns is not None:
+        window.append(f"Timestamp < fromUnixTimestamp64Nano(toInt64({int(until_ns)}))")
+    if services:
+        window.append(f"ServiceName IN ({_listed(services)})")
+    if not window:
+        return ""
+    return f"WHERE TraceId IN (SELECT TraceId FROM {name} WHERE {' AND '.join(window)})"
+
+
 def import_clickhouse(
     dsn: str,
     out: str | Path,
@@ -205,23 +267,8 @@ def import_clickhouse(
     import pyarrow.parquet
 
     client = _client(dsn)
-    name = ".".join(_ident(part) for part in table.split("."))
-    try:
-        described = client.query(f"DESC TABLE {name}").result_rows
-    except Exception as error:
-        raise StoreError(f"{_redacted(dsn)}: cannot read table {table}: {error}") from error
-    columns = {str(row[0]): str(row[1]) for row in described}
-    window = []
-    if since_ns is not None:
-        window.append(f"Timestamp >= fromUnixTimestamp64Nano(toInt64({int(since_ns)}))")
-    if until_ns is not None:
-        window.append(f"Timestamp < fromUnixTimestamp64Nano(toInt64({int(until_ns)}))")
-    if services:
-        listed = ", ".join(_text(service) for service in services)
-        window.append(f"ServiceName IN ({listed})")
-    where = ""
-    if window:  # whole traces: every span of a trace that has a span in the window
-        where = f"WHERE TraceId IN (SELECT TraceId FROM {name} WHERE {' AND '.join(window)})"
+    name, columns = _described(client, dsn, table)
+    where = _where(name, since_ns, until_ns, services)
     query = _select(columns, name, where)
     schema = segment_schema(pyarrow)
     Path(out).mkdir(parents=True, exist_ok=True)
@@ -261,3 +308,152 @@ def import_clickhouse(
                 with contextlib.suppress(OSError):
                     partial.unlink()
     return spans, segments
+
+
+#: trace ids a query asks for by name
+_IDS_A_QUERY = 2_000
+#: what the breakdown's queries read of a span, of the store's columns
+_NARROW = (
+    "Timestamp",
+    "TraceId",
+    "SpanId",
+    "ParentSpanId",
+    "SpanName",
+    "SpanKind",
+    "Duration",
+    "SpanAttributes",
+    "SpanAttributesJson",
+    "Events",
+)
+
+
+def _tables(client: Any, query: str, columns: dict[str, str], pyarrow: Any) -> Iterator[Any]:
+    """The answer to ``query`` (the store's columns), a batch at a time, attributes read."""
+    schema = segment_schema(pyarrow)
+    with client.query_arrow_stream(query) as stream:
+        for batch in stream:
+            table = pyarrow.Table.from_batches([batch]) if hasattr(batch, "schema") else batch
+            yield _json_typed(table.cast(schema), columns, pyarrow)
+
+
+def breakdown_clickhouse(
+    dsn: str,
+    *,
+    table: str = "otel_traces",
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+    services: Sequence[str] = (),
+    group_by: Sequence[str] = (),
+    root_name: str | None = None,
+) -> SqlBreakdown:
+    """``breakdown`` of the traces of ``table`` at ``dsn`` (those with a span in the window,
+    of the services: whole), without a copy of them: ClickHouse selects the traces and narrows
+    each span to what the breakdown reads (ids, times, kind, name, the attributes and events
+    the queries read, the grouping keys), in ``ORDER``; DuckDB walks the trees here; the
+    traces the queries leave to the Python path are fetched whole. The sampling statement is
+    ClickHouse's own count."""
+    import pyarrow
+
+    from otelkit.analysis import _sql
+
+    client = _client(dsn)
+    name, columns = _described(client, dsn, table)
+    where = _where(name, since_ns, until_ns, services)
+    grouped = [key for key in group_by if key != semconv.ANSWERED_BY]
+    query = _select(columns, name, where, narrow=grouped)
+    schema = segment_schema(pyarrow)
+    # nanoseconds: DuckDB reads an Arrow timestamp with a zone as microseconds
+    narrow = pyarrow.schema(
+        [
+            pyarrow.field(n, pyarrow.timestamp("ns")) if n == "Timestamp" else schema.field(n)
+            for n in _NARROW
+        ]
+    )
+
+    def whole(con: Any) -> Any:
+        wanted = [t for (t,) in con.execute("SELECT t FROM wanted").fetchall()]
+        parts: list[Any] = []
+        # a few ids a query: a query's text is bounded (max_query_size, 256 KiB by default)
+        for start in range(0, len(wanted), _IDS_A_QUERY):
+            listed = _listed(wanted[start : start + _IDS_A_QUERY])
+            try:
+                parts += _tables(
+                    client, _select(columns, name, f"WHERE TraceId IN ({listed})"), columns, pyarrow
+                )
+            except Exception as error:
+                raise StoreError(f"{_redacted(dsn)}: reading {table} failed: {error}") from error
+        read = pyarrow.concat_tables(parts) if parts else schema.empty_table()
+        return read.drop_columns(["SpanAttributes", "ResourceAttributes"])
+
+    with _sql.connected() as con:
+        held, made = 0, False
+        try:
+            for part in _tables(client, query, columns, pyarrow):
+                part = part.select(list(_NARROW)).cast(narrow)
+                order = pyarrow.array(range(held, held + part.num_rows), pyarrow.int64())
+                con.register("batch", part.append_column("ord", order))
+                con.execute(
+                    f"{'INSERT INTO' if made else 'CREATE TEMP TABLE'} chspans "
+                    f"{'' if made else 'AS '}SELECT * FROM batch"
+                )
+                con.unregister("batch")
+                held, made = held + part.num_rows, True
+        except StoreError:
+            raise
+        except Exception as error:
+            raise StoreError(f"{_redacted(dsn)}: reading {table} failed: {error}") from error
+        if not made:
+            empty = narrow.empty_table().append_column("ord", pyarrow.array([], pyarrow.int64()))
+            con.register("batch", empty)
+            con.execute("CREATE TEMP TABLE chspans AS SELECT * FROM batch")
+            con.unregister("batch")
+        con.execute(_sql._spans_sql(("chspans", "ord"), group_by))
+        found = _sql.breakdown_spans(con, group_by, root_name, whole)
+    found.sampling = _sampling(client, dsn, name, columns, where)
+    return found
+
+
+def _value(columns: dict[str, str], table: str, column: str, key: str) -> tuple[str, str]:
+    """Whether a span's ``column`` holds ``key``, and its value as text (a Map's or JSON's)."""
+    kind = columns.get(column)
+    if kind is None:
+        return "0", "''"
+    if not _is_json(kind):
+        held = f"CAST({_ident(column)}, 'Map(String, String)')"
+        return f"mapContains({held}, {_text(key)})", f"{held}[{_text(key)}]"
+    path = f"toJSONString({table}.{_ident(column)}), {_listed(key.split('.'))}"
+    return (
+        f"JSONHas({path})",
+        f"if(JSONType({path}) = 'String', JSONExtractString({path}), JSONExtractRaw({path}))",
+    )
+
+
+def _sampling(client: Any, dsn: str, name: str, columns: dict[str, str], where: str) -> Sampling:
+    """What the selected spans say of their traces' sampling (``Sampling``), counted by
+    ClickHouse."""
+    found = Sampling()
+    has_sampler, sampler = _value(columns, name, "ResourceAttributes", semconv.OTELKIT_SAMPLER)
+    has_type, kind = _value(columns, name, "SpanAttributes", _JAEGER_TYPE)
+    _, param = _value(columns, name, "SpanAttributes", _JAEGER_PARAM)
+    has_policy, policy = _value(columns, name, "SpanAttributes", semconv.TAIL_SAMPLING_POLICY)
+    service = "toString(ServiceName)" if "ServiceName" in columns else "''"
+    also = "AND" if where else "WHERE"
+    try:
+        for said, by in client.query(
+            f"SELECT DISTINCT if({has_sampler}, {sampler}, concat({kind}, ' ', {param})), "
+            f"{service} FROM {name} {where} {also} ({has_sampler} OR {has_type})"
+        ).result_rows:
+            found.head.setdefault(str(said).strip(), set()).add(by or "unknown service")
+        for value, count in client.query(
+            f"SELECT if({has_policy}, {policy}, NULL) AS policy, count() FROM {name} "
+            f"{where} {also} ParentSpanId = '' GROUP BY policy"
+        ).result_rows:
+            found.roots += int(count)
+            if value is not None:
+                found.tail[str(value)] = int(count)
+    except Exception as error:  # the statement is lost, not the breakdown beside it
+        _log.warning(
+            "otelkit: %s: the traces' sampling could not be read: %s", _redacted(dsn), error
+        )
+        return Sampling()
+    return found

@@ -15,7 +15,7 @@ import sys
 from otelkit.analysis._breakdown import breakdown, format_breakdowns
 from otelkit.analysis._loader import build_traces, load_spans
 from otelkit.analysis._sampling import Sampling, sampling_of_segments
-from otelkit.analysis._source import Selection, SpanSource, open_source, parse_time
+from otelkit.analysis._source import Selection, SpanSource, _redacted, open_source, parse_time
 from otelkit.analysis._store import StoreError
 
 __all__ = ["add_arguments", "run"]
@@ -30,12 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", default=None, help="only roots with this span name")
     parser.add_argument(
         "--engine",
-        choices=("auto", "compiled", "duckdb", "python"),
+        choices=("auto", "compiled", "duckdb", "python", "clickhouse"),
         default="auto",
         help="compiled: span store segments (otelkit import) read as columns, each trace "
         "broken down in compiled code (numba), no Python object per span; duckdb: the same "
         "as SQL queries; python: every span read into Python; auto (default): compiled where "
-        "every file is a segment and numba is installed, else duckdb, else python",
+        "every file is a segment and numba is installed, else duckdb, else python; "
+        "clickhouse: one --source clickhouse://... read without a copy, ClickHouse selecting "
+        "the traces and narrowing each span to what the breakdown reads, DuckDB walking the "
+        "trees here",
     )
 
 
@@ -136,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.paths and not args.source:
         print("otelkit breakdown: give trace paths, --source, or both", file=sys.stderr)
         return 2
+    if args.engine == "clickhouse":
+        return _in_clickhouse(args)
     source = source_of(args, "breakdown")  # files listed once: an empty folder warned of once
     if source is None:
         return 2
@@ -167,6 +172,39 @@ def run(args: argparse.Namespace) -> int:
     groups = breakdown(traces.values(), group_by=args.group_by, root_name=args.root)
     print(format_breakdowns(groups, labels=args.group_by) or "no complete traces found")
     _say_sampling(Sampling().update(spans))
+    return 0
+
+
+def _in_clickhouse(args: argparse.Namespace) -> int:
+    """The breakdown of one ClickHouse source, read where it is (``breakdown_clickhouse``)."""
+    from otelkit.analysis._clickhouse import SCHEMES, breakdown_clickhouse
+
+    if args.paths or len(args.source) != 1 or not args.source[0].startswith(SCHEMES):
+        print(
+            "otelkit breakdown: --engine clickhouse reads one --source clickhouse://... "
+            "and no local paths",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        selection = selection_of(args)
+        found = breakdown_clickhouse(
+            args.source[0],
+            table=args.table,
+            since_ns=selection.since_ns,
+            until_ns=selection.until_ns,
+            services=selection.services,
+            group_by=args.group_by,
+            root_name=args.root,
+        )
+    except (StoreError, ValueError) as error:
+        print(f"otelkit breakdown: {error}", file=sys.stderr)
+        return 2
+    if not found.spans:
+        print(f"otelkit breakdown: no span read from {_redacted(args.source[0])}", file=sys.stderr)
+        return 1
+    print(format_breakdowns(found.groups, labels=args.group_by) or "no complete traces found")
+    _say_sampling(found.sampling or Sampling())
     return 0
 
 

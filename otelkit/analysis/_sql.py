@@ -19,10 +19,11 @@ DuckDB and pyarrow are imported on first use: ``pip install 'otelkit[store]'``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ from otelkit.analysis._server_time import (
 )
 from otelkit.analysis._store import StoreError, spans_of_table, whole_segments
 
-__all__ = ["SqlBreakdown", "breakdown_store"]
+__all__ = ["ATTRIBUTES", "EVENTS", "SqlBreakdown", "breakdown_spans", "breakdown_store"]
 
 #: what DuckDB may hold in memory before it spills to disk
 MEMORY_LIMIT = "1GB"
@@ -100,37 +101,68 @@ _SERVE_NAMES = " ".join(f"WHEN {_q(head)} THEN {_q(name)}" for head, name in _SE
 _ROUTER = next(head for head, name in _SERVE_SPANS.items() if name == SERVE_ROUTER)
 
 
+#: the events the queries read, by the column each span's first of them becomes
+EVENTS = {
+    "q_start": "QUEUE_START",
+    "c_start": "COMPUTE_START",
+    "c_in": "COMPUTE_INPUT_END",
+    "c_out": "COMPUTE_OUTPUT_START",
+    "c_end": "COMPUTE_END",
+    "hr0": "HTTP_RECV_START",
+    "hr1": "HTTP_RECV_END",
+    "gr0": "GRPC_WAITREAD_START",
+    "gr1": "GRPC_WAITREAD_END",
+    "hs0": "HTTP_SEND_START",
+    "hs1": "HTTP_SEND_END",
+    "gs0": "GRPC_SEND_START",
+    "gs1": "GRPC_SEND_END",
+    "m_recv": semconv.HTTP_REQUEST_RECEIVED,
+    "m_start": semconv.HTTP_RESPONSE_STARTED,
+    "m_sent": semconv.HTTP_RESPONSE_SENT,
+}
+#: the span attributes the queries read (a store that narrows its spans keeps these alone)
+ATTRIBUTES = (
+    semconv.STAGE_NAME,
+    semconv.TRITON_SPAN_MODEL_NAME,
+    semconv.PROXY_COMPONENT,
+    semconv.PROXY_UPSTREAM_ADDRESS,
+    semconv.RAY_SERVE_DEPLOYMENT,
+    _SERVE_DEPLOYMENT,
+    semconv.SERIALIZE_S,
+    semconv.DESERIALIZE_S,
+    semconv.CONNECT_S,
+    semconv.MODEL_NAME,
+    semconv.SERVER_ADDRESS,
+    semconv.SERVER_PORT,
+)
+
+
 def _first(event: str) -> str:
     """The time of a span's first event named ``event`` (NULL: none)."""
     return f"times[list_position(names, {_q(event)})]"
 
 
 def _attr(key: str) -> str:
+    # a key read and not listed would be missing from a narrowed store's spans
+    assert key in ATTRIBUTES, key
     return f"SpanAttributes[{_q(key)}]"
 
 
-def _spans_sql(files: list[str], group_by: Sequence[str]) -> str:
-    """One row a span, the first of duplicate ids in arrival order, with what the queries read."""
+def _parquet(files: list[str]) -> tuple[str, str]:
+    """Segments as the queries' source of spans, and each span's arrival order in them."""
     listed = "[" + ", ".join(_q(f) for f in files) + "]"
-    events = {
-        "q_start": "QUEUE_START",
-        "c_start": "COMPUTE_START",
-        "c_in": "COMPUTE_INPUT_END",
-        "c_out": "COMPUTE_OUTPUT_START",
-        "c_end": "COMPUTE_END",
-        "hr0": "HTTP_RECV_START",
-        "hr1": "HTTP_RECV_END",
-        "gr0": "GRPC_WAITREAD_START",
-        "gr1": "GRPC_WAITREAD_END",
-        "hs0": "HTTP_SEND_START",
-        "hs1": "HTTP_SEND_END",
-        "gs0": "GRPC_SEND_START",
-        "gs1": "GRPC_SEND_END",
-        "m_recv": semconv.HTTP_REQUEST_RECEIVED,
-        "m_start": semconv.HTTP_RESPONSE_STARTED,
-        "m_sent": semconv.HTTP_RESPONSE_SENT,
-    }
-    picked = ",\n        ".join(f"{_first(name)} AS {column}" for column, name in events.items())
+    return (
+        f"read_parquet({listed}, filename = true, file_row_number = true)",
+        f"(list_position({listed}, filename)::BIGINT << 32) + file_row_number",
+    )
+
+
+def _spans_sql(source: tuple[str, str], group_by: Sequence[str]) -> str:
+    """One row a span, the first of duplicate ids in arrival order, with what the queries read:
+    ``source`` is the relation of the spans (the segments' columns, or those ``ATTRIBUTES``
+    and ``EVENTS`` narrow them to) and the expression of a span's arrival order in it."""
+    relation, order = source
+    picked = ",\n        ".join(f"{_first(name)} AS {column}" for column, name in EVENTS.items())
     keys = (
         ", ".join(
             "NULL::VARCHAR"
@@ -174,11 +206,11 @@ SELECT * FROM (
     -- a root's group values (JSON), read for roots alone
     CASE WHEN ParentSpanId = '' THEN [{keys}] END AS gvals,
     {picked},
-    (list_position({listed}, filename)::BIGINT << 32) + file_row_number AS ord
+    {order} AS ord
   FROM (
     SELECT *, list_transform(Events, lambda e: e.Name) AS names,
               list_transform(Events, lambda e: e.Timestamp) AS times
-    FROM read_parquet({listed}, filename = true, file_row_number = true))
+    FROM {relation})
 ) QUALIFY row_number() OVER (PARTITION BY t, id, CASE WHEN badid THEN ord END ORDER BY ord) = 1
 )
 -- each span's place among its parent's children (start order, arrival breaking ties), its
@@ -617,57 +649,84 @@ def breakdown_store(
     files: Sequence[str | Path], group_by: Sequence[str] = (), root_name: str | None = None
 ) -> SqlBreakdown:
     """``breakdown`` of the spans in the segments ``files`` (in arrival order), by DuckDB."""
-    duckdb = _duckdb()
     names = whole_segments(files)
     if not names:
         return SqlBreakdown({}, 0, 0, 0)
+    source = _parquet(names)
+
+    def whole(con: Any) -> Any:  # the wanted traces' spans, as the Python path reads them
+        return con.sql(
+            f"SELECT * EXCLUDE (filename, file_row_number, SpanAttributes, ResourceAttributes)"
+            f" FROM {source[0]} SEMI JOIN wanted w ON w.t = TraceId ORDER BY {source[1]}"
+        ).to_arrow_table()
+
+    with connected() as con:
+        try:
+            con.execute(_spans_sql(source, group_by))
+        except _duckdb().Error as error:
+            raise StoreError(f"the span store could not be read: {error}") from error
+        return breakdown_spans(con, group_by, root_name, whole)
+
+
+@contextlib.contextmanager
+def connected() -> Iterator[Any]:
+    """A DuckDB connection whose memory is bounded: past the limit it spills its tables to a
+    temporary folder of its own, removed with it."""
+    duckdb = _duckdb()
     spill = tempfile.mkdtemp(prefix="otelkit-duckdb-")
-    # bounded: past the limit DuckDB spills its tables to a temporary folder of its own
     con = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "temp_directory": spill})
     try:
-        try:
-            con.execute(_spans_sql(names, group_by))
-        except duckdb.Error as error:
-            raise StoreError(f"the span store could not be read: {error}") from error
-        spans, traces = con.execute("SELECT count(*), count(DISTINCT tt) FROM kall").fetchone()
-        _chunks(con, root_name, max(1, -(-spans // CHUNK_SPANS)))
-        # each combination of group values as the Python path writes it: one group each
-        keys: dict[tuple[str, ...], int] = {}
-        combos, gids = [], []
-        for combo, values, address in con.execute(
-            "SELECT DISTINCT combo, gvals, address FROM rk"
-        ).fetchall():
-            key = tuple(
-                address if name == semconv.ANSWERED_BY else _text(value)
-                for name, value in zip(group_by, values, strict=False)
-            )
-            combos.append(combo)
-            gids.append(keys.setdefault(key, len(keys)))
-        con.execute(
-            "CREATE TEMP TABLE gids AS SELECT unnest(?::BIGINT[]) AS combo, "
-            "unnest(?::BIGINT[]) AS gid",
-            [combos, gids],
-        )
-        odd = [t for (t,) in con.execute("SELECT tt FROM odd").fetchall()]
-        _delegate(con, names, odd, group_by, root_name, keys)
-        con.execute(_MERGE)
-        groups = {key: Breakdown(key) for key in keys}
-        by_gid = {gid: groups[key] for key, gid in keys.items()}
-        for gid, count in con.execute(
-            "SELECT gid, count(*) FILTER (bad) FROM allroots GROUP BY gid"
-        ).fetchall():
-            by_gid[gid].incomplete = count
-        for gid, name, part, values in con.execute(
-            "SELECT gid, name, part, vals FROM cells ORDER BY gid, first"
-        ).fetchall():
-            by_gid[gid].components[name] = values
-            if part:
-                by_gid[gid].parts.add(name)
-        for gid, texts in con.execute("SELECT gid, texts FROM said").fetchall():
-            by_gid[gid].problems = texts
+        yield con
     finally:
         con.close()
         shutil.rmtree(spill, ignore_errors=True)
+
+
+def breakdown_spans(
+    con: Any,
+    group_by: Sequence[str],
+    root_name: str | None,
+    whole: Callable[[Any], Any],
+) -> SqlBreakdown:
+    """The breakdown of the spans in ``con``'s table ``kall`` (``_spans_sql``); ``whole(con)``
+    gives, as an Arrow table of the segments' columns (less the attribute maps) in arrival
+    order, every span of the traces in ``con``'s table ``wanted`` (column ``t``: trace ids),
+    for those the queries leave to the Python path."""
+    spans, traces = con.execute("SELECT count(*), count(DISTINCT tt) FROM kall").fetchone()
+    _chunks(con, root_name, max(1, -(-spans // CHUNK_SPANS)))
+    # each combination of group values as the Python path writes it: one group each
+    keys: dict[tuple[str, ...], int] = {}
+    combos, gids = [], []
+    for combo, values, address in con.execute(
+        "SELECT DISTINCT combo, gvals, address FROM rk"
+    ).fetchall():
+        key = tuple(
+            address if name == semconv.ANSWERED_BY else _text(value)
+            for name, value in zip(group_by, values, strict=False)
+        )
+        combos.append(combo)
+        gids.append(keys.setdefault(key, len(keys)))
+    con.execute(
+        "CREATE TEMP TABLE gids AS SELECT unnest(?::BIGINT[]) AS combo, unnest(?::BIGINT[]) AS gid",
+        [combos, gids],
+    )
+    odd = [t for (t,) in con.execute("SELECT tt FROM odd").fetchall()]
+    _delegate(con, whole, odd, group_by, root_name, keys)
+    con.execute(_MERGE)
+    groups = {key: Breakdown(key) for key in keys}
+    by_gid = {gid: groups[key] for key, gid in keys.items()}
+    for gid, count in con.execute(
+        "SELECT gid, count(*) FILTER (bad) FROM allroots GROUP BY gid"
+    ).fetchall():
+        by_gid[gid].incomplete = count
+    for gid, name, part, values in con.execute(
+        "SELECT gid, name, part, vals FROM cells ORDER BY gid, first"
+    ).fetchall():
+        by_gid[gid].components[name] = values
+        if part:
+            by_gid[gid].parts.add(name)
+    for gid, texts in con.execute("SELECT gid, texts FROM said").fetchall():
+        by_gid[gid].problems = texts
     return SqlBreakdown(groups, spans, traces, len(odd))
 
 
@@ -710,7 +769,7 @@ def _text(value: str | None) -> str:
 
 def _delegate(
     con: Any,
-    files: list[str],
+    whole: Callable[[Any], Any],
     odd: list[str],
     group_by: Sequence[str],
     root_name: str | None,
@@ -723,20 +782,13 @@ def _delegate(
     said: dict[str, list[Any]] = {"root": [], "n": [], "text": []}
     if odd:
         con.execute("CREATE TEMP TABLE wanted AS SELECT unnest(?::VARCHAR[]) AS t", [odd])
-        table = con.sql(
-            "SELECT r.* EXCLUDE (filename, file_row_number, ord, SpanAttributes,"
-            " ResourceAttributes), f.first AS tord FROM ("
-            "  SELECT *, (list_position($files, filename)::BIGINT << 32) + file_row_number AS ord"
-            "  FROM read_parquet($files, filename = true, file_row_number = true)) r"
-            " SEMI JOIN wanted w ON w.t = r.TraceId"
-            " JOIN (SELECT tt, min(ord) AS first FROM kall GROUP BY tt) f ON f.tt = r.TraceId"
-            " ORDER BY r.ord",
-            params={"files": files},
-        ).to_arrow_table()
+        table = whole(con)
         first = dict(
-            zip(table.column("TraceId").to_pylist(), table.column("tord").to_pylist(), strict=True)
+            con.execute(
+                "SELECT tt, min(ord) FROM kall SEMI JOIN wanted w ON w.t = kall.tt GROUP BY tt"
+            ).fetchall()
         )
-        spans = spans_of_table(table.drop(["tord"]))
+        spans = spans_of_table(table)
         for trace_id, trace in build_traces(spans).items():
             index = 0
             for root in trace.roots:

@@ -14,18 +14,23 @@ must each say so.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from otelkit.analysis import Span, load_spans
-from otelkit.analysis._clickhouse import import_clickhouse
+from otelkit import semconv
+from otelkit.analysis import Span, _clickhouse, breakdown, build_traces, load_spans
+from otelkit.analysis._clickhouse import breakdown_clickhouse, import_clickhouse
+from otelkit.analysis._sampling import Sampling
+from otelkit.analysis._sql import SqlBreakdown
 from otelkit.analysis._store import StoreError
 from otelkit.cli import main
-from tests.analysis.summaries import assert_breaks_down_as
-from tests.analysis.test_store import DEMO
+from tests.analysis.summaries import assert_breaks_down_as, summary
+from tests.analysis.test_sql import recorded
+from tests.analysis.test_store import DEMO, shapes
 
 clickhouse_connect = pytest.importorskip("clickhouse_connect")
 pytest.importorskip("chdb")
@@ -262,3 +267,140 @@ def test_breakdown_and_report_read_a_store_through_the_source_seam(
     assert main(["breakdown", *store, *group]) == 0  # the cache holds the ended window
     assert main(["breakdown", *store, *group, "--refresh"]) == 2
     assert "cannot read table otel_traces_source" in capsys.readouterr().err
+
+
+def in_clickhouse_order(spans: list[Span]) -> list[Span]:
+    """``spans`` in the order the breakdown reads a table in (``_clickhouse.ORDER``): a table
+    keeps no arrival order, and the first of duplicate ids is the first in this one."""
+    return sorted(
+        spans,
+        key=lambda s: (
+            s.start_ns,
+            s.trace_id,
+            s.span_id,
+            s.end_ns - s.start_ns,
+            s.name,
+            s.parent_span_id or "",
+        ),
+    )
+
+
+def assert_pushed_down(
+    dsn: str, table: str, spans: list[Span], group_by: Sequence[str] = (), root: str | None = None
+) -> SqlBreakdown:
+    """The breakdown read in ClickHouse equals the Python path's over the same spans, in the
+    order the table is read."""
+    found = breakdown_clickhouse(dsn, table=table, group_by=group_by, root_name=root)
+    ordered = build_traces(in_clickhouse_order(spans)).values()
+    python = breakdown(ordered, group_by=group_by, root_name=root)
+    assert summary(found.groups) == summary(python)
+    assert found.spans == len({(s.trace_id, s.span_id) for s in spans})
+    assert found.traces == len({s.trace_id for s in spans})
+    return found
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["current", "earlier-names"])
+def test_the_breakdown_read_in_clickhouse_is_the_python_paths(
+    chdb: tuple[str, Any], legacy: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No copy of the table: ClickHouse selects and narrows, DuckDB walks the trees here."""
+    dsn, client = chdb
+    table = f"otel_traces_in_place_{'earlier' if legacy else 'current'}"
+    spans = load_spans(DEMO)
+    _fill(client, table, spans, legacy=legacy)
+    grouped = ("gnn_tracking.option", semconv.ANSWERED_BY)
+    found = assert_pushed_down(dsn, table, spans, grouped)
+    roots = sum(s.parent_span_id is None for s in spans)  # each a complete trace of the demo
+    assert found.delegated == 0 and sum(g.traces for g in found.groups.values()) == roots
+    assert assert_pushed_down(dsn, table, spans, root="reconstruct event").delegated == 0
+    # Orphans, duplicate ids, a parent cycle, Envoy's spans, a Ray Serve wait: the traces the
+    # queries leave to the Python path are fetched whole, and land in their place
+    odd = f"{table}_odd"
+    _fill(client, odd, shapes() + spans, legacy=legacy)
+    # orphan, cycle; asked for one a query
+    monkeypatch.setattr(_clickhouse, "_IDS_A_QUERY", 1)
+    assert assert_pushed_down(dsn, odd, shapes() + spans, ("option",)).delegated == 2
+
+
+def test_every_trace_test_breakdown_builds_is_read_alike_in_clickhouse(
+    chdb: tuple[str, Any],
+) -> None:
+    dsn, client = chdb
+    fixtures = recorded()
+    assert len(fixtures) >= 12
+    for index, (name, spans) in enumerate(fixtures):
+        table = f"shape_{index}"
+        _fill(client, table, spans, legacy=False)
+        for group_by in ((), ("option",), (semconv.ANSWERED_BY,)):
+            try:
+                assert_pushed_down(dsn, table, spans, group_by)
+            except AssertionError as error:
+                raise AssertionError(f"{name}, grouped by {group_by}: {error}") from error
+
+
+def test_a_json_typed_table_and_a_window_are_read_in_clickhouse(chdb: tuple[str, Any]) -> None:
+    dsn, client = chdb
+    spans = load_spans(DEMO)
+    _fill(client, "otel_traces_in_place_json", spans, legacy=False, typed=True)
+    grouped = ("gnn_tracking.option",)
+    assert assert_pushed_down(dsn, "otel_traces_in_place_json", spans, grouped).delegated == 0
+    # a window: the traces with a span in it, whole
+    first = min(spans, key=lambda s: s.start_ns)
+    found = breakdown_clickhouse(
+        dsn, table="otel_traces_in_place_json", since_ns=first.start_ns, until_ns=first.start_ns + 1
+    )
+    assert found.spans == sum(s.trace_id == first.trace_id for s in spans)
+    assert found.traces == 1
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["map", "json"])
+def test_the_sampling_is_counted_in_clickhouse(chdb: tuple[str, Any], typed: bool) -> None:
+    dsn, client = chdb
+    spans = load_spans(DEMO)
+    roots = [s for s in spans if s.parent_span_id is None]
+    said = {roots[0].span_id: "slow", roots[1].span_id: "errors", roots[2].span_id: "slow"}
+    marked = [
+        replace(
+            s,
+            resource={**s.resource, semconv.OTELKIT_SAMPLER: "parentbased_ratelimiting 10/s"},
+            attributes={**s.attributes, semconv.TAIL_SAMPLING_POLICY: said[s.span_id]}
+            if s.span_id in said
+            else s.attributes,
+        )
+        for s in spans[: len(spans) // 2]
+    ]
+    legacy = replace(
+        spans[-1],
+        attributes={
+            **spans[-1].attributes,
+            "sampler.type": "probabilistic",
+            "sampler.param": 0.001,
+        },
+        resource={"service.name": "legacy"},
+    )
+    changed = [*marked, *spans[len(spans) // 2 : -1], legacy]
+    table = f"otel_traces_sampling_{'json' if typed else 'map'}"
+    _fill(client, table, changed, legacy=False, typed=typed)
+    found = breakdown_clickhouse(dsn, table=table).sampling
+    expected = Sampling().update(changed)
+    assert found is not None and expected.tail and len(expected.head) == 2
+    assert (found.roots, found.tail, found.head) == (expected.roots, expected.tail, expected.head)
+    assert found.lines() == expected.lines()
+
+
+def test_the_breakdown_command_reads_clickhouse_in_place(
+    chdb: tuple[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsn, client = chdb
+    _fill(client, "otel_traces_command", load_spans(DEMO), legacy=False)
+    group = ["--group-by", "gnn_tracking.option"]
+    store = ["--source", dsn, "--table", "otel_traces_command", "--engine", "clickhouse"]
+    assert main(["breakdown", *store, *group]) == 0
+    in_place = capsys.readouterr().out
+    assert main(["breakdown", str(DEMO), *group, "--engine", "python"]) == 0
+    assert in_place == capsys.readouterr().out and "server gnn" in in_place
+    # what it cannot read, said
+    assert main(["breakdown", str(DEMO), *store]) == 2
+    assert "reads one --source clickhouse://" in capsys.readouterr().err
+    assert main(["breakdown", "--source", dsn, "--table", "missing", "--engine", "clickhouse"]) == 2
+    assert "cannot read table missing" in capsys.readouterr().err

@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.otelkit-installed
 TORCH   := torch==2.13.0
 
-.PHONY: install debian-packages helm test lint typecheck check check-lowest demo fleet bench-receiver bench-client bench-stage bench-import bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-store bench-fleet clean
+.PHONY: install debian-packages helm test lint typecheck check check-lowest demo fleet bench-receiver bench-client bench-stage bench-import bench-fastapi bench-grpc-server bench-ray bench-gpu bench-report bench-store bench-clickhouse bench-fleet clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -129,6 +129,11 @@ bench-report: install
 # 10 M spans by DuckDB (issue 48).
 bench-store: install
 	$(PY) benchmarks/bench_store.py
+
+# A site's ClickHouse otel_traces on chDB: the copy (import, breakdown) against the breakdown in
+# place, and the bytes each reads from ClickHouse (issue 48).
+bench-clickhouse: install
+	$(PY) benchmarks/bench_clickhouse.py
 
 # Ray Serve: an instrumented application against its uninstrumented twin, on a local Ray.
 bench-ray: install

@@ -20,15 +20,19 @@ was itself a map's comes back as its dotted paths: the table no longer tells the
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
-from collections.abc import Iterator, Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from otelkit import semconv
 from otelkit.analysis._sampling import _JAEGER_PARAM, _JAEGER_TYPE, Sampling
-from otelkit.analysis._store import StoreError, segment_path, segment_schema
+from otelkit.analysis._store import SUFFIX, StoreError, segment_path, segment_schema
 from otelkit.analysis._store import _json as _store_json
 from otelkit.analysis._store import _texts as _store_texts
 
@@ -44,6 +48,8 @@ SCHEMES = ("clickhouse://", "clickhouses://", "chdb://")
 _NEEDED = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "Duration")
 _KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
 _STATUSES = ("UNSET", "OK", "ERROR")
+#: the columns the breakdown's queries do not read, left empty in a narrowed span
+_UNREAD = ("ServiceName", "ScopeName", "StatusMessage", "StatusCode")
 #: a table keeps no arrival order: its spans are read in this one (by the columns as read),
 #: whose first of duplicate ids is the one that counts, whichever way the table is read
 ORDER = "ORDER BY Timestamp, TraceId, SpanId, Duration, SpanName, ParentSpanId"
@@ -108,7 +114,7 @@ def _select(
         from otelkit.analysis._sql import ATTRIBUTES, EVENTS
 
     def present(name: str, default: str) -> str:
-        if narrow is not None and name in ("ScopeName", "StatusMessage", "StatusCode"):
+        if narrow is not None and name in _UNREAD:
             return default
         return _ident(name) if name in columns else default
 
@@ -310,6 +316,8 @@ def import_clickhouse(
     return spans, segments
 
 
+#: the scratch segment's row groups: the store's
+_ROW_GROUP = 65_536
 #: trace ids a query asks for by name
 _IDS_A_QUERY = 2_000
 #: what the breakdown's queries read of a span, of the store's columns
@@ -345,22 +353,103 @@ def breakdown_clickhouse(
     services: Sequence[str] = (),
     group_by: Sequence[str] = (),
     root_name: str | None = None,
+    engine: str = "auto",
 ) -> SqlBreakdown:
     """``breakdown`` of the traces of ``table`` at ``dsn`` (those with a span in the window,
-    of the services: whole), without a copy of them: ClickHouse selects the traces and narrows
-    each span to what the breakdown reads (ids, times, kind, name, the attributes and events
-    the queries read, the grouping keys), in ``ORDER``; DuckDB walks the trees here; the
-    traces the queries leave to the Python path are fetched whole. The sampling statement is
+    of the services: whole), with no copy kept: ClickHouse selects the traces and narrows each
+    span to what the breakdown reads (ids, times, kind, name, the attributes and events it
+    reads, the grouping keys), in ``ORDER``; here the trees are walked by the compiled engine
+    (``compiled``, over a scratch segment of the narrowed spans, removed after) or by DuckDB's
+    queries (``duckdb``, over the stream; ``auto``: compiled where numba is installed); the
+    traces left to the Python path are fetched whole by id. The sampling statement is
     ClickHouse's own count."""
     import pyarrow
 
-    from otelkit.analysis import _sql
-
+    if engine == "auto":
+        engine = "compiled" if importlib.util.find_spec("numba") is not None else "duckdb"
+    if engine not in ("compiled", "duckdb"):
+        raise ValueError(f"engine is auto, compiled or duckdb, not {engine!r}")
     client = _client(dsn)
     name, columns = _described(client, dsn, table)
     where = _where(name, since_ns, until_ns, services)
     grouped = [key for key in group_by if key != semconv.ANSWERED_BY]
-    query = _select(columns, name, where, narrow=grouped)
+    narrowed = _tables(client, _select(columns, name, where, narrow=grouped), columns, pyarrow)
+
+    def whole(wanted: list[str]) -> Any:
+        parts: list[Any] = []
+        # a few ids a query: a query's text is bounded (max_query_size, 256 KiB by default)
+        for start in range(0, len(wanted), _IDS_A_QUERY):
+            listed = _listed(wanted[start : start + _IDS_A_QUERY])
+            query = _select(columns, name, f"WHERE TraceId IN ({listed})")
+            parts += _read(dsn, table, partial(_all, client, query, columns, pyarrow))
+        return pyarrow.concat_tables(parts) if parts else segment_schema(pyarrow).empty_table()
+
+    if engine == "compiled":
+        found = _compiled(dsn, table, narrowed, group_by, root_name, whole)
+    else:
+        found = _duckdb(dsn, table, narrowed, group_by, root_name, whole)
+    found.sampling = _sampling(client, dsn, name, columns, where)
+    return found
+
+
+def _all(client: Any, query: str, columns: dict[str, str], pyarrow: Any) -> list[Any]:
+    return list(_tables(client, query, columns, pyarrow))
+
+
+def _read(dsn: str, table: str, read: Callable[[], Any]) -> Any:
+    """What ``read`` reads of ``table``, its failure said as the store's."""
+    try:
+        return read()
+    except StoreError:
+        raise
+    except Exception as error:  # the driver's own, a lost connection among them
+        raise StoreError(f"{_redacted(dsn)}: reading {table} failed: {error}") from error
+
+
+def _compiled(
+    dsn: str,
+    table: str,
+    narrowed: Iterator[Any],
+    group_by: Sequence[str],
+    root_name: str | None,
+    whole: Callable[[list[str]], Any],
+) -> SqlBreakdown:
+    """The compiled engine over the narrowed spans, written to a scratch segment (lz4: it is
+    read once, at once) that is removed after."""
+    import pyarrow
+    import pyarrow.parquet
+
+    from otelkit.analysis._columns import breakdown_columns
+
+    scratch = Path(tempfile.mkdtemp(prefix="otelkit-clickhouse-"))
+    try:
+        target = scratch / f"spans-00000{SUFFIX}"
+        schema = segment_schema(pyarrow)
+
+        def write() -> None:
+            with pyarrow.parquet.ParquetWriter(target, schema, compression="lz4") as writer:
+                for part in narrowed:
+                    writer.write_table(part, row_group_size=_ROW_GROUP)
+
+        _read(dsn, table, write)
+        return breakdown_columns([target], group_by, root_name, whole)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _duckdb(
+    dsn: str,
+    table: str,
+    narrowed: Iterator[Any],
+    group_by: Sequence[str],
+    root_name: str | None,
+    whole: Callable[[list[str]], Any],
+) -> SqlBreakdown:
+    """DuckDB's queries over the narrowed spans, as they arrive."""
+    import pyarrow
+
+    from otelkit.analysis import _sql
+
     schema = segment_schema(pyarrow)
     # nanoseconds: DuckDB reads an Arrow timestamp with a zone as microseconds
     narrow = pyarrow.schema(
@@ -370,25 +459,15 @@ def breakdown_clickhouse(
         ]
     )
 
-    def whole(con: Any) -> Any:
-        wanted = [t for (t,) in con.execute("SELECT t FROM wanted").fetchall()]
-        parts: list[Any] = []
-        # a few ids a query: a query's text is bounded (max_query_size, 256 KiB by default)
-        for start in range(0, len(wanted), _IDS_A_QUERY):
-            listed = _listed(wanted[start : start + _IDS_A_QUERY])
-            try:
-                parts += _tables(
-                    client, _select(columns, name, f"WHERE TraceId IN ({listed})"), columns, pyarrow
-                )
-            except Exception as error:
-                raise StoreError(f"{_redacted(dsn)}: reading {table} failed: {error}") from error
-        read = pyarrow.concat_tables(parts) if parts else schema.empty_table()
-        return read.drop_columns(["SpanAttributes", "ResourceAttributes"])
+    def wanted(con: Any) -> Any:
+        ids = [t for (t,) in con.execute("SELECT t FROM wanted").fetchall()]
+        return whole(ids).drop_columns(["SpanAttributes", "ResourceAttributes"])
 
     with _sql.connected() as con:
-        held, made = 0, False
-        try:
-            for part in _tables(client, query, columns, pyarrow):
+
+        def insert() -> None:
+            held, made = 0, False
+            for part in narrowed:
                 part = part.select(list(_NARROW)).cast(narrow)
                 order = pyarrow.array(range(held, held + part.num_rows), pyarrow.int64())
                 con.register("batch", part.append_column("ord", order))
@@ -398,19 +477,16 @@ def breakdown_clickhouse(
                 )
                 con.unregister("batch")
                 held, made = held + part.num_rows, True
-        except StoreError:
-            raise
-        except Exception as error:
-            raise StoreError(f"{_redacted(dsn)}: reading {table} failed: {error}") from error
-        if not made:
-            empty = narrow.empty_table().append_column("ord", pyarrow.array([], pyarrow.int64()))
-            con.register("batch", empty)
-            con.execute("CREATE TEMP TABLE chspans AS SELECT * FROM batch")
-            con.unregister("batch")
+            if not made:
+                empty = narrow.empty_table()
+                empty = empty.append_column("ord", pyarrow.array([], pyarrow.int64()))
+                con.register("batch", empty)
+                con.execute("CREATE TEMP TABLE chspans AS SELECT * FROM batch")
+                con.unregister("batch")
+
+        _read(dsn, table, insert)
         con.execute(_sql._spans_sql(("chspans", "ord"), group_by))
-        found = _sql.breakdown_spans(con, group_by, root_name, whole)
-    found.sampling = _sampling(client, dsn, name, columns, where)
-    return found
+        return _sql.breakdown_spans(con, group_by, root_name, wanted)
 
 
 def _value(columns: dict[str, str], table: str, column: str, key: str) -> tuple[str, str]:

@@ -486,10 +486,17 @@ _ROOT_KEY = 1 << 24  # a root's sort key: its trace's first arrival, then its pl
 
 
 def breakdown_columns(
-    files: Sequence[str | Path], group_by: Sequence[str] = (), root_name: str | None = None
+    files: Sequence[str | Path],
+    group_by: Sequence[str] = (),
+    root_name: str | None = None,
+    whole: Callable[[list[str]], Any] | None = None,
 ) -> SqlBreakdown:
-    """``breakdown`` of the spans in the segments ``files`` (in arrival order), compiled."""
-    return _run(files, group_by, root_name, None)
+    """``breakdown`` of the spans in the segments ``files`` (in arrival order), compiled.
+    ``whole(trace_ids)``: every span of those traces, as an Arrow table of the segments'
+    columns in arrival order, for the traces left to the Python path, where the segments hold
+    less of a span than that path reads (a store's spans narrowed); else they are read from
+    the segments."""
+    return _run(files, group_by, root_name, None, whole)
 
 
 def report_columns(
@@ -509,10 +516,11 @@ def _run(
     group_by: Sequence[str],
     root_name: str | None,
     report: ReportMode | None,
+    whole: Callable[[list[str]], Any] | None = None,
 ) -> SqlBreakdown:
     np, pa, pc, kernel = _modules()
     with _system_pool(pa):
-        return _breakdown(np, pa, pc, kernel, files, group_by, root_name, report)
+        return _breakdown(np, pa, pc, kernel, files, group_by, root_name, report, whole)
 
 
 @contextlib.contextmanager
@@ -536,6 +544,7 @@ def _breakdown(
     group_by: Sequence[str],
     root_name: str | None,
     report: ReportMode | None,
+    whole: Callable[[list[str]], Any] | None = None,
 ) -> SqlBreakdown:
     import pyarrow.parquet as pq
 
@@ -587,7 +596,16 @@ def _breakdown(
         raise StoreError("the span store changed while it was read")
     odd = np.unique(np.concatenate(run.python)) if run.python else np.zeros(0, np.int64)
     sizes = [pq.ParquetFile(path).metadata.num_rows for path in names]
-    spans = run.spans + _delegate(np, pq, names, sizes, tcodes, odd, run, root_name)
+    if whole is None:
+        table = _rows_of(np, names, sizes, tcodes, odd) if len(odd) else None
+    else:  # the traces as a store holds them, each span's trace coded as here
+        wanted = [trace_ids[code].as_py() for code in odd.tolist()]
+        table = whole(wanted) if wanted else None
+        if table is not None:
+            code_of = dict(zip(wanted, odd.tolist(), strict=True))
+            coded = [code_of[t] for t in table.column("TraceId").to_pylist()]
+            table = table.append_column("tcode", pa.array(coded, pa.int64()))
+    spans = run.spans + _delegate(np, table, run, root_name)
     if report is not None:
         report.finish(np, run.strings.texts, trace_ids, (names, sizes, tcodes))
     return SqlBreakdown(run.groups.breakdowns(), spans, len(trace_ids), len(odd), sampling)
@@ -986,23 +1004,13 @@ def _rows_of(np: Any, files: list[str], sizes: list[int], tcodes: Any, wanted: A
     return pa.concat_tables(tables) if tables else None
 
 
-def _delegate(
-    np: Any,
-    pq: Any,
-    files: list[str],
-    sizes: list[int],
-    tcodes: Any,
-    odd: Any,
-    run: _Run,
-    root_name: str | None,
-) -> int:
-    """Break down the traces ``odd`` (their codes) by the Python path, into the run's
-    groups; the spans they hold."""
-    if not len(odd):
+def _delegate(np: Any, table: Any, run: _Run, root_name: str | None) -> int:
+    """Break down the traces whose spans ``table`` holds (with their codes, ``tcode``; None:
+    none) by the Python path, into the run's groups; the spans they hold."""
+    if table is None:
         return 0
 
     groups, group_by = run.groups, run.group_by
-    table = _rows_of(np, files, sizes, tcodes, odd)
     first = dict(
         zip(table.column("TraceId").to_pylist(), table.column("tcode").to_pylist(), strict=True)
     )

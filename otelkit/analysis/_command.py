@@ -149,12 +149,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     where = " ".join([*args.paths, *source.imported])
     if engine in ("compiled", "duckdb"):
-        if engine == "compiled":
-            from otelkit.analysis._columns import breakdown_columns as breakdown_store
-        else:
-            from otelkit.analysis._sql import breakdown_store
+        from otelkit.analysis._columns import breakdown_columns
+        from otelkit.analysis._sql import breakdown_store
 
-        found = breakdown_store(source.files, args.group_by, args.root)
+        reader = breakdown_columns if engine == "compiled" else breakdown_store
+        found = reader(source.files, args.group_by, args.root)
         if not found.spans:
             print(f"otelkit breakdown: no span read from {where}", file=sys.stderr)
             return 1

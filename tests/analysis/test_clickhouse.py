@@ -288,15 +288,19 @@ def in_clickhouse_order(spans: list[Span]) -> list[Span]:
 def assert_pushed_down(
     dsn: str, table: str, spans: list[Span], group_by: Sequence[str] = (), root: str | None = None
 ) -> SqlBreakdown:
-    """The breakdown read in ClickHouse equals the Python path's over the same spans, in the
-    order the table is read."""
-    found = breakdown_clickhouse(dsn, table=table, group_by=group_by, root_name=root)
+    """The breakdown read in ClickHouse, by both engines here, equals the Python path's over
+    the same spans, in the order the table is read; the compiled engine's."""
     ordered = build_traces(in_clickhouse_order(spans)).values()
     python = breakdown(ordered, group_by=group_by, root_name=root)
-    assert summary(found.groups) == summary(python)
-    assert found.spans == len({(s.trace_id, s.span_id) for s in spans})
-    assert found.traces == len({s.trace_id for s in spans})
-    return found
+    found = {}
+    for engine in ("duckdb", "compiled"):
+        found[engine] = breakdown_clickhouse(
+            dsn, table=table, group_by=group_by, root_name=root, engine=engine
+        )
+        assert summary(found[engine].groups) == summary(python), engine
+        assert found[engine].spans == len({(s.trace_id, s.span_id) for s in spans})
+        assert found[engine].traces == len({s.trace_id for s in spans})
+    return found["compiled"]  # its delegated traces: Envoy's and Ray Serve's too
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["current", "earlier-names"])

@@ -26,7 +26,6 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -282,24 +281,21 @@ def import_clickhouse(
     writer: Any = None
     target = partial = Path()
     try:
-        with client.query_arrow_stream(query) as stream:
-            for batch in stream:
-                table_ = pyarrow.Table.from_batches([batch]) if hasattr(batch, "schema") else batch
-                table_ = _json_typed(table_.cast(schema), columns, pyarrow)
-                while table_.num_rows:  # a segment holds ``segment_spans`` at most
-                    if writer is None:
-                        target = segment_path(out)
-                        partial = target.with_name(f".{target.name}.partial")
-                        writer = pyarrow.parquet.ParquetWriter(partial, schema, compression="zstd")
-                    piece = table_.slice(0, segment_spans - held)
-                    table_ = table_.slice(piece.num_rows)
-                    writer.write_table(piece)
-                    held += piece.num_rows
-                    spans += piece.num_rows
-                    if held >= segment_spans:
-                        writer.close()
-                        partial.replace(target)
-                        writer, held, segments = None, 0, segments + 1
+        for table_ in _tables(client, query, columns, pyarrow):
+            while table_.num_rows:  # a segment holds ``segment_spans`` at most
+                if writer is None:
+                    target = segment_path(out)
+                    partial = target.with_name(f".{target.name}.partial")
+                    writer = pyarrow.parquet.ParquetWriter(partial, schema, compression="zstd")
+                piece = table_.slice(0, segment_spans - held)
+                table_ = table_.slice(piece.num_rows)
+                writer.write_table(piece)
+                held += piece.num_rows
+                spans += piece.num_rows
+                if held >= segment_spans:
+                    writer.close()
+                    partial.replace(target)
+                    writer, held, segments = None, 0, segments + 1
     except StoreError:
         raise
     except Exception as error:
@@ -381,7 +377,7 @@ def breakdown_clickhouse(
         for start in range(0, len(wanted), _IDS_A_QUERY):
             listed = _listed(wanted[start : start + _IDS_A_QUERY])
             query = _select(columns, name, f"WHERE TraceId IN ({listed})")
-            parts += _read(dsn, table, partial(_all, client, query, columns, pyarrow))
+            parts += _read(dsn, table, _all, client, query, columns, pyarrow)
         return pyarrow.concat_tables(parts) if parts else segment_schema(pyarrow).empty_table()
 
     if engine == "compiled":
@@ -396,10 +392,10 @@ def _all(client: Any, query: str, columns: dict[str, str], pyarrow: Any) -> list
     return list(_tables(client, query, columns, pyarrow))
 
 
-def _read(dsn: str, table: str, read: Callable[[], Any]) -> Any:
-    """What ``read`` reads of ``table``, its failure said as the store's."""
+def _read(dsn: str, table: str, read: Callable[..., Any], *args: Any) -> Any:
+    """What ``read(*args)`` reads of ``table``, its failure said as the store's."""
     try:
-        return read()
+        return read(*args)
     except StoreError:
         raise
     except Exception as error:  # the driver's own, a lost connection among them
@@ -464,25 +460,20 @@ def _duckdb(
         return whole(ids).drop_columns(["SpanAttributes", "ResourceAttributes"])
 
     with _sql.connected() as con:
+        # the spans' table made empty, each batch then added with its arrival order
+        con.register("batch", narrow.append(pyarrow.field("ord", pyarrow.int64())).empty_table())
+        con.execute("CREATE TEMP TABLE chspans AS SELECT * FROM batch")
+        con.unregister("batch")
 
         def insert() -> None:
-            held, made = 0, False
+            held = 0
             for part in narrowed:
                 part = part.select(list(_NARROW)).cast(narrow)
                 order = pyarrow.array(range(held, held + part.num_rows), pyarrow.int64())
                 con.register("batch", part.append_column("ord", order))
-                con.execute(
-                    f"{'INSERT INTO' if made else 'CREATE TEMP TABLE'} chspans "
-                    f"{'' if made else 'AS '}SELECT * FROM batch"
-                )
+                con.execute("INSERT INTO chspans SELECT * FROM batch")
                 con.unregister("batch")
-                held, made = held + part.num_rows, True
-            if not made:
-                empty = narrow.empty_table()
-                empty = empty.append_column("ord", pyarrow.array([], pyarrow.int64()))
-                con.register("batch", empty)
-                con.execute("CREATE TEMP TABLE chspans AS SELECT * FROM batch")
-                con.unregister("batch")
+                held += part.num_rows
 
         _read(dsn, table, insert)
         con.execute(_sql._spans_sql(("chspans", "ord"), group_by))

@@ -571,7 +571,10 @@ def test_ray_serve_replicas_of_a_cpu_bound_deployment_are_saturated(
     results = Study(
         request=Posts(),
         server=RayServe(busy_app, name="truth-ray"),
-        load=Load(seconds=2.0, warmup_s=0.5),
+        # One replica's spin on the host's 2 cores holds them at U 0.6, Ray's idle load with
+        # it, beside the replica's 0.9: 4 s makes each U*'s interval about 0.05 here, where
+        # 2 s gave 0.07 to 0.09 (0.10 and 0.16 on a CI host, which could not separate them)
+        load=Load(seconds=4.0, warmup_s=0.5),
         sweep={"instances": [1], "concurrency": [1, 4]},
         tracing=Tracing(per_second=20),
         out=tmp_path / "study.jsonl",

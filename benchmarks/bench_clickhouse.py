@@ -7,11 +7,14 @@ without one (issue 48), on chDB, ClickHouse's engine in process.
    its own;
 2. side by side, taking turns, each a process of its own: the copy (``otelkit import
    chdb://... --out store``, then ``otelkit breakdown store``, which picks the compiled engine)
-   and the breakdown in place (``otelkit breakdown --source chdb://... --engine clickhouse``:
-   ClickHouse selects and narrows the spans, DuckDB walks the trees): wall time, CPU time and
-   peak resident memory of each, their medians, and whether both print the same breakdown;
-3. the Arrow bytes each reads from ClickHouse: the spans whole (the copy), and narrowed to what
-   the breakdown reads (in place), what a site's network would carry.
+   and the breakdown in place (``otelkit breakdown --source chdb://... --engine clickhouse``),
+   its trees walked here (``--walk here``: ClickHouse selects and narrows the spans, the
+   compiled engine walks them) and in ClickHouse (``--walk clickhouse``: the breakdown's
+   queries run there): wall time, CPU time and peak resident memory of each (chDB's work
+   included: it runs in the process), their medians, and whether all print the same breakdown;
+3. the Arrow bytes each reads from ClickHouse: the spans whole (the copy), narrowed to what
+   the breakdown reads (walked here), each root's components (walked in ClickHouse): what a
+   site's network would carry.
 
 chDB shares the process with its client: no network is crossed here, so the bytes are the
 figure a remote ClickHouse turns into transfer time. The last line is JSON.
@@ -66,9 +69,11 @@ def _fill(database: Path, segment: Path) -> int:
 
 
 def _bytes(database: Path) -> dict[str, int]:
-    """The Arrow bytes of the spans read whole (the copy) and narrowed (in place)."""
+    """The Arrow bytes of the spans read whole (the copy) and narrowed (walked here), and of
+    the results of the breakdown's queries (walked in ClickHouse)."""
     import clickhouse_connect
 
+    from otelkit.analysis import _clickhouse
     from otelkit.analysis._clickhouse import _described, _select
 
     dsn = f"chdb://{database}"
@@ -81,6 +86,25 @@ def _bytes(database: Path) -> dict[str, int]:
             for batch in stream:
                 total += batch.nbytes
         read[path] = total
+    counted = [0]
+
+    class Counted:  # the client, its Arrow answers counted
+        def __init__(self, client: Any) -> None:
+            self.client = client
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.client, name)
+
+        def query_arrow(self, *args: Any, **kwargs: Any) -> Any:
+            table = self.client.query_arrow(*args, **kwargs)
+            counted[0] += table.nbytes
+            return table
+
+    _clickhouse._client = lambda dsn: Counted(client)  # type: ignore[assignment]
+    _clickhouse.breakdown_clickhouse(
+        dsn, table=TABLE, group_by=bench_store.GROUP_BY, root_name=ROOT_NAME, engine="clickhouse"
+    )
+    read["results"] = counted[0]
     return read
 
 
@@ -108,9 +132,18 @@ def _copy(dsn: str, store: Path) -> tuple[float, float, float, str]:
     return wall + more[0], cpu + more[1], max(mib, more[2]), more[3]
 
 
-def _in_place(dsn: str) -> tuple[float, float, float, str]:
+def _in_place(dsn: str, walk: str) -> tuple[float, float, float, str]:
     return bench_store._run(
-        "breakdown", "--source", dsn, "--engine", "clickhouse", "--root", ROOT_NAME, *_grouping()
+        "breakdown",
+        "--source",
+        dsn,
+        "--engine",
+        "clickhouse",
+        "--walk",
+        walk,
+        "--root",
+        ROOT_NAME,
+        *_grouping(),
     )
 
 
@@ -141,14 +174,19 @@ def main() -> None:
     filled = int(_child("--fill", str(database), str(segment)))
     print(f"{TABLE}: {filled} spans in chDB at {database}", flush=True)
     dsn = f"chdb://{database}"
-    runs: dict[str, list[tuple[float, float, float, str]]] = {"copy": [], "in_place": []}
-    for _ in range(args.rounds):  # taking turns: a change in the host's load hits both
+    runs: dict[str, list[tuple[float, float, float, str]]] = {
+        "copy": [],
+        "walked_here": [],
+        "walked_in_clickhouse": [],
+    }
+    for _ in range(args.rounds):  # taking turns: a change in the host's load hits them all
         runs["copy"].append(_copy(dsn, args.work / "store"))
-        runs["in_place"].append(_in_place(dsn))
+        runs["walked_here"].append(_in_place(dsn, "here"))
+        runs["walked_in_clickhouse"].append(_in_place(dsn, "clickhouse"))
         for path, measured in runs.items():
             wall, cpu, mib, _ = measured[-1]
             print(f"{path}: {wall:.1f} s, {cpu:.1f} s CPU, {mib:.0f} MiB", flush=True)
-    same = {r[3] for r in runs["copy"]} == {r[3] for r in runs["in_place"]}
+    same = len({r[3] for measured in runs.values() for r in measured}) == 1
     read = json.loads(_child("--bytes", str(database)))
 
     def medians(path: str) -> dict[str, float]:
@@ -160,18 +198,20 @@ def main() -> None:
         "machine": bench_store._machine(),
         "spans": filled,
         "rounds": args.rounds,
-        "copy": medians("copy"),
-        "in_place": medians("in_place"),
+        **{path: medians(path) for path in runs},
         "same_breakdown": same,
         "arrow_bytes": read,
         "bytes_ratio": round(read["whole"] / read["narrowed"], 2),
+        "results_bytes_ratio": round(read["whole"] / read["results"], 2),
     }
-    figures["seconds_ratio"] = round(figures["copy"]["seconds"] / figures["in_place"]["seconds"], 2)
+    seconds = {path: figures[path]["seconds"] for path in runs}
+    for path in ("walked_here", "walked_in_clickhouse"):
+        figures[f"seconds_ratio_{path}"] = round(seconds["copy"] / seconds[path], 2)
     print(
-        f"copy {figures['copy']['seconds']} s, in place {figures['in_place']['seconds']} s "
-        f"(x{figures['seconds_ratio']}); ClickHouse's Arrow {read['whole'] / 2**20:.0f} MiB "
-        f"whole, {read['narrowed'] / 2**20:.0f} MiB narrowed (x{figures['bytes_ratio']}); "
-        f"the same breakdown: {same}"
+        f"copy {seconds['copy']} s, in place walked here {seconds['walked_here']} s, walked in "
+        f"ClickHouse {seconds['walked_in_clickhouse']} s; ClickHouse's Arrow "
+        f"{read['whole'] / 2**20:.0f} MiB whole, {read['narrowed'] / 2**20:.0f} MiB narrowed, "
+        f"{read['results'] / 2**20:.0f} MiB of results; the same breakdown: {same}"
     )
     print(json.dumps(figures))
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from otelkit import semconv
+from otelkit.analysis import _pushdown
 from otelkit.analysis._sampling import _JAEGER_PARAM, _JAEGER_TYPE, Sampling
 from otelkit.analysis._store import SUFFIX, StoreError, segment_path, segment_schema
 from otelkit.analysis._store import _json as _store_json
@@ -42,6 +43,11 @@ __all__ = ["ORDER", "SCHEMES", "breakdown_clickhouse", "import_clickhouse"]
 
 _log = logging.getLogger("otelkit.analysis")
 
+#: where ``breakdown_clickhouse`` walks the trees: in ClickHouse (``clickhouse``: the
+#: breakdown's queries run there), or here over the narrowed spans (``compiled``, ``duckdb``;
+#: ``here``: compiled where numba is installed, else duckdb); ``auto``: in ClickHouse where
+#: the server runs the queries (``_pushdown.MINIMUM``), else here
+ENGINES = ("auto", "clickhouse", "here", "compiled", "duckdb")
 #: the sources ``otelkit import`` hands to this module
 SCHEMES = ("clickhouse://", "clickhouses://", "chdb://")
 _NEEDED = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "Duration")
@@ -101,7 +107,12 @@ def _listed(values: Sequence[str]) -> str:
 
 
 def _select(
-    columns: dict[str, str], table: str, where: str, narrow: Sequence[str] | None = None
+    columns: dict[str, str],
+    table: str,
+    where: str,
+    narrow: Sequence[str] | None = None,
+    *,
+    ordered: bool = True,
 ) -> str:
     """The spans of ``table`` as the store's columns; ``narrow``: only what the breakdown's
     queries read (the attributes ``ATTRIBUTES``, the events ``EVENTS``; in the JSON column,
@@ -179,7 +190,7 @@ def _select(
         "Links": links,
     }
     chosen = ",\n  ".join(f"{expression} AS {name}" for name, expression in fields.items())
-    return f"SELECT\n  {chosen}\nFROM {table}\n{where}\n{ORDER}"
+    return f"SELECT\n  {chosen}\nFROM {table}\n{where}\n{ORDER if ordered else ''}"
 
 
 def _is_json(kind: str) -> bool:
@@ -352,24 +363,30 @@ def breakdown_clickhouse(
     engine: str = "auto",
 ) -> SqlBreakdown:
     """``breakdown`` of the traces of ``table`` at ``dsn`` (those with a span in the window,
-    of the services: whole), with no copy kept: ClickHouse selects the traces and narrows each
+    of the services: whole), with no copy kept. ClickHouse selects the traces and narrows each
     span to what the breakdown reads (ids, times, kind, name, the attributes and events it
-    reads, the grouping keys), in ``ORDER``; here the trees are walked by the compiled engine
-    (``compiled``, over a scratch segment of the narrowed spans, removed after) or by DuckDB's
-    queries (``duckdb``, over the stream; ``auto``: compiled where numba is installed); the
-    traces left to the Python path are fetched whole by id. The sampling statement is
-    ClickHouse's own count."""
+    reads, the grouping keys), in ``ORDER``. ``engine`` (``ENGINES``) says where the trees are
+    walked: in ClickHouse by the breakdown's queries (``clickhouse``: only each root's
+    components come back; ``auto`` where the server runs them), or here, by the compiled
+    engine (``compiled``, over a scratch segment of the narrowed spans, removed after) or by
+    DuckDB's queries (``duckdb``, over the stream). The traces left to the Python path are
+    fetched whole by id. The sampling statement is ClickHouse's own count."""
     import pyarrow
 
-    if engine == "auto":
-        engine = "compiled" if importlib.util.find_spec("numba") is not None else "duckdb"
-    if engine not in ("compiled", "duckdb"):
-        raise ValueError(f"engine is auto, compiled or duckdb, not {engine!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine is one of {', '.join(ENGINES)}, not {engine!r}")
     client = _client(dsn)
     name, columns = _described(client, dsn, table)
+    if engine in ("auto", "clickhouse"):
+        version = _read(dsn, table, _version, client)
+        if engine == "clickhouse" and not _pushdown.supported(version):
+            raise _pushdown.unsupported(version)
+        engine = "clickhouse" if _pushdown.supported(version) else "here"
+    if engine == "here":
+        engine = "compiled" if importlib.util.find_spec("numba") is not None else "duckdb"
     where = _where(name, since_ns, until_ns, services)
     grouped = [key for key in group_by if key != semconv.ANSWERED_BY]
-    narrowed = _tables(client, _select(columns, name, where, narrow=grouped), columns, pyarrow)
+    selected = _select(columns, name, where, narrow=grouped, ordered=engine != "clickhouse")
 
     def whole(wanted: list[str]) -> Any:
         parts: list[Any] = []
@@ -380,12 +397,32 @@ def breakdown_clickhouse(
             parts += _read(dsn, table, _all, client, query, columns, pyarrow)
         return pyarrow.concat_tables(parts) if parts else segment_schema(pyarrow).empty_table()
 
-    if engine == "compiled":
-        found = _compiled(dsn, table, narrowed, group_by, root_name, whole)
+    found: SqlBreakdown
+    if engine == "clickhouse":
+        json = _is_json(columns.get("SpanAttributes", ""))
+        found = _read(
+            dsn,
+            table,
+            _pushdown.breakdown_pushed,
+            client,
+            selected,
+            group_by,
+            root_name,
+            json,
+            whole,
+        )
     else:
-        found = _duckdb(dsn, table, narrowed, group_by, root_name, whole)
+        narrowed = _tables(client, selected, columns, pyarrow)
+        if engine == "compiled":
+            found = _compiled(dsn, table, narrowed, group_by, root_name, whole)
+        else:
+            found = _duckdb(dsn, table, narrowed, group_by, root_name, whole)
     found.sampling = _sampling(client, dsn, name, columns, where)
     return found
+
+
+def _version(client: Any) -> str:
+    return str(client.query("SELECT version()").result_rows[0][0])
 
 
 def _all(client: Any, query: str, columns: dict[str, str], pyarrow: Any) -> list[Any]:

@@ -36,9 +36,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "broken down in compiled code (numba), no Python object per span; duckdb: the same "
         "as SQL queries; python: every span read into Python; auto (default): compiled where "
         "every file is a segment and numba is installed, else duckdb, else python; "
-        "clickhouse: one --source clickhouse://... read without a copy, ClickHouse selecting "
-        "the traces and narrowing each span to what the breakdown reads, DuckDB walking the "
-        "trees here",
+        "clickhouse: one --source clickhouse://... read without a copy (see --walk)",
+    )
+    parser.add_argument(
+        "--walk",
+        choices=("auto", "clickhouse", "here"),
+        default="auto",
+        help="with --engine clickhouse, where the traces' trees are walked: clickhouse: the "
+        "breakdown's queries run in ClickHouse (25.8 or newer), only each root's components "
+        "come back; here: ClickHouse selects the traces and narrows each span to what the "
+        "breakdown reads, and they are walked here (compiled, else DuckDB); auto (default): "
+        "in ClickHouse where the server runs the queries, else here",
     )
 
 
@@ -139,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.paths and not args.source:
         print("otelkit breakdown: give trace paths, --source, or both", file=sys.stderr)
         return 2
+    if args.walk != "auto" and args.engine != "clickhouse":
+        print("otelkit breakdown: --walk is for --engine clickhouse", file=sys.stderr)
+        return 2
     if args.engine == "clickhouse":
         return _in_clickhouse(args)
     source = source_of(args, "breakdown")  # files listed once: an empty folder warned of once
@@ -195,6 +206,7 @@ def _in_clickhouse(args: argparse.Namespace) -> int:
             services=selection.services,
             group_by=args.group_by,
             root_name=args.root,
+            engine=args.walk,
         )
     except (StoreError, ValueError) as error:
         print(f"otelkit breakdown: {error}", file=sys.stderr)

@@ -257,8 +257,10 @@ UNION SELECT a.tt FROM (SELECT t, any_value(tt) AS tt, count(*) AS n FROM k GROU
 """
 
 
-def _components_sql(root_name: str | None) -> str:
-    named = f"AND r.name = {_q(root_name)}" if root_name is not None else ""
+def _components_sql(root_name: str | None, literal: Callable[[str], str] = _q) -> str:
+    """The components' queries, of the roots named ``root_name`` (all: None), written into
+    the queries as ``literal`` writes a string (ClickHouse's escape backslashes too)."""
+    named = f"AND r.name = {literal(root_name)}" if root_name is not None else ""
     known = " ".join(f"WHEN {_q(span)} THEN {_q(part)}" for span, part in _KNOWN_SPANS.items())
     return f"""
 -- the roots (their order: the trace's first arrival, then start), their group's values
@@ -285,16 +287,21 @@ WITH c0 AS (
   FROM level c LEFT JOIN k v ON v.t = c.t AND v.p = c.id AND v.pos = 1
   WHERE c.is_client
 ), tries AS (
-  SELECT a.t, a.p AS proxy, arg_max(a.id, a.pos) AS att FROM k a
+  SELECT a.t AS t, a.p AS proxy, arg_max(a.id, a.pos) AS att FROM k a
   SEMI JOIN c0 ON c0.t = a.t AND c0.fid = a.p AND c0.proxied
   SEMI JOIN k x ON x.t = a.t AND x.p = a.id
   WHERE a.is_client GROUP BY a.t, a.p
-), c1 AS (
-  SELECT c0.*, a.id AS att, a.st AS ast, a.en AS aen, a.upstream,
-         CASE WHEN c0.proxied THEN s.id ELSE c0.fid END AS srv
-  FROM c0 LEFT JOIN tries y ON c0.proxied AND y.t = c0.t AND y.proxy = c0.fid
-  LEFT JOIN k a ON a.t = y.t AND a.id = y.att
+), tried AS (
+  -- each proxy's last attempt that reached a server, and that server's span (one join
+  -- apart: ClickHouse names a column of ``c0.*`` by its table where more than one joins it)
+  SELECT y.t AS t, y.proxy AS proxy, a.id AS att, a.st AS ast, a.en AS aen,
+         a.upstream AS upstream, s.id AS sid
+  FROM tries y LEFT JOIN k a ON a.t = y.t AND a.id = y.att
   LEFT JOIN k s ON s.t = y.t AND s.p = y.att AND s.pos = 1
+), c1 AS (
+  SELECT c0.*, y.att, y.ast, y.aen, y.upstream,
+         CASE WHEN c0.proxied THEN y.sid ELSE c0.fid END AS srv
+  FROM c0 LEFT JOIN tried y ON c0.proxied AND y.t = c0.t AND y.proxy = c0.fid
 )
 SELECT c1.*, v.st AS vst, v.en AS ven, v.name AS vname, v.r0, v.r1, v.s0, v.s1,
        least(c1.fen, c1.cen) AS upto0, least(v.en, c1.fen, c1.cen) AS upto,
@@ -347,8 +354,8 @@ UNION ALL SELECT q.call, q.st, greatest(q.st, o.first), false FROM sub q
   JOIN ours o ON o.call = q.call AND o.id = q.id WHERE NOT q.queued
 UNION ALL SELECT q.call, q.q_start, greatest(q.q_start, arg_min(c.c_start, c.pos)), false
   FROM sub q JOIN k c ON c.t = q.t AND c.p = q.id
-  WHERE q.q_start IS NOT NULL AND c.c_start IS NOT NULL AND NOT q.queued
-    AND NOT EXISTS (SELECT 1 FROM ours o WHERE o.call = q.call AND o.id = q.id)
+  LEFT JOIN (SELECT call AS oc, id AS oid FROM ours) o ON o.oc = q.call AND o.oid = q.id
+  WHERE q.q_start IS NOT NULL AND c.c_start IS NOT NULL AND NOT q.queued AND o.oc IS NULL
   GROUP BY q.call, q.id, q.q_start;
 
 -- Serve's router's spans: the part of a handle call's wait that was its choice of a replica
@@ -375,10 +382,13 @@ WITH cut AS (
 SELECT call, greatest(a, wa) AS a, least(b, wb) AS b FROM gaps
   WHERE least(b, wb) > greatest(a, wa)
 UNION ALL SELECT w.call, w.a, w.b FROM waits w
-  WHERE NOT (w.routed AND EXISTS (SELECT 1 FROM routers r WHERE r.call = w.call))
+  LEFT JOIN (SELECT DISTINCT call AS rc FROM routers) r ON r.rc = w.call
+  WHERE NOT (w.routed AND r.rc IS NOT NULL)
 UNION ALL SELECT w.call, w.a, w.b FROM waits w
-  WHERE w.routed AND EXISTS (SELECT 1 FROM routers r WHERE r.call = w.call)
-    AND NOT EXISTS (SELECT 1 FROM routers r WHERE r.call = w.call AND r.b > w.a AND r.a < w.b);
+  JOIN (SELECT DISTINCT call AS rc FROM routers) r ON r.rc = w.call
+  LEFT JOIN (SELECT DISTINCT call AS xc, a AS xa, b AS xb FROM cut) x
+    ON x.xc = w.call AND x.xa = w.a AND x.xb = w.b
+  WHERE w.routed AND x.xc IS NULL;
 
 -- each instant once: the union of the queue's pieces
 CREATE TEMP TABLE queue AS
@@ -412,11 +422,16 @@ SELECT DISTINCT h.t, h.top FROM h JOIN k ON k.t = h.t AND k.id = h.id WHERE k.st
 -- the labelled intervals of the parts (``_server_time._labelled``): name, rank, walk order
 CREATE TEMP TABLE labels AS
 WITH x AS (
-  SELECT sub.*,
-    EXISTS (SELECT 1 FROM k c WHERE c.t = sub.t AND c.p = sub.id AND c.model IS NOT NULL)
-      AS steps,
-    EXISTS (SELECT 1 FROM staged g WHERE g.t = sub.t AND g.top = sub.p) AS has_stages
-  FROM sub WHERE reach AND stage IS NULL AND NOT queued
+  -- whether a model's span holds models (an ensemble's steps), whether a compute span's
+  -- parent holds stages: joined, not correlated (ClickHouse's own reads drop a column that
+  -- only a correlated subquery reads), each set's columns named apart from ``sub``'s
+  SELECT sub.*, m.mt IS NOT NULL AS steps, g.gt IS NOT NULL AS has_stages
+  FROM sub
+  LEFT JOIN (SELECT DISTINCT t AS mt, p AS mp FROM k WHERE model IS NOT NULL) m
+    ON m.mt = sub.t AND m.mp = sub.id
+  LEFT JOIN (SELECT DISTINCT t AS gt, top AS gtop FROM staged) g
+    ON g.gt = sub.t AND g.gtop = sub.p
+  WHERE reach AND stage IS NULL AND NOT queued
 ), kinds AS (
   SELECT *,
     CASE
@@ -529,15 +544,17 @@ UNION ALL SELECT call, {_q(SEND)}, least(s1, ben) - greatest(s0, ven), n + 2 FRO
 -- each root's components: (name, seconds, where in the root it first comes, a part or not)
 CREATE TEMP TABLE comp AS
 WITH per_call AS (
-  SELECT c.*, coalesce(q.ns, 0) * 1e-9 AS queue_s,
-    coalesce((SELECT sum(o.ns) FROM outside o WHERE o.call = c.call AND o.n < 3), 0) * 1e-9
-      AS around_s,
-    coalesce((SELECT sum(o.ns) FROM outside o WHERE o.call = c.call AND o.n >= 3), 0) * 1e-9
-      AS behind_s,
-    coalesce((SELECT sum((g.en - g.st) * 1e-9) FROM stages g WHERE g.call = c.call), 0)
-      AS staged_s,
-    coalesce((SELECT sum(p.ns) FROM pieces p WHERE p.call = c.call), 0) * 1e-9 AS parts_s
-  FROM calls c LEFT JOIN queue q ON q.call = c.call WHERE NOT c.missing
+  SELECT c.*, coalesce(q.qns, 0) * 1e-9 AS queue_s, coalesce(o.ans, 0) * 1e-9 AS around_s,
+    coalesce(o.bns, 0) * 1e-9 AS behind_s, coalesce(g.gs, 0) AS staged_s,
+    coalesce(p.pns, 0) * 1e-9 AS parts_s
+  FROM calls c LEFT JOIN (SELECT call AS qc, ns AS qns FROM queue) q ON q.qc = c.call
+  LEFT JOIN (SELECT call AS oc, sum(CASE WHEN n < 3 THEN ns ELSE 0 END) AS ans,
+                    sum(CASE WHEN n >= 3 THEN ns ELSE 0 END) AS bns
+             FROM outside GROUP BY call) o ON o.oc = c.call
+  LEFT JOIN (SELECT call AS gc, sum((en - st) * 1e-9) AS gs FROM stages GROUP BY call) g
+    ON g.gc = c.call
+  LEFT JOIN (SELECT call AS pc, sum(ns) AS pns FROM pieces GROUP BY call) p ON p.pc = c.call
+  WHERE NOT c.missing
 )
 SELECT root, 'client serialize' AS name, ser AS s, cpath AS path, 0 AS seq, 0 AS sub,
   false AS part FROM calls
@@ -562,9 +579,10 @@ UNION ALL SELECT root, {_q(SERVER_OTHER)},
 UNION ALL SELECT root, 'client ' || stage, (en - st) * 1e-9, path, 0, 0, false FROM level
   WHERE NOT is_client
 UNION ALL SELECT r.root, {_q(CLIENT_OTHER)},
-  (r.en - r.st) * 1e-9 - coalesce((SELECT sum((l.en - l.st) * 1e-9) FROM level l
-                                   WHERE l.root = r.root), 0), [9223372036854775807], 0, 0,
-  false FROM roots r
+  (r.en - r.st) * 1e-9 - coalesce(l.ls, 0), [9223372036854775807], 0, 0, false
+  FROM roots r
+  LEFT JOIN (SELECT root AS lr, sum((en - st) * 1e-9) AS ls FROM level GROUP BY root) l
+    ON l.lr = r.root
 UNION ALL SELECT root, {_q(TOTAL)}, (en - st) * 1e-9, [9223372036854775807], 1, 0, false
   FROM roots;
 
@@ -578,9 +596,10 @@ UNION ALL SELECT root, cpath, 1,
 FROM calls WHERE NOT missing AND vst < cst
 UNION ALL SELECT c.root, c.cpath, 2,
   c.called || ': stages + queue exceed the server span (' || c.tt || ')'
-FROM calls c LEFT JOIN queue q ON q.call = c.call
-WHERE NOT c.missing AND coalesce((SELECT sum((g.en - g.st) * 1e-9) FROM stages g
-                                  WHERE g.call = c.call), 0) + coalesce(q.ns, 0) * 1e-9
+FROM calls c LEFT JOIN (SELECT call AS qc, ns AS qns FROM queue) q ON q.qc = c.call
+LEFT JOIN (SELECT call AS gc, sum((en - st) * 1e-9) AS gs FROM stages GROUP BY call) g
+  ON g.gc = c.call
+WHERE NOT c.missing AND coalesce(g.gs, 0) + coalesce(q.qns, 0) * 1e-9
       > (c.ven - c.vst) * 1e-9 * (1 + 1e-6);
 """
 
@@ -595,9 +614,9 @@ _ROWS = """
 CREATE TEMP TABLE rk AS
 SELECT r.root, r.t, r.tord,
   row_number() OVER (PARTITION BY r.t ORDER BY r.st, r.en, r.root) AS idx,
-  r.gvals, coalesce(a.address, '') AS address,
-  EXISTS (SELECT 1 FROM calls c WHERE c.root = r.root AND c.missing) AS bad
-FROM roots r LEFT JOIN answered a ON a.root = r.root;
+  r.gvals, coalesce(a.address, '') AS address, c.cr IS NOT NULL AS bad
+FROM roots r LEFT JOIN answered a ON a.root = r.root
+LEFT JOIN (SELECT DISTINCT root AS cr FROM calls WHERE missing) c ON c.cr = r.root;
 
 -- each root's components once, in the order the Python path adds them
 CREATE TEMP TABLE percomp AS
@@ -694,6 +713,24 @@ def breakdown_spans(
     for those the queries leave to the Python path."""
     spans, traces = con.execute("SELECT count(*), count(DISTINCT tt) FROM kall").fetchone()
     _chunks(con, root_name, max(1, -(-spans // CHUNK_SPANS)))
+    return merged(con, group_by, root_name, whole, spans, traces)
+
+
+def merged(
+    con: Any,
+    group_by: Sequence[str],
+    root_name: str | None,
+    whole: Callable[[Any], Any],
+    spans: int,
+    traces: int,
+) -> SqlBreakdown:
+    """The breakdown from the queries' results in ``con`` (the tables of ``_KEPT``, ``kall``'s
+    arrival order of the traces in ``odd``), the traces in ``odd`` broken down by the Python
+    path (``whole``: as ``breakdown_spans``'s) and merged in their place."""
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE rk AS SELECT *, "
+        "dense_rank() OVER (ORDER BY gvals, address) AS combo FROM rk"
+    )
     # each combination of group values as the Python path writes it: one group each
     keys: dict[tuple[str, ...], int] = {}
     combos, gids = [], []
@@ -732,8 +769,7 @@ def breakdown_spans(
 
 def _chunks(con: Any, root_name: str | None, chunks: int) -> None:
     """The queries over the traces in ``chunks`` parts (by their id's hash: each trace whole
-    in one), each part's results kept in ``_KEPT``'s tables; then each root's combination of
-    group values (``combo``) over all of them."""
+    in one), each part's results kept in ``_KEPT``'s tables."""
     script = (_TREE + _components_sql(root_name) + _ROWS).replace(
         "CREATE TEMP TABLE", "CREATE OR REPLACE TEMP TABLE"
     )
@@ -750,14 +786,9 @@ def _chunks(con: Any, root_name: str | None, chunks: int) -> None:
                 con.execute(f"CREATE TEMP TABLE all_{table} AS SELECT * FROM {table}")
             else:
                 con.execute(f"INSERT INTO all_{table} SELECT * FROM {table}")
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE rk AS SELECT *, "
-        "dense_rank() OVER (ORDER BY gvals, address) AS combo FROM all_rk"
-    )
-    for table in _KEPT[1:]:
+    for table in _KEPT:
         con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM all_{table}")
         con.execute(f"DROP TABLE all_{table}")
-    con.execute("DROP TABLE all_rk")
 
 
 def _text(value: str | None) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from otelkit import semconv
-from otelkit.analysis import Span, _clickhouse, breakdown, build_traces, load_spans
+from otelkit.analysis import Span, _clickhouse, _pushdown, _sql, breakdown, build_traces, load_spans
 from otelkit.analysis._clickhouse import breakdown_clickhouse, import_clickhouse
 from otelkit.analysis._sampling import Sampling
 from otelkit.analysis._sql import SqlBreakdown
@@ -288,12 +288,12 @@ def in_clickhouse_order(spans: list[Span]) -> list[Span]:
 def assert_pushed_down(
     dsn: str, table: str, spans: list[Span], group_by: Sequence[str] = (), root: str | None = None
 ) -> SqlBreakdown:
-    """The breakdown read in ClickHouse, by both engines here, equals the Python path's over
-    the same spans, in the order the table is read; the compiled engine's."""
+    """The breakdown read in ClickHouse, walked there and by both engines here, equals the
+    Python path's over the same spans, in the order the table is read; the compiled engine's."""
     ordered = build_traces(in_clickhouse_order(spans)).values()
     python = breakdown(ordered, group_by=group_by, root_name=root)
     found = {}
-    for engine in ("duckdb", "compiled"):
+    for engine in ("clickhouse", "duckdb", "compiled"):
         found[engine] = breakdown_clickhouse(
             dsn, table=table, group_by=group_by, root_name=root, engine=engine
         )
@@ -317,12 +317,16 @@ def test_the_breakdown_read_in_clickhouse_is_the_python_paths(
     roots = sum(s.parent_span_id is None for s in spans)  # each a complete trace of the demo
     assert found.delegated == 0 and sum(g.traces for g in found.groups.values()) == roots
     assert assert_pushed_down(dsn, table, spans, root="reconstruct event").delegated == 0
+    # a key and a root's name that SQL's literals must escape, whichever dialect writes them
+    assert assert_pushed_down(dsn, table, spans, ("it's \\ odd",)).groups.keys() == {("",)}
+    assert assert_pushed_down(dsn, table, spans, root="it's \\").groups == {}
     # Orphans, duplicate ids, a parent cycle, Envoy's spans, a Ray Serve wait: the traces the
     # queries leave to the Python path are fetched whole, and land in their place
     odd = f"{table}_odd"
     _fill(client, odd, shapes() + spans, legacy=legacy)
-    # orphan, cycle; asked for one a query
+    # orphan, cycle; asked for one a query; the queries over parts of the traces (about nine)
     monkeypatch.setattr(_clickhouse, "_IDS_A_QUERY", 1)
+    monkeypatch.setattr(_sql, "CHUNK_SPANS", 60)
     assert assert_pushed_down(dsn, odd, shapes() + spans, ("option",)).delegated == 2
 
 
@@ -392,6 +396,59 @@ def test_the_sampling_is_counted_in_clickhouse(chdb: tuple[str, Any], typed: boo
     assert found.lines() == expected.lines()
 
 
+def test_the_breakdown_runs_in_clickhouse_and_only_the_roots_come_back(
+    chdb: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Walked in ClickHouse, no span is streamed here: the narrowed spans' reader (which the
+    engines here read through) refuses, and the breakdown is still the Python path's. A server
+    older than the queries need is walked here by ``auto``, and refused by ``clickhouse``."""
+    dsn, client = chdb
+    table = "otel_traces_pushed"
+    spans = load_spans(DEMO)
+    _fill(client, table, spans, legacy=False)
+    grouped = ("gnn_tracking.option", semconv.ANSWERED_BY)
+    python = breakdown(build_traces(in_clickhouse_order(spans)).values(), group_by=grouped)
+
+    def streamed(*args: Any) -> Iterator[Any]:
+        raise AssertionError("spans streamed out of ClickHouse")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(_clickhouse, "_tables", streamed)
+        found = breakdown_clickhouse(dsn, table=table, group_by=grouped, engine="clickhouse")
+    assert summary(found.groups) == summary(python) and found.delegated == 0
+    assert found.spans == len(spans)
+
+    def refused(*args: Any) -> SqlBreakdown:
+        raise AssertionError("walked in a ClickHouse too old for the queries")
+
+    monkeypatch.setattr(_clickhouse, "_version", lambda client: "25.7.3.1")
+    monkeypatch.setattr(_pushdown, "breakdown_pushed", refused)
+    found = breakdown_clickhouse(dsn, table=table, group_by=grouped)  # auto
+    assert summary(found.groups) == summary(python)
+    with pytest.raises(StoreError, match=r"needs ClickHouse 25\.8 or newer.*is 25\.7\.3\.1"):
+        breakdown_clickhouse(dsn, table=table, engine="clickhouse")
+
+
+@pytest.mark.parametrize(
+    ("version", "runs"),
+    [("25.8.1.5", True), ("26.9.2.1", True), ("25.7.9.1", False), ("24.12.1", False), ("", False)],
+)
+def test_the_queries_run_on_clickhouse_25_8_and_newer(version: str, runs: bool) -> None:
+    assert _pushdown.supported(version) is runs
+
+
+def test_each_rewrite_into_clickhouses_dialect_applies() -> None:
+    """A query of ``_sql`` changed so that a rewrite no longer matches fails here, not in a
+    site's ClickHouse; what the rewrites leave holds nothing DuckDB alone spells."""
+    statements = _pushdown.in_clickhouse(_sql._TREE + _sql._components_sql("x") + _sql._ROWS)
+    text = "\n".join(statements)
+    for duckdb_only in ("::", "list_", "arg_max(", "arg_min(", "any_value(", "bool_or(", " lag("):
+        assert duckdb_only not in text, duckdb_only
+    changed = _sql._TREE.replace("any_value(", "first(")
+    with pytest.raises(AssertionError, match="any_value"):
+        _pushdown.in_clickhouse(changed + _sql._components_sql("x") + _sql._ROWS)
+
+
 def test_the_breakdown_command_reads_clickhouse_in_place(
     chdb: tuple[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -403,7 +460,12 @@ def test_the_breakdown_command_reads_clickhouse_in_place(
     in_place = capsys.readouterr().out
     assert main(["breakdown", str(DEMO), *group, "--engine", "python"]) == 0
     assert in_place == capsys.readouterr().out and "server gnn" in in_place
+    for walk in ("clickhouse", "here"):
+        assert main(["breakdown", *store, *group, "--walk", walk]) == 0
+        assert capsys.readouterr().out == in_place, walk
     # what it cannot read, said
+    assert main(["breakdown", str(DEMO), "--walk", "here"]) == 2
+    assert "--walk is for --engine clickhouse" in capsys.readouterr().err
     assert main(["breakdown", str(DEMO), *store]) == 2
     assert "reads one --source clickhouse://" in capsys.readouterr().err
     assert main(["breakdown", "--source", dsn, "--table", "missing", "--engine", "clickhouse"]) == 2

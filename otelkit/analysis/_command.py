@@ -196,6 +196,13 @@ def _in_clickhouse(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.cache is not None or args.refresh:
+        print(
+            "otelkit breakdown: --engine clickhouse reads the table where it is, with no "
+            "copy: --cache and --refresh are for a store's traces fetched here",
+            file=sys.stderr,
+        )
+        return 2
     try:
         selection = selection_of(args)
         found = breakdown_clickhouse(

@@ -126,7 +126,7 @@ def _group_value(key: str, json: bool) -> str:
 def spans_sql(selected: str, group_by: Sequence[str], json: bool) -> str:
     """``_sql._spans_sql``'s table ``k`` in ClickHouse: one row a span of ``selected`` (the
     narrowed spans, ``_clickhouse._select``'s columns), the first of duplicate ids in the
-    order ``_clickhouse.ORDER`` reads them. Ids stay text: a join on them is ClickHouse's."""
+    order ``_clickhouse.ORDER`` reads them."""
 
     def attr(key: str) -> str:
         return _attribute(key, json)
@@ -143,7 +143,11 @@ CREATE TEMPORARY TABLE k ENGINE = Memory AS
 WITH raw AS (
 SELECT * FROM (
   SELECT
-    TraceId AS tt, TraceId AS t, SpanId AS id, nullIf(ParentSpanId, '') AS p,
+    -- ids as the integers their hex spells (joins on them are cheaper than on text); an id
+    -- that is not hex marks its trace for the Python path
+    TraceId AS tt, reinterpretAsUInt128(reverse(unhex(TraceId))) AS t,
+    reinterpretAsUInt64(reverse(unhex(SpanId))) AS id,
+    if(ParentSpanId = '', NULL, reinterpretAsUInt64(reverse(unhex(ParentSpanId)))) AS p,
     NOT match(TraceId, '^[0-9a-f]{{1,32}}$') OR NOT match(SpanId, {hex_id})
       OR (ParentSpanId <> '' AND NOT match(ParentSpanId, {hex_id})) AS badid,
     SpanName AS name,

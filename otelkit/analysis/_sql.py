@@ -419,8 +419,9 @@ WITH RECURSIVE h(t, top, id, go) AS (
 )
 SELECT DISTINCT h.t, h.top FROM h JOIN k ON k.t = h.t AND k.id = h.id WHERE k.stage IS NOT NULL;
 
--- the labelled intervals of the parts (``_server_time._labelled``): name, rank, walk order
-CREATE TEMP TABLE labels AS
+-- what each span the parts' walk reaches is (``_server_time._labelled``'s cases), once: the
+-- labels read it in a dozen places (ClickHouse would compute a CTE at each)
+CREATE TEMP TABLE kinds AS
 WITH x AS (
   -- whether a model's span holds models (an ensemble's steps), whether a compute span's
   -- parent holds stages: joined, not correlated (ClickHouse's own reads drop a column that
@@ -448,7 +449,12 @@ WITH x AS (
     'server ' || ctx || CASE WHEN has_stages THEN ' hand-off' ELSE ' compute' END AS infer,
     c_in IS NOT NULL AND c_out IS NOT NULL AND c_end IS NOT NULL AS cut
   FROM x
-), taken AS (SELECT DISTINCT call, name FROM stages)
+)
+SELECT * FROM kinds;
+
+-- the labelled intervals of the parts (``_server_time._labelled``): name, rank, walk order
+CREATE TEMP TABLE labels AS
+WITH taken AS (SELECT DISTINCT call, name FROM stages)
 SELECT call, a, b, label, r1, r2, path, part FROM (
   SELECT call, st AS a, en AS b, {_q(CALLS_OUT)} AS label, 3 AS r1, depth AS r2, path,
          0 AS part FROM kinds WHERE kind = 'call'

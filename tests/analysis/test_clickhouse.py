@@ -466,6 +466,9 @@ def test_the_breakdown_command_reads_clickhouse_in_place(
     # what it cannot read, said
     assert main(["breakdown", str(DEMO), "--walk", "here"]) == 2
     assert "--walk is for --engine clickhouse" in capsys.readouterr().err
+    for cached in (["--cache", "somewhere"], ["--refresh"]):
+        assert main(["breakdown", *store, *cached]) == 2
+        assert "with no copy: --cache and --refresh" in capsys.readouterr().err
     assert main(["breakdown", str(DEMO), *store]) == 2
     assert "reads one --source clickhouse://" in capsys.readouterr().err
     assert main(["breakdown", "--source", dsn, "--table", "missing", "--engine", "clickhouse"]) == 2

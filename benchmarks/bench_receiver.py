@@ -3,10 +3,13 @@
 The receiver runs as its own process (through ``otelkit.receiver.run``, as ``otelkit receive``
 will), and this process drives it with ``OTLPSpanExporter`` (http/protobuf) from a few threads,
 each exporting pre-built batches of realistic inference spans for a fixed time. Afterwards the
-receiver's file is checked span by span: every span of every batch sent must be there exactly
-as many times as its batch was acknowledged. The last line printed is a JSON summary.
+receiver's output is checked span by span: every span of every batch sent must be there
+exactly as many times as its batch was acknowledged. Both of the receiver's formats, OTLP JSON
+lines and the span store's Parquet segments (``--format parquet``), are driven in one run,
+taking turns (a fresh receiver each time), ``--rounds`` times each: their medians and the
+ratio of the segments' rate to the JSON lines'. The last line printed is a JSON summary.
 
-    python benchmarks/bench_receiver.py [--seconds 10] [--threads 2] [--batch 512]
+    python benchmarks/bench_receiver.py [--seconds 10] [--threads 2] [--batch 512] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -105,12 +109,14 @@ def _traced_call(tracer: Tracer, rnd: random.Random) -> None:
                         )
 
 
-def start_receiver(out_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the receiver process on a free port and wait until it accepts connections."""
+def start_receiver(out_dir: Path, fmt: str = "jsonl") -> tuple[subprocess.Popen[bytes], int]:
+    """Start the receiver process on a free port, writing ``fmt``, and wait until it accepts
+    connections."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     cmd = [sys.executable, "-c", RECEIVER, "--port", str(port), "--out", str(out_dir)]
+    cmd += ["--format", fmt]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
@@ -164,14 +170,54 @@ def drive(url: str, batches: list[list[ReadableSpan]], args: argparse.Namespace)
 
 
 def stored_span_ids(path: Path) -> collections.Counter[str]:
-    """How many times each span id occurs in the receiver's file."""
+    """How many times each span id occurs in the receiver's file (``traces.jsonl``), or in its
+    segments (a folder's ``*.parquet``)."""
     counts: collections.Counter[str] = collections.Counter()
+    if path.is_dir():
+        import pyarrow.parquet
+
+        for segment in sorted(path.glob("*.parquet")):
+            counts.update(pyarrow.parquet.read_table(segment, columns=["SpanId"])[0].to_pylist())
+        return counts
     with path.open() as lines:
         for line in lines:
             for rs in json.loads(line).get("resourceSpans", ()):
                 for ss in rs.get("scopeSpans", ()):
                     counts.update(span["spanId"] for span in ss.get("spans", ()))
     return counts
+
+
+def measure(
+    fmt: str, batches: list[list[ReadableSpan]], args: argparse.Namespace
+) -> dict[str, float | int | bool]:
+    """One receiver writing ``fmt``, driven for ``args.seconds``: its rate, its CPU per span,
+    and whether it kept exactly the spans acknowledged."""
+    with tempfile.TemporaryDirectory(prefix="bench-receiver-") as tmp:
+        proc, port = start_receiver(Path(tmp), fmt)
+        url = f"http://127.0.0.1:{port}/v1/traces"
+        print(f"{fmt}: receiver pid {proc.pid} on {url}; exporting for {args.seconds:g} s")
+        start = time.monotonic()
+        acked = drive(url, batches, args)
+        seconds = time.monotonic() - start
+        receiver_cpu = cpu_seconds(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=60)  # segments are written whole as it stops
+        stored = stored_span_ids(Path(tmp) / "traces.jsonl" if fmt == "jsonl" else Path(tmp))
+    expected: collections.Counter[str] = collections.Counter()
+    for batch, times in zip(batches, acked, strict=True):
+        expected.update({format(span.context.span_id, "016x"): times for span in batch})
+    sent, kept = sum(expected.values()), sum(stored.values())
+    exact = +expected == +stored
+    print(f"{fmt}: receiver exit status {status}; holds exactly the spans sent: {exact}")
+    return {
+        "spans_per_s": round(sent / seconds),
+        "spans_sent": sent,
+        "spans_stored": kept,
+        "dropped": sent - kept if exact else sum((expected - stored).values()),
+        "unexpected": sum((stored - expected).values()),
+        "receiver_cpu_us_per_span": round(receiver_cpu / max(kept, 1) * 1e6, 1),
+        "exact": exact and status == 0,
+    }
 
 
 def main() -> int:
@@ -181,42 +227,48 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--batches", type=int, default=8, help="distinct pre-built batches")
     parser.add_argument("--compression", type=Compression, default=Compression.NoCompression)
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each format, in turns")
     args = parser.parse_args()
 
     batches = build_batches(args.batches, args.batch)
     print(f"built {args.batches} batches of {args.batch} spans")
-    with tempfile.TemporaryDirectory(prefix="bench-receiver-") as tmp:
-        proc, port = start_receiver(Path(tmp))
-        url = f"http://127.0.0.1:{port}/v1/traces"
-        print(f"receiver pid {proc.pid} on {url}; exporting for {args.seconds:g} s")
-        start = time.monotonic()
-        acked = drive(url, batches, args)
-        seconds = time.monotonic() - start
-        receiver_cpu = cpu_seconds(proc.pid)
-        proc.send_signal(signal.SIGTERM)
-        status = proc.wait(timeout=60)
-        stored = stored_span_ids(Path(tmp) / "traces.jsonl")
+    runs: dict[str, list[dict[str, float | int | bool]]] = {"jsonl": [], "parquet": []}
+    for _ in range(args.rounds):  # taking turns: a change in the host's load hits both
+        for fmt, measured in runs.items():
+            measured.append(measure(fmt, batches, args))
 
-    expected: collections.Counter[str] = collections.Counter()
-    for batch, times in zip(batches, acked, strict=True):
-        expected.update({format(span.context.span_id, "016x"): times for span in batch})
-    sent, kept = sum(expected.values()), sum(stored.values())
-    exact = +expected == +stored
-    print(f"receiver exit status {status}; file holds exactly the spans sent: {exact}")
+    def median(fmt: str, key: str) -> float:
+        return float(statistics.median(float(run[key]) for run in runs[fmt]))
+
+    formats = {
+        fmt: {
+            "spans_per_s": round(median(fmt, "spans_per_s")),
+            "receiver_cpu_us_per_span": round(median(fmt, "receiver_cpu_us_per_span"), 1),
+            "rates": [run["spans_per_s"] for run in measured],
+            "dropped": sum(int(run["dropped"]) for run in measured),
+            "unexpected": sum(int(run["unexpected"]) for run in measured),
+            "exact": all(run["exact"] for run in measured),
+        }
+        for fmt, measured in runs.items()
+    }
+    ratio = median("parquet", "spans_per_s") / max(median("jsonl", "spans_per_s"), 1.0)
+    print(
+        f"JSON lines {formats['jsonl']['spans_per_s']} spans/s, segments "
+        f"{formats['parquet']['spans_per_s']} spans/s (x{ratio:.2f}); receiver CPU a span "
+        f"{formats['jsonl']['receiver_cpu_us_per_span']} and "
+        f"{formats['parquet']['receiver_cpu_us_per_span']} us"
+    )
     summary = {
-        "spans_per_s": round(sent / seconds),
-        "spans_sent": sent,
-        "spans_stored": kept,
-        "dropped": sent - kept if exact else sum((expected - stored).values()),
-        "unexpected": sum((stored - expected).values()),
+        "formats": formats,
+        "parquet_over_jsonl": round(ratio, 2),
         "batch": args.batch,
         "threads": args.threads,
-        "seconds": round(seconds, 2),
-        "receiver_cpu_us_per_span": round(receiver_cpu / max(kept, 1) * 1e6, 1),
+        "seconds": args.seconds,
+        "rounds": args.rounds,
         "target_spans_per_s": TARGET_SPANS_PER_S,
     }
     print(json.dumps(summary))
-    return 0 if exact and status == 0 else 1
+    return 0 if all(f["exact"] for f in formats.values()) else 1
 
 
 if __name__ == "__main__":

@@ -36,10 +36,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otelkit._core.signals import stop_on_signals
 from otelkit._core.threads import ThreadGroup
-from otelkit.analysis._decode import spans_of_doc
-from otelkit.analysis._store import SegmentWriter, StoreError
+from otelkit.analysis._staged import StagedSegmentWriter
+from otelkit.analysis._store import StoreError
 from otelkit.export._jsonl import JsonLinesWriter
-from otelkit.export._otlp_json import request_to_json, span_count
+from otelkit.export._otlp_json import dumps, request_to_json, span_count
 from otelkit.export._otlp_json_normalize import normalize_json
 
 __all__ = ["Receiver", "ReceiverProcess", "add_arguments", "run"]
@@ -120,7 +120,7 @@ class Receiver(_Served):
         self.out_path = self.out_dir / "traces.jsonl"
         self.formats = tuple(formats)
         self._segment_spans, self._segment_age_s = segment_spans, segment_age_s
-        self._segments: SegmentWriter | None = None
+        self._segments: StagedSegmentWriter | None = None
         self.max_body_bytes, self.max_decoded_bytes = max_body_bytes, max_decoded_bytes
         self.max_concurrent, self.max_file_bytes = max_concurrent, max_file_bytes
         self.slot_wait_s = slot_wait_s
@@ -139,7 +139,7 @@ class Receiver(_Served):
             if "jsonl" in self.formats:
                 self._writer = JsonLinesWriter(self.out_path, max_bytes=self.max_file_bytes)
             if "parquet" in self.formats:
-                self._segments = SegmentWriter(
+                self._segments = StagedSegmentWriter(
                     self.out_dir,
                     max_spans=self._segment_spans,
                     max_age_s=self._segment_age_s,
@@ -238,10 +238,11 @@ class Receiver(_Served):
         if spans := span_count(doc):
             if self._writer is None and self._segments is None:
                 raise _Reject(HTTPStatus.SERVICE_UNAVAILABLE, "the receiver is stopping")
+            line = dumps(doc)  # once, for both
             if self._writer is not None:
-                self._writer.write(doc)
+                self._writer.write_line(line)
             if self._segments is not None:
-                self._segments.add(spans_of_doc(doc))
+                self._segments.add_line(line, spans)
         self._count(spans=spans)
 
     def _count(self, spans: int = 0, rejected: int = 0) -> None:

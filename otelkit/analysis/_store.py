@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 SUFFIX = ".parquet"
+_log = logging.getLogger("otelkit.analysis")
 _KINDS = {
     SpanKind.UNSPECIFIED: "Unspecified",
     SpanKind.INTERNAL: "Internal",
@@ -313,7 +314,7 @@ def whole_segments(files: Iterable[str | Path]) -> list[str]:
             check_segment(path)
             whole.append(str(path))
         except StoreError as error:
-            logging.getLogger("otelkit.analysis").warning("otelkit: %s; left out", error)
+            _log.warning("otelkit: %s; left out", error)
     return whole
 
 

@@ -409,9 +409,10 @@ def _start_tracing(tracing: Tracing, files: Path) -> tuple[ReceiverProcess | Non
     if tracing.endpoint is None:
         # A process of its own: decoding what arrives is about 10 µs of Python a span, which
         # in this process would take the GIL the driver's threads need, and its CPU would be
-        # the client's. It writes the span store's segments where pyarrow is installed
-        # (otelkit[store]), each point reading only those written during it.
-        formats = ("parquet",) if importlib.util.find_spec("pyarrow") else ("jsonl",)
+        # the client's. It writes the span store's segments where DuckDB and pyarrow are
+        # installed (otelkit[store]), each point reading only those written during it.
+        store = all(importlib.util.find_spec(m) for m in ("duckdb", "pyarrow"))
+        formats = ("parquet",) if store else ("jsonl",)
         receiver = ReceiverProcess(
             files / "traces", port=tracing.port, formats=formats, max_concurrent=8
         )

@@ -173,8 +173,9 @@ def _export(url: str, spans: int, name: str = "infer") -> None:
 def test_the_receiver_writes_segments_beside_json_lines_and_closes_one_on_flush(
     tmp_path: Path,
 ) -> None:
-    """Both formats hold the same spans; a segment is written when full and on ``flush`` (a
-    study's point end), not before: a reader never sees half of one."""
+    """Both formats hold the same spans; a segment is written when full (by the import's fast
+    path, in a thread of its own: soon after) and on ``flush`` (a study's point end: before it
+    returns), not before: a reader never sees half of one."""
     out = tmp_path / "traces"
     with Receiver(out, formats=("jsonl", "parquet"), segment_spans=8) as receiver:
         _export(receiver.traces_url, 5)
@@ -184,7 +185,7 @@ def test_the_receiver_writes_segments_beside_json_lines_and_closes_one_on_flush(
         assert [p.name for p in out.glob("*.parquet")] == ["spans-00000.parquet"]
         _export(receiver.traces_url, 9)  # a span a request: the eighth fills a segment
         assert receiver.wait_for_spans(14, timeout=10)
-        assert len(list(out.glob("*.parquet"))) == 2
+        wait_until(lambda: len(list(out.glob("*.parquet"))) == 2, 10, "the full segment")
     # stopping writes the one span held: 5, 8, 1
     segments = sorted(out.glob("*.parquet"))
     assert [p.name for p in segments] == [f"spans-0000{i}.parquet" for i in range(3)]
@@ -192,6 +193,7 @@ def test_the_receiver_writes_segments_beside_json_lines_and_closes_one_on_flush(
     from_segments = [s for p in segments for s in read_segment(p)]
     assert from_segments == load_spans(out / "traces.jsonl")
     assert len(from_segments) == 14 and not list(out.glob(".*partial"))
+    assert not list(out.glob(".staging-*"))  # each staged line made a segment
 
 
 def test_the_receiver_writes_segments_alone_and_writes_an_old_one_on_rotate(
@@ -204,11 +206,72 @@ def test_the_receiver_writes_segments_alone_and_writes_an_old_one_on_rotate(
         assert receiver.wait_for_spans(3, timeout=10)
         receiver.rotate()  # too young: held (an age well past the export's time on a busy host)
         assert not list(out.glob("*.parquet"))
-        # once it has waited its age, a rotation writes it
-        wait_until(lambda: receiver.rotate() or list(out.glob("*.parquet")), 10, "the segment")
+        # once it has waited its age, a rotation hands it over, and it is written
+        wait_until(lambda: [receiver.rotate(), *out.glob("*.parquet")][1:], 10, "the segment")
         assert len(load_spans(out)) == 3
     finally:
         receiver.stop()
     assert not (out / "traces.jsonl").exists()
     with pytest.raises(ValueError, match="formats"):
         Receiver(out, formats=("csv",))
+
+
+def test_staged_lines_become_segments_of_the_python_paths_rows(tmp_path: Path) -> None:
+    """What the receiver writes: JSON lines staged (a name no reader takes for a trace file),
+    made segments by the import's fast path when full and on ``flush``, the rows those of the
+    lines read by the Python path."""
+    from otelkit.analysis._staged import StagedSegmentWriter
+
+    lines = [line.rstrip(b"\n") for line in DEMO.read_bytes().splitlines() if line.strip()]
+    counts = [len(load_spans_of_line(line)) for line in lines]
+    writer = StagedSegmentWriter(tmp_path, max_spans=sum(counts) // 2)
+    try:
+        for line, count in zip(lines, counts, strict=True):
+            writer.add_line(line, count)
+        assert writer.flush() > 0
+        assert writer.spans_written == sum(counts) and writer.segments_written >= 2
+        assert not list(tmp_path.glob(".staging-*"))
+        segments = sorted(tmp_path.glob("*.parquet"))
+        assert [s for p in segments for s in read_segment(p)] == load_spans(DEMO)
+    finally:
+        writer.close()
+    with pytest.raises(ValueError, match="closed"):
+        writer.add_line(lines[0], counts[0])
+
+
+def test_a_staged_file_that_cannot_become_a_segment_is_kept_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from otelkit.analysis import _staged, trace_files
+    from otelkit.analysis._staged import StagedSegmentWriter
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_staged, "import_files", full_disk)
+    line = next(line for line in DEMO.read_bytes().splitlines() if line.strip())
+    count = len(load_spans_of_line(line))
+    writer = StagedSegmentWriter(tmp_path)
+    with caplog.at_level(logging.ERROR, logger="otelkit.analysis"):
+        writer.add_line(line, count)
+        writer.close()  # returns: the spans are staged still, and counted
+    (kept,) = tmp_path.glob(".staging-*")
+    assert writer.spans_failed == count and writer.spans_written == 0
+    assert f"{kept}: {count} spans not made a segment" in caplog.text
+    assert "No space left on device" in caplog.text
+    assert trace_files(tmp_path) == []  # no reader takes it for a trace file
+    # a later writer in the folder names its own staging files apart
+    monkeypatch.undo()
+    again = StagedSegmentWriter(tmp_path)
+    again.add_line(line, count)
+    again.close()
+    assert kept.exists() and len(list(tmp_path.glob("*.parquet"))) == 1
+
+
+def load_spans_of_line(line: bytes) -> list[object]:
+    """The spans of one OTLP JSON line, as the Python path reads them."""
+    import json
+
+    from otelkit.analysis._decode import spans_of_doc
+
+    return list(spans_of_doc(json.loads(line)))

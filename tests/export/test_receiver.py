@@ -36,7 +36,7 @@ from otelkit.receiver import Receiver, ReceiverProcess
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 # segments where the span store is installed (otelkit[store]; not in check-lowest's venv)
-SEGMENTS = importlib.util.find_spec("pyarrow") is not None
+SEGMENTS = all(importlib.util.find_spec(m) is not None for m in ("pyarrow", "duckdb"))
 FORMATS = ("parquet",) if SEGMENTS else ("jsonl",)
 JSON = {"Content-Type": "application/json"}
 TRACE_ID, SPAN_ID = "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"

@@ -492,10 +492,6 @@ def _duckdb(
         ]
     )
 
-    def wanted(con: Any) -> Any:
-        ids = [t for (t,) in con.execute("SELECT t FROM wanted").fetchall()]
-        return whole(ids).drop_columns(["SpanAttributes", "ResourceAttributes"])
-
     with _sql.connected() as con:
         # the spans' table made empty, each batch then added with its arrival order
         con.register("batch", narrow.append(pyarrow.field("ord", pyarrow.int64())).empty_table())
@@ -514,7 +510,7 @@ def _duckdb(
 
         _read(dsn, table, insert)
         con.execute(_sql._spans_sql(("chspans", "ord"), group_by))
-        return _sql.breakdown_spans(con, group_by, root_name, wanted)
+        return _sql.breakdown_spans(con, group_by, root_name, _sql.wanted_by_id(whole))
 
 
 def _value(columns: dict[str, str], table: str, column: str, key: str) -> tuple[str, str]:

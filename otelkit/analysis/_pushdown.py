@@ -254,8 +254,10 @@ def breakdown_pushed(
                     "CREATE TEMPORARY TABLE k ENGINE = Memory AS SELECT * FROM kall "
                     f"WHERE cityHash64(tt) % {chunks} = {chunk}"
                 )
-            for statement in script:
-                run(_named(client, statement))
+            for at, statement in enumerate(script):
+                if chunk == 0:  # named once (it asks ClickHouse): each part runs the same
+                    script[at] = statement = _named(client, statement)
+                run(statement)
             for table in _RESULTS:
                 into = f"INSERT INTO all_{table}"
                 if chunk == 0:
@@ -277,16 +279,14 @@ def breakdown_pushed(
             except Exception:  # a session's temporary tables end with it
                 break
 
-    def wanted(con: Any) -> Any:
-        ids = [t for (t,) in con.execute("SELECT t FROM wanted").fetchall()]
-        return whole(ids).drop_columns(["SpanAttributes", "ResourceAttributes"])
-
     with _sql.connected() as con:
         for table, arrow in fetched.items():
             con.register(f"{table}_arrow", arrow)
             con.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {table}_arrow")
             con.unregister(f"{table}_arrow")
-        return _sql.merged(con, group_by, root_name, wanted, int(spans), int(traces))
+        return _sql.merged(
+            con, group_by, root_name, _sql.wanted_by_id(whole), int(spans), int(traces)
+        )
 
 
 def unsupported(version: str) -> StoreError:

@@ -62,7 +62,15 @@ from otelkit.analysis._server_time import (
 )
 from otelkit.analysis._store import StoreError, spans_of_table, whole_segments
 
-__all__ = ["ATTRIBUTES", "EVENTS", "SqlBreakdown", "breakdown_spans", "breakdown_store"]
+__all__ = [
+    "ATTRIBUTES",
+    "EVENTS",
+    "SqlBreakdown",
+    "breakdown_spans",
+    "breakdown_store",
+    "merged",
+    "wanted_by_id",
+]
 
 #: what DuckDB may hold in memory before it spills to disk
 MEMORY_LIMIT = "1GB"
@@ -771,6 +779,18 @@ def merged(
     for gid, texts in con.execute("SELECT gid, texts FROM said").fetchall():
         by_gid[gid].problems = texts
     return SqlBreakdown(groups, spans, traces, len(odd))
+
+
+def wanted_by_id(fetch: Callable[[list[str]], Any]) -> Callable[[Any], Any]:
+    """``breakdown_spans``'s ``whole`` from ``fetch(ids)`` (the spans of those traces as an
+    Arrow table of the store's columns): the traces of ``con``'s table ``wanted``, less the
+    attribute maps."""
+
+    def whole(con: Any) -> Any:
+        ids = [t for (t,) in con.execute("SELECT t FROM wanted").fetchall()]
+        return fetch(ids).drop_columns(["SpanAttributes", "ResourceAttributes"])
+
+    return whole
 
 
 def _chunks(con: Any, root_name: str | None, chunks: int) -> None:

@@ -7,7 +7,10 @@ receiver's output is checked span by span: every span of every batch sent must b
 exactly as many times as its batch was acknowledged. Both of the receiver's formats, OTLP JSON
 lines and the span store's Parquet segments (``--format parquet``), are driven in one run,
 taking turns (a fresh receiver each time), ``--rounds`` times each: their medians and the
-ratio of the segments' rate to the JSON lines'. The last line printed is a JSON summary.
+ratio of the segments' rate to the JSON lines'. Work a receiver leaves for its close (the
+last segment's columns) is counted apart: its close's seconds, its rate over the export and
+the close together, and its CPU to its exit (``wait4``). The last line printed is a JSON
+summary.
 
     python benchmarks/bench_receiver.py [--seconds 10] [--threads 2] [--batch 512] [--rounds 2]
 """
@@ -135,6 +138,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_for_exit(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, float]:
+    """Wait for ``proc`` to exit: its exit status and the CPU seconds it used in all (user +
+    system, its own threads' and its children's it waited for, from ``wait4``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_utime + usage.ru_stime
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"the receiver did not exit within {timeout:g} s of SIGTERM")
+
+
 def drive(url: str, batches: list[list[ReadableSpan]], args: argparse.Namespace) -> list[int]:
     """Export batches round-robin from ``args.threads`` threads; acknowledged sends per batch."""
     acked = [0] * len(batches)
@@ -200,8 +217,10 @@ def measure(
         acked = drive(url, batches, args)
         seconds = time.monotonic() - start
         receiver_cpu = cpu_seconds(proc.pid)
+        stopping = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        status = proc.wait(timeout=60)  # segments are written whole as it stops
+        status, cpu_to_exit = wait_for_exit(proc, timeout=120)  # the last segment is written
+        close_s = time.monotonic() - stopping
         stored = stored_span_ids(Path(tmp) / "traces.jsonl" if fmt == "jsonl" else Path(tmp))
     expected: collections.Counter[str] = collections.Counter()
     for batch, times in zip(batches, acked, strict=True):
@@ -216,6 +235,9 @@ def measure(
         "dropped": sent - kept if exact else sum((expected - stored).values()),
         "unexpected": sum((stored - expected).values()),
         "receiver_cpu_us_per_span": round(receiver_cpu / max(kept, 1) * 1e6, 1),
+        "receiver_cpu_us_per_span_to_exit": round(cpu_to_exit / max(kept, 1) * 1e6, 1),
+        "close_s": round(close_s, 2),
+        "spans_per_s_to_exit": round(sent / (seconds + close_s)),
         "exact": exact and status == 0,
     }
 
@@ -244,6 +266,11 @@ def main() -> int:
         fmt: {
             "spans_per_s": round(median(fmt, "spans_per_s")),
             "receiver_cpu_us_per_span": round(median(fmt, "receiver_cpu_us_per_span"), 1),
+            "receiver_cpu_us_per_span_to_exit": round(
+                median(fmt, "receiver_cpu_us_per_span_to_exit"), 1
+            ),
+            "close_s": median(fmt, "close_s"),
+            "spans_per_s_to_exit": round(median(fmt, "spans_per_s_to_exit")),
             "rates": [run["spans_per_s"] for run in measured],
             "dropped": sum(int(run["dropped"]) for run in measured),
             "unexpected": sum(int(run["unexpected"]) for run in measured),
@@ -252,15 +279,21 @@ def main() -> int:
         for fmt, measured in runs.items()
     }
     ratio = median("parquet", "spans_per_s") / max(median("jsonl", "spans_per_s"), 1.0)
+    to_exit = median("parquet", "spans_per_s_to_exit") / max(
+        median("jsonl", "spans_per_s_to_exit"), 1.0
+    )
+    jsonl, parquet = formats["jsonl"], formats["parquet"]
     print(
-        f"JSON lines {formats['jsonl']['spans_per_s']} spans/s, segments "
-        f"{formats['parquet']['spans_per_s']} spans/s (x{ratio:.2f}); receiver CPU a span "
-        f"{formats['jsonl']['receiver_cpu_us_per_span']} and "
-        f"{formats['parquet']['receiver_cpu_us_per_span']} us"
+        f"JSON lines {jsonl['spans_per_s']} spans/s, segments {parquet['spans_per_s']} spans/s "
+        f"(x{ratio:.2f}); counting each receiver's close ({jsonl['close_s']:g} and "
+        f"{parquet['close_s']:g} s): x{to_exit:.2f}; receiver CPU a span, to its exit: "
+        f"{jsonl['receiver_cpu_us_per_span_to_exit']} and "
+        f"{parquet['receiver_cpu_us_per_span_to_exit']} us"
     )
     summary = {
         "formats": formats,
         "parquet_over_jsonl": round(ratio, 2),
+        "parquet_over_jsonl_to_exit": round(to_exit, 2),
         "batch": args.batch,
         "threads": args.threads,
         "seconds": args.seconds,

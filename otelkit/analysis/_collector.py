@@ -104,7 +104,9 @@ def _message(body: bytes, where: str) -> list[Span]:
         except OSError as error:
             _log.warning("%s: not a zstd frame (%s); left out", where, error)
             return []
-    if body.lstrip()[:1] == b"{":
+    # a JSON document's first byte, never a message's (a tag of field 15, a group): a
+    # message begins with its first field's tag, 10, a blank, and then a length, "{" for 123
+    if body[:1] == b"{":
         return spans_of_line(body.decode("utf-8", "replace"), where)
     try:
         request = ExportTraceServiceRequest.FromString(body)

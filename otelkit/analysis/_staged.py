@@ -1,4 +1,4 @@
-"""The receiver's segments at the cost of its JSON lines (``StagedSegmentWriter``)."""
+"""The receiver's segments, their columns made apart from its requests (``StagedSegmentWriter``)."""
 
 from __future__ import annotations
 
@@ -9,36 +9,49 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from otelkit.analysis._fast_import import import_files
 from otelkit.analysis._store import StoreError
 
-__all__ = ["StagedSegmentWriter"]
+__all__ = ["StagedSegmentWriter", "staged_messages"]
 
 _log = logging.getLogger("otelkit.analysis")
 
 #: a staging file's name: one no reader of a folder takes for a trace file
-_STAGING = ".staging-{:05d}.jsonl.part"
+_STAGING = ".staging-{:05d}.binpb.part"
+
+
+def staged_messages(data: bytes, where: str) -> Iterator[bytes]:
+    """The messages of a staging file: the Collector file exporter's proto framing, each
+    message after its length (4 bytes, big-endian); one cut short raises ``StoreError``."""
+    at = 0
+    while at < len(data):
+        length = int.from_bytes(data[at : at + 4], "big")
+        if at + 4 + length > len(data):
+            raise StoreError(f"{where}: the message at byte {at} is cut short")
+        yield data[at + 4 : at + 4 + length]
+        at += 4 + length
 
 
 class StagedSegmentWriter:
-    """Segments from OTLP JSON lines as they arrive, at the cost of writing the lines: each
-    line is appended to a staging file in the folder (named as no reader's trace file), and
-    that file becomes a segment by ``otelkit import``'s fast path (DuckDB parses, pyarrow
-    builds and writes the columns, in a thread of its own) when it holds ``max_spans``, when
-    its first span has waited ``max_age_s`` (checked as lines arrive, and at ``rotate``), and
-    at ``flush`` and ``close``, which return once every span added is in a segment. What the
-    receiver writes: its requests' threads then pay for the lines alone, as for JSON lines.
+    """Segments of OTLP protobuf requests as they arrive. Each request, as it came, is
+    appended to a staging file in the folder, in the Collector file exporter's proto framing
+    (named as no reader's trace file; ``otelkit import`` reads it), and a thread of its own,
+    at the lowest priority, makes that file a segment, its columns straight from the messages
+    (``_from_protobuf``), when it holds ``max_spans``, when its first span has waited
+    ``max_age_s`` (checked as messages arrive, and at ``rotate``), and at ``flush`` and
+    ``close``, which return once every span added is in a segment. The requests' threads
+    pay for a write.
 
-    A staging file that cannot become a segment is kept and named in an error (``otelkit
-    import`` reads it); its spans are counted in ``spans_failed``. Thread-safe."""
+    A staging file that cannot become a segment is kept and named in an error; its spans are
+    counted in ``spans_failed``. Thread-safe."""
 
     def __init__(
         self, folder: str | Path, *, max_spans: int = 100_000, max_age_s: float = 60.0
     ) -> None:
-        missing = [m for m in ("duckdb", "pyarrow") if importlib.util.find_spec(m) is None]
+        missing = [m for m in ("pyarrow",) if importlib.util.find_spec(m) is None]
         if missing:
             raise StoreError(f"segments need {' and '.join(missing)}: pip install 'otelkit[store]'")
         self.folder = Path(folder)
@@ -60,8 +73,8 @@ class StagedSegmentWriter:
         )
         self._worker.start()
 
-    def add_line(self, line: bytes, spans: int) -> None:
-        """Stage one OTLP JSON document, encoded (one line, no newline), of ``spans`` spans."""
+    def add_message(self, message: bytes, spans: int) -> None:
+        """Stage one ``ExportTraceServiceRequest``, serialized, of ``spans`` spans."""
         with self._lock:
             if self._closed:
                 raise ValueError(f"{self.folder}: the segment writer is closed")
@@ -73,7 +86,7 @@ class StagedSegmentWriter:
                 self._staged += 1
                 self._file = self._path.open("ab")
                 self._since = time.monotonic()
-            self._file.write(line + b"\n")
+            self._file.write(len(message).to_bytes(4, "big") + message)
             self._held += spans
             if self._held >= self.max_spans or time.monotonic() - self._since >= self.max_age_s:
                 self._hand_over()
@@ -113,7 +126,7 @@ class StagedSegmentWriter:
 
     def _convert_all(self) -> None:
         # the conversion yields the cores to the requests and to the work beside it (Linux
-        # schedules a thread by its own niceness, and the threads it starts inherit it)
+        # schedules a thread by its own niceness)
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while (staged := self._queue.get()) is not None:
@@ -127,8 +140,7 @@ class StagedSegmentWriter:
 
     def _convert(self, path: Path, spans: int) -> None:
         try:
-            # one of DuckDB's threads: the requests' threads go on beside it
-            found = import_files([path], self.folder, max(spans, self.max_spans, 1), threads=1)
+            written = convert(path, self.folder)
             path.unlink()
         except Exception as error:  # a full disk, a lost folder: the spans stay staged
             self.spans_failed += spans
@@ -139,5 +151,19 @@ class StagedSegmentWriter:
                 error,
             )
             return
-        self.spans_written += found.spans
-        self.segments_written += len(found.segments)
+        self.spans_written += written
+        self.segments_written += 1
+        # a message no way reads (its warning logged as its spans were read): counted
+        self.spans_failed += max(spans - written, 0)
+
+
+def convert(path: Path, folder: Path) -> int:
+    """Make the staging file ``path`` the next segment of ``folder``; its spans."""
+    import pyarrow
+
+    from otelkit.analysis._from_protobuf import segment_table
+    from otelkit.analysis._store import write_table
+
+    table = segment_table(staged_messages(path.read_bytes(), str(path)), pyarrow, str(path))
+    write_table(table, folder)
+    return int(table.num_rows)

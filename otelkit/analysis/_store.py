@@ -48,6 +48,7 @@ __all__ = [
     "spans_of_table",
     "whole_segments",
     "write_segment",
+    "write_table",
 ]
 
 SUFFIX = ".parquet"
@@ -249,17 +250,23 @@ class SegmentWriter:
     def _write(self) -> int:
         if not self._tables:
             return 0
-        pa = _arrow()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        target = segment_path(self.folder)
-        partial = target.with_name(f".{target.name}.partial")
-        table = pa.concat_tables(self._tables)
-        pa.parquet.write_table(table, partial, compression="zstd", row_group_size=_ROWS_PER_GROUP)
-        partial.replace(target)
+        write_table(_arrow().concat_tables(self._tables), self.folder)
         self._tables, held, self._held = [], self._held, 0
         self.spans_written += held
         self.segments_written += 1
         return held
+
+
+def write_table(table: Any, folder: str | Path) -> Path:
+    """Write ``table``, of the segments' schema, as the next segment of ``folder`` (under a
+    temporary name, then renamed: a reader never sees half a segment); its path."""
+    pa = _arrow()
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    target = segment_path(folder)
+    partial = target.with_name(f".{target.name}.partial")
+    pa.parquet.write_table(table, partial, compression="zstd", row_group_size=_ROWS_PER_GROUP)
+    partial.replace(target)
+    return target
 
 
 def write_segment(spans: Iterable[Span], path: str | Path) -> int:

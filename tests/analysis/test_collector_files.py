@@ -129,3 +129,25 @@ def test_rotated_files_import_in_their_order(
     assert "24 spans from 2 files" in capsys.readouterr().out
     lines = load_spans(files["lines.json"])
     assert load_spans(store) == lines + lines
+
+
+def test_a_proto_message_whose_bytes_begin_as_json_does_after_blanks_is_read_as_proto(
+    tmp_path: Path,
+) -> None:
+    """A message's first byte is its first field's tag (10, a newline), and its second that
+    field's length: 123, ``{``, when the first ``ResourceSpans`` is 123 bytes long. Only a
+    message whose first byte is ``{`` is a JSON document."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = b"\x0a" * 16, b"\x0b" * 8, "x"
+    span.name = "x" * (1 + 123 - len(request.resource_spans[0].SerializeToString()))
+    message = request.SerializeToString()
+    assert message[:2] == b"\n{"
+    path = tmp_path / "proto.pb"
+    path.write_bytes(_framed([message]))
+    (found,) = load_spans(path)
+    assert found.name == span.name and found.span_id == "0b" * 8

@@ -163,12 +163,8 @@ def test_every_json_lines_fixture_with_spans_plain_and_gzipped(
     assert (result.spans, result.fallback) == (0, {})
 
 
-@pytest.mark.parametrize("batch", [3, 16_384])
-def test_every_kind_of_value_escape_and_empty_part_goes_the_fast_way(
-    batch: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # small batches: a resource and a scope carried from one batch to the next
-    monkeypatch.setattr(_fast_import, "_BATCH_ROWS", batch)
+def odd_documents() -> list[Any]:
+    """Documents of every kind of value, escape and empty part (a str: a line as it is)."""
     odd = 'quote " backslash \\ tab \t newline \n bell \x07 escape \x1b del \x7f é ∑ 😀 \u2028 /'
     attributes = [
         kv("string", value("stringValue", "plain")),
@@ -237,26 +233,40 @@ def test_every_kind_of_value_escape_and_empty_part_goes_the_fast_way(
         {"resourceMetrics": [{"scopeMetrics": []}]},  # the Collector's metrics: no spans
         json.dumps(document(span("7" * 16)), indent=1).replace("\n", " "),  # blanks between
     ]
+    return docs
+
+
+@pytest.mark.parametrize("batch", [3, 16_384])
+def test_every_kind_of_value_escape_and_empty_part_goes_the_fast_way(
+    batch: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # small batches: a resource and a scope carried from one batch to the next
+    monkeypatch.setattr(_fast_import, "_BATCH_ROWS", batch)
+    docs = odd_documents()
     path = lines(tmp_path / "values.jsonl", *docs)  # UTF-8 as it is
     escaped = lines(tmp_path / "escaped.jsonl", *docs, only_ascii=True)  # \\u escapes
     result = same_segments([path, escaped], tmp_path, monkeypatch)
     assert result.fast == [path, escaped], result.fallback
 
 
-def test_the_collectors_tail_sampling_on_the_scope_is_merged_as_the_python_path_merges_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def tail_sampled_documents() -> list[dict[str, Any]]:
+    """Spans of a scope that says which tail sampling policy kept them, one overriding it."""
     policy = kv("tailsampling.policy", value("stringValue", "slow"))
     scope = {"name": "tail", "attributes": [policy, kv("other", value("intValue", "1"))]}
     overridden = kv("tailsampling.policy", value("stringValue", "the span's"))
-    path = lines(
-        tmp_path / "tail.jsonl",
+    return [
         document(span(S1), span(S2, attributes=[kv("a", value("intValue", "1"))]), scope=scope),
         document(
             span(S3, attributes=[kv("z", value("boolValue", False)), overridden]), scope=scope
         ),
         document(span("1" * 16)),
-    )
+    ]
+
+
+def test_the_collectors_tail_sampling_on_the_scope_is_merged_as_the_python_path_merges_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = lines(tmp_path / "tail.jsonl", *tail_sampled_documents())
     result = same_segments([path], tmp_path, monkeypatch)
     assert result.fast == [path], result.fallback
 

@@ -9,6 +9,7 @@ named and left out, the other files still read.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -216,18 +217,18 @@ def test_the_receiver_writes_segments_alone_and_writes_an_old_one_on_rotate(
         Receiver(out, formats=("csv",))
 
 
-def test_staged_lines_become_segments_of_the_python_paths_rows(tmp_path: Path) -> None:
-    """What the receiver writes: JSON lines staged (a name no reader takes for a trace file),
-    made segments by the import's fast path when full and on ``flush``, the rows those of the
-    lines read by the Python path."""
+def test_staged_messages_become_segments_of_the_python_paths_rows(tmp_path: Path) -> None:
+    """What the receiver writes: its requests staged as they came (a name no reader takes for
+    a trace file), made segments in a thread of their own when full and on ``flush``, the
+    rows those of the same spans read by the Python path; JSON documents among them."""
     from otelkit.analysis._staged import StagedSegmentWriter
 
     lines = [line.rstrip(b"\n") for line in DEMO.read_bytes().splitlines() if line.strip()]
     counts = [len(load_spans_of_line(line)) for line in lines]
     writer = StagedSegmentWriter(tmp_path, max_spans=sum(counts) // 2)
     try:
-        for line, count in zip(lines, counts, strict=True):
-            writer.add_line(line, count)
+        for number, (line, count) in enumerate(zip(lines, counts, strict=True)):
+            writer.add_message(line if number % 2 else protobuf_of_line(line), count)
         assert writer.flush() > 0
         assert writer.spans_written == sum(counts) and writer.segments_written >= 2
         assert not list(tmp_path.glob(".staging-*"))
@@ -236,10 +237,10 @@ def test_staged_lines_become_segments_of_the_python_paths_rows(tmp_path: Path) -
     finally:
         writer.close()
     with pytest.raises(ValueError, match="closed"):
-        writer.add_line(lines[0], counts[0])
+        writer.add_message(lines[0], counts[0])
 
 
-def test_a_staged_file_that_cannot_become_a_segment_is_kept_and_counted(
+def test_a_staged_file_that_cannot_become_a_segment_is_kept_counted_and_imported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from otelkit.analysis import _staged, trace_files
@@ -248,12 +249,13 @@ def test_a_staged_file_that_cannot_become_a_segment_is_kept_and_counted(
     def full_disk(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(_staged, "import_files", full_disk)
-    line = next(line for line in DEMO.read_bytes().splitlines() if line.strip())
-    count = len(load_spans_of_line(line))
+    monkeypatch.setattr(_staged, "convert", full_disk)
+    first, second = [line for line in DEMO.read_bytes().splitlines() if line.strip()][:2]
+    count = len(load_spans_of_line(first)) + len(load_spans_of_line(second))
     writer = StagedSegmentWriter(tmp_path)
     with caplog.at_level(logging.ERROR, logger="otelkit.analysis"):
-        writer.add_line(line, count)
+        writer.add_message(protobuf_of_line(first), len(load_spans_of_line(first)))
+        writer.add_message(second, len(load_spans_of_line(second)))
         writer.close()  # returns: the spans are staged still, and counted
     (kept,) = tmp_path.glob(".staging-*")
     assert writer.spans_failed == count and writer.spans_written == 0
@@ -263,15 +265,28 @@ def test_a_staged_file_that_cannot_become_a_segment_is_kept_and_counted(
     # a later writer in the folder names its own staging files apart
     monkeypatch.undo()
     again = StagedSegmentWriter(tmp_path)
-    again.add_line(line, count)
+    again.add_message(first, len(load_spans_of_line(first)))
     again.close()
     assert kept.exists() and len(list(tmp_path.glob("*.parquet"))) == 1
+    # otelkit import reads it (the Collector's proto framing), both of its messages
+    assert main(["import", str(kept), "--out", str(tmp_path / "imported")]) == 0
+    imported = [
+        s for p in sorted((tmp_path / "imported").glob("*.parquet")) for s in read_segment(p)
+    ]
+    assert imported == [*load_spans_of_line(first), *load_spans_of_line(second)]
+
+
+def protobuf_of_line(line: bytes) -> bytes:
+    """An OTLP JSON line as the protobuf request it encodes."""
+    from tests.analysis.test_from_protobuf import protobuf_of
+
+    found = protobuf_of(json.loads(line))
+    assert found is not None
+    return found
 
 
 def load_spans_of_line(line: bytes) -> list[object]:
     """The spans of one OTLP JSON line, as the Python path reads them."""
-    import json
-
     from otelkit.analysis._decode import spans_of_doc
 
     return list(spans_of_doc(json.loads(line)))

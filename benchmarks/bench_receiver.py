@@ -269,7 +269,7 @@ def main() -> int:
             "receiver_cpu_us_per_span_to_exit": round(
                 median(fmt, "receiver_cpu_us_per_span_to_exit"), 1
             ),
-            "close_s": median(fmt, "close_s"),
+            "close_s": round(median(fmt, "close_s"), 2),
             "spans_per_s_to_exit": round(median(fmt, "spans_per_s_to_exit")),
             "rates": [run["spans_per_s"] for run in measured],
             "dropped": sum(int(run["dropped"]) for run in measured),

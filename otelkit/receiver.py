@@ -121,6 +121,7 @@ class Receiver(_Served):
         self.formats = tuple(formats)
         self._segment_spans, self._segment_age_s = segment_spans, segment_age_s
         self._segments: StagedSegmentWriter | None = None
+        self._spans_unsegmented = 0  # of the segment writers stopped
         self.max_body_bytes, self.max_decoded_bytes = max_body_bytes, max_decoded_bytes
         self.max_concurrent, self.max_file_bytes = max_concurrent, max_file_bytes
         self.slot_wait_s = slot_wait_s
@@ -188,6 +189,7 @@ class Receiver(_Served):
             self._writer.close()
         if self._segments is not None:
             self._segments.close()
+            self._spans_unsegmented += self._segments.spans_failed
         self._server = self._writer = self._segments = None
         for _ in range(held):
             self._slots.release()
@@ -202,6 +204,13 @@ class Receiver(_Served):
     def spans_stored(self) -> int:
         """Spans written to the file so far."""
         return self._spans_stored
+
+    @property
+    def spans_unsegmented(self) -> int:
+        """Spans stored but in no segment: a staging file that could not become one (kept,
+        for ``otelkit import``), or a message no way reads; each is logged as it happens."""
+        found = self._segments.spans_failed if self._segments is not None else 0
+        return self._spans_unsegmented + found
 
     @property
     def requests_rejected(self) -> int:
@@ -516,6 +525,8 @@ def run(args: argparse.Namespace, *, log_every: float = 30.0) -> int:
             receiver.stop()
     stored, rejected = receiver.spans_stored, receiver.requests_rejected
     _log.info("stopped: %d spans stored in %s, %d requests rejected", stored, written, rejected)
+    if receiver.spans_unsegmented:
+        _log.error("%d of the spans stored are in no segment", receiver.spans_unsegmented)
     return 0
 
 

@@ -162,7 +162,8 @@ def test_the_receivers_segments_of_protobuf_and_json_bodies_hold_its_json_lines(
 ) -> None:
     """Bodies of both encodings in turns, a protobuf body beginning with ``{`` (an unknown
     group field: a staged message beginning so would be read as JSON), segments cut small:
-    the segments hold, in order, the rows the Python path makes of the receiver's lines."""
+    the segments hold, in order, the rows the Python path makes of the receiver's lines; a
+    request no way reads is counted."""
     docs = documents()
     out = tmp_path / "traces"
     with Receiver(out, formats=("jsonl", "parquet"), segment_spans=100) as receiver:
@@ -175,10 +176,16 @@ def test_the_receivers_segments_of_protobuf_and_json_bodies_hold_its_json_lines(
                     message = b"\x7b\x7c" + message  # field 15, an empty group: unknown
                 status = post(receiver, message, "application/x-protobuf")
             assert status == 200, number
+        # ids of another length than OTLP's: stored as a line, in no segment, counted
+        short = ExportTraceServiceRequest.FromString(protobuf_of(docs[-1]) or b"")
+        short.resource_spans[0].scope_spans[0].spans[0].trace_id = b"\x01" * 15
+        assert post(receiver, short.SerializeToString(), "application/x-protobuf") == 200
+        assert receiver.spans_unsegmented == 0  # not made a segment yet
+    assert receiver.spans_unsegmented == span_count(docs[-1]) > 0
     segments = sorted(out.glob("*.parquet"))
     assert len(segments) >= 4 and not list(out.glob(".staging-*"))
     lines = [line for line in (out / "traces.jsonl").read_bytes().splitlines() if line]
-    assert len(lines) == sum(span_count(d) > 0 for d in docs)  # a line a body with spans
+    assert len(lines) == sum(span_count(d) > 0 for d in docs) + 1  # a line a body with spans
     table = pa.concat_tables(pq.read_table(path) for path in segments)
     pq.write_table(python_rows(lines), tmp_path / "expected.parquet")  # Parquet's own names
     assert_same(table, pq.read_table(tmp_path / "expected.parquet"))

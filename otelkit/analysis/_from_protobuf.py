@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import json.encoder
+import logging
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,6 +22,8 @@ from otelkit.analysis._store import _KINDS, _STATUSES, _Resources, _row, _schema
 from otelkit.export._otlp_json import dumps, request_to_json
 
 __all__ = ["segment_table"]
+
+_log = logging.getLogger("otelkit.analysis")
 
 
 def _encoder() -> Callable[[dict[str, Any]], str]:
@@ -205,7 +208,9 @@ class _Columns:
             if links:  # before the row is added: a request is all or nothing
                 self._links(links)
             self.links.end_row()
-            start = s.start_time_unix_nano
+            start, end = s.start_time_unix_nano, s.end_time_unix_nano
+            if (start | end) >> 63:  # beyond 2262: no int64 holds it
+                raise _Other("a time beyond int64")
             kind = s.kind
             status = s.status
             code = status.code
@@ -220,13 +225,15 @@ class _Columns:
             events = s.events
             if events:
                 for event in events:
+                    if event.time_unix_nano >> 63:
+                        raise _Other("a time beyond int64")
                     event_time.append(event.time_unix_nano)
                     event_name.append(event.name)
                     found = event.attributes
                     event_json.append(_encode(_attributes(found)) if found else "{}")
             self.events.end_row()
             add_start(start)
-            add_duration(s.end_time_unix_nano - start)
+            add_duration(end - start)
             add_trace(trace.hex())
             add_span(span.hex())
             add_parent(parent.hex())
@@ -321,6 +328,11 @@ class _Columns:
         return pa.Table.from_arrays([columns[field.name] for field in schema], schema=schema)
 
 
+def _beyond_int64(row: dict[str, Any]) -> bool:
+    times = [row["Timestamp"], *(event["Timestamp"] for event in row["Events"])]
+    return any(time >> 63 for time in times) or not -(1 << 63) <= row["Duration"] < 1 << 63
+
+
 def segment_table(messages: Iterable[bytes], pa: Any, where: str) -> Any:
     """The spans of staged messages, in order, as one table of the segments' schema (``pa``:
     the pyarrow module): each an ``ExportTraceServiceRequest``, serialized, or an OTLP JSON
@@ -342,6 +354,12 @@ def segment_table(messages: Iterable[bytes], pa: Any, where: str) -> Any:
             except _Other:
                 message = dumps(request_to_json(req))
         seen: _Resources = {}
-        found = spans_of_line(message.decode("utf-8", "replace"), f"{where}: message {number}")
-        columns.add_rows([_row(span, seen) for span in found])
+        named = f"{where}: message {number}"
+        rows = [
+            _row(span, seen) for span in spans_of_line(message.decode("utf-8", "replace"), named)
+        ]
+        if any(map(_beyond_int64, rows)):
+            _log.warning("%s: skipped, a time beyond 2262 (int64 nanoseconds)", named)
+            continue
+        columns.add_rows(rows)
     return columns.table(pa)

@@ -119,8 +119,9 @@ def test_a_request_the_one_pass_does_not_take_goes_the_json_way(
 ) -> None:
     """Ids of another length than OTLP's (no exporter sends them) go by the request's JSON
     line, as the loader reads the receiver's: here, a span left out with a warning naming
-    its message; a link's too. Enumerations beyond today's are read as the Python path reads
-    them (the first member), in the one pass."""
+    its message; a link's too; a time beyond what an int64 holds, the request left out with
+    a warning, not the segment lost. Enumerations beyond today's are read as the Python path
+    reads them (the first member), in the one pass."""
     good = protobuf_of(document(span(S1, kind=9, status={"code": 7}), span("2" * 16)))
     assert good is not None
     request = ExportTraceServiceRequest.FromString(good)
@@ -131,13 +132,26 @@ def test_a_request_the_one_pass_does_not_take_goes_the_json_way(
     linked.CopyFrom(request)
     link = linked.resource_spans[0].scope_spans[0].spans[1].links.add()
     link.trace_id, link.span_id = bytes.fromhex(T1), b"\x02" * 7
-    messages = [good, short.SerializeToString(), linked.SerializeToString(), good]
+    late = []  # a time no int64 holds (beyond 2262): the Python path cannot write it either
+    for where in ("start", "event"):
+        odd = ExportTraceServiceRequest()
+        odd.CopyFrom(request)
+        beyond = odd.resource_spans[0].scope_spans[0].spans[1]
+        if where == "start":
+            beyond.start_time_unix_nano = beyond.end_time_unix_nano = (1 << 64) - 1
+        else:
+            beyond.events.add().time_unix_nano = 1 << 63
+        late.append(odd.SerializeToString())
+    messages = [good, short.SerializeToString(), linked.SerializeToString(), *late, good]
     with caplog.at_level(logging.WARNING, logger="otelkit.analysis"):
         table = segment_table(messages, pa, "staged")
-    assert_same(table, python_rows([line_of(m) for m in messages]))
-    assert table.num_rows == 2 + 0 + 0 + 2  # the requests of odd ids: left out whole
+    readable = [m for m in messages if m not in late]
+    assert_same(table, python_rows([line_of(m) for m in readable]))
+    assert table.num_rows == 2 + 0 + 0 + 0 + 0 + 2  # the odd requests: left out whole
     assert "staged: message 2: skipped" in caplog.text
     assert "staged: message 3: skipped" in caplog.text
+    for number in (4, 5):
+        assert f"staged: message {number}: skipped, a time beyond 2262" in caplog.text
     assert table["SpanKind"].to_pylist()[:2] == ["Unspecified", "Client"]
     assert table["StatusCode"].to_pylist()[0] == "Unset"
     with pytest.raises(_from_protobuf._Other):  # the one pass refused it, all or nothing

@@ -14,6 +14,7 @@ import json
 import json.encoder
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -333,6 +334,19 @@ def _beyond_int64(row: dict[str, Any]) -> bool:
     return any(time >> 63 for time in times) or not -(1 << 63) <= row["Duration"] < 1 << 63
 
 
+#: an escaped UTF-16 surrogate: JSON's way to write a code point beyond the first 65,536,
+#: in pairs; one alone (which Python's json reads, and orjson refuses) is no UTF-8 text
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _utf8(rows: list[dict[str, Any]]) -> bool:
+    try:
+        json.dumps(rows, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def segment_table(messages: Iterable[bytes], pa: Any, where: str) -> Any:
     """The spans of staged messages, in order, as one table of the segments' schema (``pa``:
     the pyarrow module): each an ``ExportTraceServiceRequest``, serialized, or an OTLP JSON
@@ -360,6 +374,9 @@ def segment_table(messages: Iterable[bytes], pa: Any, where: str) -> Any:
         ]
         if any(map(_beyond_int64, rows)):
             _log.warning("%s: skipped, a time beyond 2262 (int64 nanoseconds)", named)
+            continue
+        if _SURROGATE.search(message) and not _utf8(rows):  # json.loads takes "\ud800"
+            _log.warning("%s: skipped, a lone surrogate escaped in a string (not UTF-8)", named)
             continue
         columns.add_rows(rows)
     return columns.table(pa)

@@ -232,3 +232,21 @@ def test_a_value_type_newer_than_the_module_goes_the_json_way(
     monkeypatch.setattr(_from_protobuf, "spans_of_line", json_way)
     assert_same(segment_table([message], pa, "m"), python_rows([line_of(message)]))
     assert read == ["m: message 1"]
+
+
+def test_a_json_body_with_a_lone_surrogate_is_left_out_not_its_segment(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Python's json reads an escaped surrogate alone (orjson refuses it), which no UTF-8
+    column holds: its message is left out with a warning, the others make the segment."""
+    from otelkit.analysis import _decode
+
+    monkeypatch.setattr(_decode, "_loads", json.loads)  # without orjson
+    lone = document(span(S1, name="a\ud800b"))
+    pair = document(span(S1, name="a\U0001f600b"))  # escaped as a pair: one code point
+    lines = [json.dumps(doc).encode() for doc in (pair, lone, pair)]
+    assert b"\\ud800" in lines[1] and b"\\ud83d\\ude00" in lines[0]
+    with caplog.at_level(logging.WARNING, logger="otelkit.analysis"):
+        table = segment_table(lines, pa, "staged")
+    assert table["SpanName"].to_pylist() == ["a\U0001f600b"] * 2
+    assert "staged: message 2: skipped, a lone surrogate" in caplog.text

@@ -2,7 +2,8 @@
 
 ``POST /v1/traces`` in protobuf or JSON, gzip, deflate or plain, with a ``Content-Length`` or
 chunked (Envoy's OTLP exporter sends chunks); each request becomes one OTLP JSON line of
-``traces.jsonl``, which ``otelkit.analysis`` loads. Memory stays bounded: bodies
+``traces.jsonl``, which ``otelkit.analysis`` loads, or (``formats``) the span store's rows, its
+segments made of the requests as they came (``_staged``). Memory stays bounded: bodies
 over the size limits get 413; a request beyond the concurrency limit waits for a slot, and
 after ``slot_wait_s`` gets 503 with ``Retry-After``, which OTLP exporters retry, so a busy
 receiver slows clients, losing nothing (exporters that do not retry, as Triton's, lose only
